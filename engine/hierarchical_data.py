@@ -142,6 +142,16 @@ class HierarchicalData:
         k = len(node)
         return np.all(self.geo[:, :k] == np.asarray(node, dtype=np.int32), axis=1)
 
+    def project(self, group: list[str] | None, person: list[str] | None) -> "HierarchicalData":
+        """Keep a subset of the attributes (the size attribute is always kept)."""
+        d = self.domain
+        g_names = [a.name for a in d.group] if group is None else list(dict.fromkeys([d.size_attribute, *group]))
+        p_names = [a.name for a in d.person] if person is None else list(dict.fromkeys(person))
+        gi = [d.group_index(n) for n in g_names]
+        pi = [d.person_index(n) for n in p_names]
+        dom = Domain(tuple(d.group[i] for i in gi), tuple(d.person[i] for i in pi), d.geography, d.max_size, d.size_attribute)
+        return HierarchicalData.from_arrays(dom, self.geo, self.group[:, gi], self.person[:, pi], self.person_offsets)
+
     # -- persistence (npz; no pickles) -------------------------------------------------
     def to_npz(self, path) -> None:
         import json
@@ -171,3 +181,4 @@ class HierarchicalData:
             and np.array_equal(self.person, other.person)
             and np.array_equal(self.person_offsets, other.person_offsets)
         )
+

@@ -1,0 +1,246 @@
+"""H-GEM training: public pretraining and the Adaptive Measurements rounds.
+
+H-GEM paper, appendix A.2.2, Algorithms 3 (H-GEM) and 4 (H-GEM-Update), with the GEM refinements
+of the GEM appendix (B.2) and the marginal trick (A.1):
+
+for t = 1..T:
+  * **Select** the workload W with the largest error score max_y |q_y(D) − f_q(F(z))| through the
+    injected ``select(scores, sensitivity) -> index`` (exponential mechanism or permute-and-flip,
+    written by ``engine/privacy``).
+  * **Measure** the whole workload (marginal trick) through the injected
+    ``measure(workload) -> noisy normalised answer vector`` (Gaussian mechanism).
+  * **Update** F with Adam on the ℓ2 loss of Eq. (1), Σ_i ‖m̃_i − f_{q̃_i}(F(z))‖₂, restricted to
+    the past measurements whose max error is ≥ γ; stop after T_max steps or when every past
+    measurement is below γ. γ = ``gamma_scale`` × EMA_{β=0.5}(max error at the start of each
+    round) (GEM B.2: "setting γ to be half of the max error … an exponential moving average
+    (with β = 0.5) of the sampled max errors").
+Output: the generator whose weights are the EMA θ_k = β θ_{k−1} + (1 − β) θ_k over the rounds of
+the second half of training (GEM B.2, "EMA output").
+
+z is a fixed batch held by the generator (GEM B.2: fixing z converges faster).
+Public pretraining (GEM^Pub, GEM paper §5): before the private rounds, fit F to the exact answers
+of the public data on the workloads, which costs no privacy.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from engine.domain import Domain
+from engine.hierarchical_data import HierarchicalData
+from engine.hgem.answers import AnswerPlan, exact_normalised_answers
+from engine.hgem.generator import HGEMGenerator
+from engine.hgem.mixture import ProductMixture, resolve_device
+from engine.queries import Workload
+
+SelectFn = Callable[[np.ndarray, float], int]
+MeasureFn = Callable[[Workload], np.ndarray]
+
+
+@dataclass
+class HGEMConfig:
+    """Hyper-parameters of H-GEM (defaults follow the papers where they give a value)."""
+
+    rounds: int = 50  # T
+    max_update_steps: int = 100  # T_max per round
+    lr: float = 1e-3
+    batch_size: int = 1000  # B (GEM appendix B.1)
+    z_dim: int = 64
+    hidden: tuple[int, ...] = (256, 512)  # H-GEM A.2.2
+    ema_beta: float = 0.9  # weight EMA over the second half of training
+    gamma_beta: float = 0.5  # EMA of the max errors (GEM B.2)
+    gamma_scale: float = 0.5  # γ = gamma_scale × EMA(max error) (GEM B.2: "half of the max error")
+    seed: int = 0
+    max_elements: int = 1 << 24  # cap on answer intermediates (chunking)
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    workload: str
+    score: float  # true max error of the selected workload before the update (internal QA only)
+    gamma: float
+    steps: int
+    max_measured_error: float  # after the update, vs the noisy measurements
+    seconds: float
+
+
+@dataclass
+class HGEMResult:
+    generator: HGEMGenerator  # EMA weights (the output, F_out)
+    last_generator: HGEMGenerator  # weights after round T
+    measured: list[Workload]
+    measurements: list[np.ndarray]
+    history: list[RoundRecord] = field(default_factory=list)
+
+    def mixture(self) -> ProductMixture:
+        with torch.no_grad():
+            return self.generator().detach()
+
+
+def make_generator(domain: Domain, config: HGEMConfig, device=None) -> HGEMGenerator:
+    return HGEMGenerator(domain, config.batch_size, config.z_dim, config.hidden, config.seed, resolve_device(device))
+
+
+def _ema_update(ema: dict[str, torch.Tensor] | None, model: torch.nn.Module, beta: float) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        if ema is None:
+            return {k: v.detach().clone() for k, v in model.named_parameters()}
+        for k, v in model.named_parameters():
+            ema[k].mul_(beta).add_(v.detach(), alpha=1.0 - beta)
+        return ema
+
+
+def fit_answers(
+    generator: HGEMGenerator,
+    workloads: Sequence[Workload],
+    targets: Sequence[np.ndarray],
+    steps: int,
+    lr: float = 1e-3,
+    tol: float = 0.0,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> list[float]:
+    """Minimise Σ_w ‖target_w − f_w(F(z))‖₂ over all ``workloads`` for ``steps`` Adam steps.
+
+    Stops early when every workload's max error is below ``tol``. Returns the loss history.
+    """
+    plan = AnswerPlan(generator.domain, workloads, device=generator.device)
+    tgt = plan.concat_targets(targets)
+    opt = optimizer or torch.optim.Adam(generator.parameters(), lr=lr)
+    hist: list[float] = []
+    for _ in range(int(steps)):
+        ans = plan.answers(generator())
+        if tol > 0 and float(plan.max_abs_error(ans.detach(), tgt).max()) < tol:
+            break
+        loss = plan.l2_error(ans, tgt).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        hist.append(float(loss.detach()))
+    return hist
+
+
+def pretrain_public(
+    generator: HGEMGenerator,
+    public: HierarchicalData,
+    workloads: Sequence[Workload],
+    steps: int = 500,
+    lr: float = 1e-3,
+    tol: float = 0.0,
+) -> list[float]:
+    """GEM^Pub pretraining: fit F to the public data's normalised workload answers (no privacy cost)."""
+    if public.domain != generator.domain:
+        raise ValueError("public data and generator have different domains")
+    return fit_answers(generator, workloads, exact_normalised_answers(public, workloads), steps, lr, tol)
+
+
+def train_hgem(
+    domain: Domain,
+    workloads: Sequence[Workload],
+    true_answers: Sequence[np.ndarray],
+    select: SelectFn,
+    measure: MeasureFn,
+    score_sensitivity: float,
+    config: HGEMConfig | None = None,
+    generator: HGEMGenerator | None = None,
+    device: str | torch.device | None = None,
+    callback: Callable[[RoundRecord, HGEMGenerator], None] | None = None,
+) -> HGEMResult:
+    """Run T adaptive-measurement rounds (H-GEM Algorithm 3) and return the EMA generator.
+
+    workloads          the candidate workloads Q (selection is over workloads: marginal trick)
+    true_answers       their exact normalised answers on the private data (for the scores only)
+    select             ``select(scores, sensitivity) -> index``; scores are max abs errors
+    measure            ``measure(workload) -> noisy normalised answers`` (same cell order)
+    score_sensitivity  sensitivity of the scores (see ``engine.hgem.privacy.score_sensitivity``)
+    generator          start from this generator (e.g. after ``pretrain_public``); it is trained
+                       in place. Default: a fresh one from ``config`` on ``device``.
+    callback           called after every round with (record, current generator).
+    """
+    cfg = config or HGEMConfig()
+    G = generator if generator is not None else make_generator(domain, cfg, device)
+    if G.domain != domain:
+        raise ValueError("generator domain differs from the workloads' domain")
+    dev = G.device
+    plan_all = AnswerPlan(domain, workloads, device=dev, max_elements=cfg.max_elements)
+    target_all = plan_all.concat_targets(true_answers)
+    opt = torch.optim.Adam(G.parameters(), lr=cfg.lr)
+    measured: list[Workload] = []
+    meas: list[np.ndarray] = []
+    history: list[RoundRecord] = []
+    gamma_ema: float | None = None
+    ema: dict[str, torch.Tensor] | None = None
+    ema_start = cfg.rounds // 2
+    for t in range(1, cfg.rounds + 1):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            scores_t = plan_all.max_abs_error(plan_all.answers(G()), target_all)
+        scores = scores_t.cpu().numpy().astype(np.float64)
+        idx = int(select(scores, float(score_sensitivity)))
+        w = workloads[idx]
+        m = np.asarray(measure(w), dtype=np.float64).reshape(-1)
+        if m.shape[0] != w.n_cells(domain):
+            raise ValueError(f"measure returned {m.shape[0]} values for {w.id} with {w.n_cells(domain)} cells")
+        measured.append(w)
+        meas.append(m)
+        plan_m = AnswerPlan(domain, measured, device=dev, max_elements=cfg.max_elements)
+        tgt_m = plan_m.concat_targets(meas)
+        # -- H-GEM-Update (Algorithm 4) ------------------------------------------------
+        steps = 0
+        gamma = 0.0
+        max_err = float("nan")
+        for i in range(cfg.max_update_steps + 1):
+            ans = plan_m.answers(G())
+            err = plan_m.max_abs_error(ans.detach(), tgt_m)
+            max_err = float(err.max())
+            if i == 0:
+                gamma_ema = max_err if gamma_ema is None else cfg.gamma_beta * gamma_ema + (1 - cfg.gamma_beta) * max_err
+                gamma = cfg.gamma_scale * gamma_ema
+            if max_err < gamma or i == cfg.max_update_steps:
+                break
+            mask = err >= gamma
+            loss = plan_m.l2_error(ans, tgt_m)[mask].sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            steps += 1
+        if t > ema_start:
+            ema = _ema_update(ema, G, cfg.ema_beta)
+        rec = RoundRecord(t, w.id, float(scores[idx]), gamma, steps, max_err, time.perf_counter() - t0)
+        history.append(rec)
+        if callback is not None:
+            callback(rec, G)
+    out = copy.deepcopy(G)
+    if ema is not None:
+        with torch.no_grad():
+            for k, v in out.named_parameters():
+                v.copy_(ema[k])
+    return HGEMResult(out, G, measured, meas, history)
+
+
+def fit_hgem(
+    private: HierarchicalData,
+    workloads: Sequence[Workload],
+    select: SelectFn,
+    measure: MeasureFn,
+    score_sensitivity: float,
+    config: HGEMConfig | None = None,
+    public: HierarchicalData | None = None,
+    pretrain_steps: int = 500,
+    device: str | torch.device | None = None,
+) -> HGEMResult:
+    """Convenience: exact private answers for the scores, optional public pretraining, then rounds."""
+    cfg = config or HGEMConfig()
+    G = make_generator(private.domain, cfg, device)
+    if public is not None and pretrain_steps > 0:
+        pretrain_public(G, public, workloads, steps=pretrain_steps, lr=cfg.lr)
+    return train_hgem(
+        private.domain, workloads, exact_normalised_answers(private, workloads), select, measure,
+        score_sensitivity, cfg, generator=G,
+    )

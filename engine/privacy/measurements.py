@@ -1,0 +1,352 @@
+"""MeasurementStore: crash-safe, idempotent noisy measurements, charged to a PrivacyLedger.
+
+One measurement = one noisy answer of one workload at one geographic node, identified by a
+caller-chosen ``key`` (e.g. ``"state_synthesis/state/06/round3/group:NP|SEX"``).
+
+Protocol of :meth:`MeasurementStore.measure` (under a per-key ``flock``):
+
+1. If ``<stem>.json`` exists, the measurement is done: verify the sha256 of the stored vector and
+   that the request matches the record, and return it — no noise is drawn, nothing is charged.
+2. Otherwise charge the ledger with the same ``key`` (idempotent: if an earlier run charged and
+   then died, the charge is found and not repeated).
+3. If an orphan ``<stem>.npz`` exists (an earlier run drew and saved the noise but died before
+   writing the metadata), reuse that draw; otherwise draw the noise now.
+4. Persist atomically: write ``.npz`` (noisy vector + key) to a temp file, fsync, ``os.replace``;
+   then the ``.json`` metadata the same way (it is the commit record); fsync the directory.
+
+A crash anywhere therefore leaves either nothing, a charge without noise on disk (the lost draw was
+never seen by anyone, so redrawing it under the same, already-paid charge leaks nothing more), or a
+complete measurement. A rerun charges exactly what one clean run charges.
+
+File names are ``sha256(key)[:32]`` so arbitrary keys are safe; the key is stored inside.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.privacy import mechanisms
+from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, pure_dp_rho
+from engine.privacy.ledger import PrivacyLedger, node_id
+
+__all__ = ["Measurement", "MeasurementStore", "MeasurementIntegrityError"]
+
+
+class MeasurementIntegrityError(RuntimeError):
+    """A stored measurement does not match its recorded hash or the request."""
+
+
+@dataclass(frozen=True, eq=False)
+class Measurement:
+    key: str
+    workload_id: str
+    stage: str
+    level: str
+    node: str
+    noisy_answer: np.ndarray
+    mechanism: str
+    scale: float  # σ (Gaussian) or b (Laplace)
+    sensitivity: float  # L2 (Gaussian) or L1 (Laplace)
+    rho: Fraction
+    epsilon: float | None  # for pure-DP mechanisms
+    sha256: str
+    timestamp: float
+
+    def metadata(self) -> dict:
+        return {
+            "key": self.key,
+            "workload_id": self.workload_id,
+            "stage": self.stage,
+            "level": self.level,
+            "node": self.node,
+            "mechanism": self.mechanism,
+            "scale": self.scale,
+            "sensitivity": self.sensitivity,
+            "rho": str(self.rho),
+            "rho_float": float(self.rho),
+            "epsilon": self.epsilon,
+            "sha256": self.sha256,
+            "dtype": str(self.noisy_answer.dtype),
+            "shape": list(self.noisy_answer.shape),
+            "timestamp": self.timestamp,
+        }
+
+
+def _vector_sha256(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class MeasurementStore:
+    """A directory of measurements (``<stem>.npz`` + ``<stem>.json`` per key)."""
+
+    _MECHANISMS = ("discrete_gaussian", "gaussian")
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    # -- paths / locking --------------------------------------------------------------------------
+    @staticmethod
+    def _stem(key: str) -> str:
+        if not isinstance(key, str) or not key:
+            raise ValueError("measurement key must be a non-empty string")
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def _paths(self, key: str) -> tuple[Path, Path, Path]:
+        s = self._stem(key)
+        return self.directory / f"{s}.npz", self.directory / f"{s}.json", self.directory / f"{s}.lock"
+
+    @contextmanager
+    def _key_lock(self, key: str) -> Iterator[None]:
+        _, _, lock = self._paths(key)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    # -- persistence ---------------------------------------------------------------------------------
+    def _write_atomic(self, path: Path, write) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+
+    def _load_vector(self, npz: Path, key: str) -> np.ndarray:
+        with np.load(npz, allow_pickle=False) as z:
+            stored_key = bytes(z["key"]).decode()
+            if stored_key != key:
+                raise MeasurementIntegrityError(f"{npz} holds key {stored_key!r}, expected {key!r}")
+            return z["noisy"].copy()
+
+    def _load(self, key: str) -> Measurement:
+        npz, meta_path, _ = self._paths(key)
+        meta = json.loads(meta_path.read_text())
+        if meta["key"] != key:
+            raise MeasurementIntegrityError(f"{meta_path} holds key {meta['key']!r}, expected {key!r}")
+        vec = self._load_vector(npz, key)
+        h = _vector_sha256(vec)
+        if h != meta["sha256"] or str(vec.dtype) != meta["dtype"] or list(vec.shape) != meta["shape"]:
+            raise MeasurementIntegrityError(
+                f"measurement {key!r}: stored vector hash {h} / {vec.dtype} {vec.shape} does not match "
+                f"its record {meta['sha256']} / {meta['dtype']} {meta['shape']}"
+            )
+        return Measurement(
+            key=key,
+            workload_id=meta["workload_id"],
+            stage=meta["stage"],
+            level=meta["level"],
+            node=meta["node"],
+            noisy_answer=vec,
+            mechanism=meta["mechanism"],
+            scale=float(meta["scale"]),
+            sensitivity=float(meta["sensitivity"]),
+            rho=Fraction(meta["rho"]),
+            epsilon=meta["epsilon"],
+            sha256=meta["sha256"],
+            timestamp=float(meta["timestamp"]),
+        )
+
+    # -- public API ------------------------------------------------------------------------------------
+    def get(self, key: str) -> Measurement:
+        """The stored measurement (hash verified); ``KeyError`` if there is none."""
+        _, meta, _ = self._paths(key)
+        if not meta.exists():
+            raise KeyError(key)
+        return self._load(key)
+
+    def __contains__(self, key: str) -> bool:
+        return self._paths(key)[1].exists()
+
+    def keys(self) -> list[str]:
+        """Keys of all completed measurements, sorted."""
+        out = []
+        for p in self.directory.glob("*.json"):
+            out.append(json.loads(p.read_text())["key"])
+        return sorted(out)
+
+    def all(self) -> list[Measurement]:
+        return [self._load(k) for k in self.keys()]
+
+    def _measure(
+        self,
+        *,
+        key: str,
+        ledger: PrivacyLedger,
+        stage: str,
+        level: str,
+        node: Any,
+        workload_id: str,
+        true_answer,
+        mechanism: str,
+        sensitivity: float,
+        rho: Fraction,
+        scale: float,
+        epsilon: float | None,
+        draw,
+    ) -> Measurement:
+        npz, meta_path, _ = self._paths(key)
+        nid = node_id(node)
+        with self._key_lock(key):
+            if meta_path.exists():
+                m = self._load(key)
+                if ledger.get(key) is None:
+                    raise MeasurementIntegrityError(
+                        f"measurement {key!r} is stored but the ledger {ledger.path} has no charge for it"
+                    )
+                request = (workload_id, stage, level, nid, mechanism, float(sensitivity), rho, float(scale))
+                stored = (m.workload_id, m.stage, m.level, m.node, m.mechanism, m.sensitivity, m.rho, m.scale)
+                if request != stored:
+                    raise MeasurementIntegrityError(
+                        f"measurement {key!r} already stored with different parameters: stored {stored}, requested {request}"
+                    )
+                expected_shape = np.shape(true_answer)
+                if m.noisy_answer.shape != expected_shape:
+                    raise MeasurementIntegrityError(
+                        f"measurement {key!r}: stored shape {m.noisy_answer.shape} != requested {expected_shape}"
+                    )
+                return m
+            ledger.charge(
+                key=key,
+                stage=stage,
+                level=level,
+                node=nid,
+                mechanism=mechanism,
+                sensitivity=float(sensitivity),
+                noise_scale=float(scale),
+                rho=rho,
+            )
+            noisy = None
+            if npz.exists():  # orphan draw of a run that died before committing: reuse it
+                try:
+                    cand = self._load_vector(npz, key)
+                    if cand.shape == np.shape(true_answer):
+                        noisy = cand
+                except (OSError, ValueError, KeyError, MeasurementIntegrityError):
+                    noisy = None
+            if noisy is None:
+                noisy, drawn_scale = draw()
+                if drawn_scale != scale:
+                    raise RuntimeError(f"noise scale changed while drawing: {drawn_scale} != {scale}")
+                self._write_atomic(
+                    npz,
+                    lambda f: np.savez(f, noisy=noisy, key=np.frombuffer(key.encode(), dtype=np.uint8)),
+                )
+            m = Measurement(
+                key=key,
+                workload_id=workload_id,
+                stage=stage,
+                level=level,
+                node=nid,
+                noisy_answer=noisy,
+                mechanism=mechanism,
+                scale=float(scale),
+                sensitivity=float(sensitivity),
+                rho=rho,
+                epsilon=epsilon,
+                sha256=_vector_sha256(noisy),
+                timestamp=time.time(),
+            )
+            payload = json.dumps(m.metadata(), sort_keys=True, indent=1).encode()
+            self._write_atomic(meta_path, lambda f: f.write(payload))
+            return m
+
+    def measure(
+        self,
+        *,
+        key: str,
+        ledger: PrivacyLedger,
+        stage: str,
+        level: str,
+        node: Any,
+        workload_id: str,
+        true_answer,
+        l2_sensitivity: float,
+        rho: Number,
+        mechanism: str = "discrete_gaussian",
+    ) -> Measurement:
+        """Measure ``true_answer`` with Gaussian noise at cost ``rho`` (ρ-zCDP), exactly once per key.
+
+        ``mechanism``: ``"discrete_gaussian"`` (integer counts, default) or ``"gaussian"`` (floats).
+        The ledger is charged ``rho`` (exact) with noise scale σ = the σ actually used.
+        """
+        if mechanism not in self._MECHANISMS:
+            raise ValueError(f"mechanism must be one of {self._MECHANISMS}, got {mechanism!r}")
+        r = as_fraction(rho)
+        # σ is a deterministic function of (Δ, ρ[, n]): computed before drawing, so that the charge
+        # (made before any noise exists) records the σ that will be used.
+        d = float(l2_sensitivity)
+        if mechanism == "gaussian":
+            fn = mechanisms.gaussian
+            scale = mechanisms.gaussian_sigma(d, r, int(np.size(true_answer)))
+        else:
+            fn = mechanisms.discrete_gaussian
+            scale = mechanisms.discrete_gaussian_sigma(d, r)
+        return self._measure(
+            key=key, ledger=ledger, stage=stage, level=level, node=node, workload_id=workload_id,
+            true_answer=true_answer, mechanism=mechanism, sensitivity=d, rho=r,
+            scale=scale, epsilon=None,
+            draw=lambda: fn(true_answer, d, r),
+        )
+
+    def measure_laplace(
+        self,
+        *,
+        key: str,
+        ledger: PrivacyLedger,
+        stage: str,
+        level: str,
+        node: Any,
+        workload_id: str,
+        true_answer,
+        l1_sensitivity: float,
+        epsilon: float | None = None,
+        rho: Number | None = None,
+    ) -> Measurement:
+        """ε-DP discrete Laplace measurement of integer counts, charged as ρ = ε²/2 (BS16 Prop. 1.4).
+
+        Give exactly one of ``epsilon`` (charged ``pure_dp_rho(epsilon)``) or ``rho`` (ε is the
+        largest float with ε²/2 ≤ ρ, and ρ itself is charged).
+        """
+        if (epsilon is None) == (rho is None):
+            raise ValueError("give exactly one of epsilon or rho")
+        if rho is not None:
+            r = as_fraction(rho)
+            eps = epsilon_for_pure_rho(r)
+        else:
+            eps = float(epsilon)
+            r = pure_dp_rho(eps)
+        d = float(l1_sensitivity)
+        scale = mechanisms.discrete_laplace_scale(d, eps)
+        return self._measure(
+            key=key, ledger=ledger, stage=stage, level=level, node=node, workload_id=workload_id,
+            true_answer=true_answer, mechanism="discrete_laplace", sensitivity=d, rho=r,
+            scale=scale, epsilon=eps,
+            draw=lambda: mechanisms.discrete_laplace(true_answer, d, eps),
+        )
+

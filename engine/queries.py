@@ -1,0 +1,273 @@
+"""Hierarchical marginal workloads (H-GEM paper, Table 1) and their exact answers.
+
+A workload W_S is one attribute set S = S_G ∪ S_I at one level:
+- ``group``:  count of households matching y_G that (when S_I ≠ ∅) contain at least one person
+              matching y_I;
+- ``person``: count of persons matching y_I whose household matches y_G.
+Answers are count vectors over dom(S_G) × dom(S_I) in C order (group attributes first, in the
+order given, then person attributes). Everything is vectorised with numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from engine.domain import Domain
+from engine.hierarchical_data import HierarchicalData
+
+Level = Literal["group", "person"]
+PrivacyUnit = Literal["household", "person"]
+
+
+@dataclass(frozen=True, order=True)
+class Workload:
+    level: Level
+    group_attrs: tuple[str, ...] = ()
+    person_attrs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.level not in ("group", "person"):
+            raise ValueError(f"workload level must be 'group' or 'person', got {self.level!r}")
+        if not self.group_attrs and not self.person_attrs:
+            raise ValueError("a workload needs at least one attribute")
+        if self.level == "person" and not self.person_attrs and not self.group_attrs:
+            raise ValueError("a person-level workload needs attributes")
+
+    @property
+    def id(self) -> str:
+        return f"{self.level}:{','.join(self.group_attrs)}|{','.join(self.person_attrs)}"
+
+    @classmethod
+    def from_id(cls, wid: str) -> "Workload":
+        level, rest = wid.split(":", 1)
+        g, p = rest.split("|", 1)
+        return cls(level, tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a))  # type: ignore[arg-type]
+
+    @property
+    def attrs(self) -> tuple[str, ...]:
+        return self.group_attrs + self.person_attrs
+
+    def shape(self, domain: Domain) -> tuple[int, ...]:
+        return tuple(domain.group_attribute(a).size for a in self.group_attrs) + tuple(
+            domain.person_attribute(a).size for a in self.person_attrs
+        )
+
+    def n_cells(self, domain: Domain) -> int:
+        return int(np.prod(self.shape(domain), dtype=np.int64))
+
+    def is_partition(self) -> bool:
+        """True when every household falls in exactly one cell (group level, no person attributes)."""
+        return self.level == "group" and not self.person_attrs
+
+    # -- sensitivities -----------------------------------------------------------------
+    def sensitivity(self, domain: Domain, unit: PrivacyUnit) -> tuple[float, float]:
+        """(L1, L2) sensitivity of the count vector under the privacy unit.
+
+        household unit (add/remove one household of ≤ M persons):
+          group, S_I = ∅: 1 / 1;  group, S_I ≠ ∅: c / √c with c = min(M, |dom S_I|);
+          person: M / M (all persons may fall into one cell).
+        person unit (add/remove one person of an existing household; the household's derived
+        attributes — size, householder's attributes, presence of children … — may change):
+          group, S_I = ∅: the household moves cell: 2 / √2;
+          group, S_I ≠ ∅: the household leaves up to c cells and enters up to c cells: 2c / √(2c),
+            with c = min(M, |dom S_I|);
+          person: the m ≤ M−1 existing persons may all move from one cell to another and the added
+            person joins one: L1 = 2(M−1)+1, L2 = √((M−1)² + M²).
+        """
+        M = domain.max_size
+        if self.level == "group":
+            if not self.person_attrs:
+                return (1.0, 1.0) if unit == "household" else (2.0, math.sqrt(2.0))
+            dom_i = int(np.prod([domain.person_attribute(a).size for a in self.person_attrs]))
+            c = min(M, dom_i)
+            return (float(c), math.sqrt(c)) if unit == "household" else (2.0 * c, math.sqrt(2.0 * c))
+        if unit == "household":
+            return float(M), float(M)
+        return float(2 * (M - 1) + 1), math.sqrt((M - 1) ** 2 + M**2)
+
+
+# -- cell indices ------------------------------------------------------------------------
+def group_cells(data: HierarchicalData, attrs: tuple[str, ...]) -> np.ndarray:
+    """Flat cell index of every household over dom(attrs) (C order); zeros when attrs = ()."""
+    d = data.domain
+    if not attrs:
+        return np.zeros(data.n_households, dtype=np.int64)
+    cols = [data.group[:, d.group_index(a)].astype(np.int64) for a in attrs]
+    return np.ravel_multi_index(cols, [d.group_attribute(a).size for a in attrs])
+
+
+def person_cells(data: HierarchicalData, attrs: tuple[str, ...]) -> np.ndarray:
+    """Flat cell index of every person over dom(attrs) (C order); zeros when attrs = ()."""
+    d = data.domain
+    if not attrs:
+        return np.zeros(data.n_persons, dtype=np.int64)
+    cols = [data.person[:, d.person_index(a)].astype(np.int64) for a in attrs]
+    return np.ravel_multi_index(cols, [d.person_attribute(a).size for a in attrs])
+
+
+def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sparse incidence of a workload: (household index, cell index, count) triples.
+
+    group level: each (household, cell) pair at most once, count 1 (a household "contains");
+    person level: count = number of the household's persons in that cell.
+    """
+    d = data.domain
+    g = group_cells(data, w.group_attrs)
+    if w.level == "group" and not w.person_attrs:
+        return np.arange(data.n_households, dtype=np.int64), g, np.ones(data.n_households, dtype=np.int64)
+    n_i = int(np.prod([d.person_attribute(a).size for a in w.person_attrs], dtype=np.int64)) if w.person_attrs else 1
+    hh = data.person_household
+    cells = g[hh] * n_i + person_cells(data, w.person_attrs)
+    n_cells = w.n_cells(d)
+    key = hh * n_cells + cells
+    uniq, counts = np.unique(key, return_counts=True)
+    h, c = np.divmod(uniq, n_cells)
+    if w.level == "group":
+        counts = np.ones_like(counts)
+    return h, c, counts
+
+
+def answer(data: HierarchicalData, w: Workload, weights: np.ndarray | None = None) -> np.ndarray:
+    """Exact answer (counts, float64) of workload ``w``; ``weights`` per household (default 1)."""
+    n_cells = w.n_cells(data.domain)
+    h, c, k = household_cell_pairs(data, w)
+    wt = k.astype(np.float64) if weights is None else k * np.asarray(weights, dtype=np.float64)[h]
+    return np.bincount(c, weights=wt, minlength=n_cells)
+
+
+def normalised_answer(data: HierarchicalData, w: Workload, weights: np.ndarray | None = None) -> np.ndarray:
+    """Answer normalised as in the H-GEM paper (Table 1): group level by N_G, person level by N_I.
+
+    With ``weights`` (a weighted support), N_G = Σ_h w_h and N_I = Σ_h w_h · size_h.
+    """
+    counts = answer(data, w, weights)
+    if weights is None:
+        total = data.n_households if w.level == "group" else data.n_persons
+    else:
+        wt = np.asarray(weights, dtype=np.float64)
+        total = wt.sum() if w.level == "group" else float(wt @ data.sizes)
+    return counts / total if total > 0 else counts
+
+
+# -- sparse incidences ---------------------------------------------------------------------
+def incidence_matrix(data: HierarchicalData, w: Workload) -> sp.csr_matrix:
+    """The workload as a sparse matrix A (cells × households), CSR, float64.
+
+    ``A[c, h]`` is 1 when household h is counted in cell c of a group-level workload (a partition
+    when S_I = ∅, a "contains" query otherwise) and the number of h's persons in cell c for a
+    person-level workload. For any household weights x, ``A @ x`` is ``answer(data, w, x)``: this
+    is the matrix W of Tao et al. (§2, "a workload W of M linear queries ... y = Wx") restricted to
+    the support, and the query matrix of PMW-Pub over the public domain.
+    """
+    h, c, k = household_cell_pairs(data, w)
+    return sp.csr_matrix(
+        (k.astype(np.float64), (c, h)), shape=(w.n_cells(data.domain), data.n_households)
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Patterns:
+    """The distinct columns ("patterns") of a workload's incidence over a support.
+
+    ``matrix`` (U × cells, CSR) holds pattern u in row u; ``pattern_of`` (N_G,) gives each
+    household's pattern, so ``incidence[:, h] == matrix[pattern_of[h]].T``. Households that share a
+    pattern are indistinguishable to the workload, so an entropy projection onto its answers
+    multiplies all of them by the same factor (the Lagrangian form, Tao et al. eq. (3)) and can be
+    solved on the U patterns instead of the N_G households.
+    """
+
+    matrix: sp.csr_matrix
+    pattern_of: np.ndarray
+
+    @property
+    def n_patterns(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def mass(self, weights: np.ndarray) -> np.ndarray:
+        """Total weight of the households of every pattern, (U,)."""
+        return np.bincount(self.pattern_of, weights=weights, minlength=self.n_patterns)
+
+
+def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | None = None) -> Patterns:
+    """Exact grouping of households by their column of the incidence (no hashing).
+
+    A household has at most M non-zero cells (one per person at most), so its column is encoded as
+    a fixed-length key of M sorted ``cell·(M+1)+count`` codes padded with −1, and ``np.unique`` on
+    the keys gives the patterns exactly.
+    """
+    if A is None:
+        A = incidence_matrix(data, w)
+    n = data.n_households
+    if w.is_partition():
+        cells = group_cells(data, w.group_attrs)
+        uniq, inv = np.unique(cells, return_inverse=True)
+        m = sp.csr_matrix(
+            (np.ones(uniq.size), (np.arange(uniq.size), uniq)), shape=(uniq.size, A.shape[0])
+        )
+        return Patterns(m, inv.astype(np.int64))
+    At = A.T.tocsr()
+    At.sort_indices()
+    nnz = np.diff(At.indptr)
+    width = max(int(nnz.max(initial=0)), 1)
+    M1 = data.domain.max_size + 1
+    codes = At.indices.astype(np.int64) * M1 + At.data.astype(np.int64)
+    row = np.repeat(np.arange(n, dtype=np.int64), nnz)
+    slot = np.arange(codes.size, dtype=np.int64) - np.repeat(At.indptr[:-1].astype(np.int64), nnz)
+    keys = np.full((n, width), -1, dtype=np.int64)
+    keys[row, slot] = codes
+    _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    return Patterns(At[first].tocsr(), inv.reshape(-1).astype(np.int64))
+
+
+class IncidenceCache:
+    """Incidence matrices (and their patterns) of workloads over one fixed set of households.
+
+    Build once per support and reuse for every node that updates a prior on that support
+    (state posterior → every PUMA of the state): answering a workload for new weights is then a
+    single sparse matrix–vector product.
+    """
+
+    def __init__(self, data: HierarchicalData):
+        self.data = data
+        self._A: dict[Workload, sp.csr_matrix] = {}
+        self._patterns: dict[Workload, Patterns] = {}
+        self._cells: dict[Workload, np.ndarray] = {}
+
+    def matrix(self, w: Workload) -> sp.csr_matrix:
+        A = self._A.get(w)
+        if A is None:
+            A = self._A[w] = incidence_matrix(self.data, w)
+        return A
+
+    def patterns(self, w: Workload) -> Patterns:
+        P = self._patterns.get(w)
+        if P is None:
+            P = self._patterns[w] = incidence_patterns(self.data, w, self.matrix(w))
+        return P
+
+    def partition_cells(self, w: Workload) -> np.ndarray:
+        """Cell of every household for a partition workload (group level, S_I = ∅)."""
+        if not w.is_partition():
+            raise ValueError(f"{w.id} is not a partition workload")
+        c = self._cells.get(w)
+        if c is None:
+            c = self._cells[w] = group_cells(self.data, w.group_attrs)
+        return c
+
+    def answer(self, w: Workload, weights: np.ndarray) -> np.ndarray:
+        """Σ_h weights_h · A[:, h] (counts if weights are counts, proportions if a distribution)."""
+        return self.matrix(w) @ np.asarray(weights, dtype=np.float64)
+
+    def prepare(self, workloads) -> "IncidenceCache":
+        for w in workloads:
+            self.matrix(w)
+            if not w.is_partition():
+                self.patterns(w)
+            else:
+                self.partition_cells(w)
+        return self

@@ -1,0 +1,93 @@
+"""The ``dprelease`` command line: run, validate, plan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _prefect_env() -> None:
+    """Prefect offline defaults, set before prefect is imported (explicit settings win)."""
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+
+
+def cmd_run(args) -> int:
+    _prefect_env()
+    from flows.release import release_flow
+
+    release_dir = release_flow(str(args.config), dask_address=args.dask_address)
+    print(f"release written to {release_dir}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from tqdm import tqdm
+
+    from schemas.domain_spec import load_domain_spec
+    from schemas.pums_reader import InputError, read_person_file
+
+    spec = load_domain_spec(args.domain) if args.domain else load_domain_spec()
+    failed = 0
+    bar = tqdm(args.inputs, desc="validate", unit="file", disable=len(args.inputs) < 2 or not sys.stderr.isatty())
+    for path in bar:
+        try:
+            t = read_person_file(path, spec, layout=args.layout, housing=args.housing)
+        except InputError as e:
+            failed += 1
+            for issue in e.issues:
+                print(f"INVALID {issue}")
+        else:
+            print(f"OK {t.name}: {len(t.line)} person records, {t.n_households} units, layout {t.layout}")
+    return 1 if failed else 0
+
+
+def cmd_plan(args) -> int:
+    from flows.plan import render_plan
+    from schemas.release_config import load_config
+
+    print(render_plan(load_config(args.config)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dprelease", description="Differentially private synthetic microdata releases from hierarchical surveys (ACS PUMS).")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a release from a config", description="Run the release flow (Prefect, on a local Dask cluster by default) for a release config.")
+    r.add_argument("config", type=Path, help="release config YAML (e.g. deploy/releases/acs2018_default.yaml)")
+    r.add_argument("--dask-address", default=None, help="address of an existing Dask scheduler (default: start a LocalCluster)")
+    r.set_defaults(func=cmd_run)
+    v = sub.add_parser("validate", help="validate PUMS person files", description="Validate PUMS person files (zip or CSV) against the domain spec; one line per problem; exit 1 if any file is invalid.")
+    v.add_argument("inputs", nargs="+", help="csv_pXX.zip, psam_pNN.csv or ssYYpXX.csv files")
+    v.add_argument("--layout", default="auto", choices=["auto", "pums2017", "pums_legacy"], help="file layout (default: detect from the file name)")
+    v.add_argument("--housing", default=None, help="legacy layout: the housing file (ssYYhXX.csv) to cross-check")
+    v.add_argument("--domain", default=None, help="domain spec YAML (default: schemas/domains/acs_pums.yaml)")
+    v.set_defaults(func=cmd_validate)
+    pl = sub.add_parser("plan", help="print the privacy budget plan of a config", description="Print the budget allocation table and the resulting (epsilon, delta) without reading any data.")
+    pl.add_argument("config", type=Path, help="release config YAML")
+    pl.set_defaults(func=cmd_plan)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from schemas.pums_reader import InputError
+    from schemas.release_config import ConfigError
+    from tasks.run_context import RunRefused
+
+    try:
+        return args.func(args)
+    except (InputError, ConfigError, RunRefused) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

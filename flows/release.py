@@ -1,0 +1,187 @@
+"""The release flow: ingest → (select workload → count-of-counts →) synthesize → publish.
+
+Stages that touch confidential data fan out geography nodes on Dask through prefect-dask
+(a ``LocalCluster`` sized to the machine by default, or an existing cluster via ``dask_address``).
+Stages not built yet are absent from the flow and from the manifest, never faked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+
+import numpy as np
+from prefect import flow, get_run_logger
+from prefect_dask import DaskTaskRunner
+
+from engine.hierarchical_data import HierarchicalData
+from schemas.pums_reader import InputError
+from schemas.release_config import ReleaseConfig, load_config
+from tasks.ingest import ingest_input, validation_record, write_validation
+from tasks.publish import code_version, library_versions, write_release
+from tasks.run_context import RunLock, RunPaths, prepare, write_json_atomic
+from tasks.synthesize import public_baseline_puma
+
+
+class Progress:
+    """Periodic progress line with counts and ETA for fan-out stages."""
+
+    def __init__(self, logger, label: str, total: int, every_s: float = 2.0):
+        self.logger, self.label, self.total, self.every = logger, label, total, every_s
+        self.start = self.last = time.monotonic()
+        self.done = 0
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= self.every or self.done == self.total:
+            rate = self.done / max(now - self.start, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+            self.logger.info(f"{self.label}: {self.done}/{self.total} done, {now - self.start:.1f}s elapsed, ETA {eta:.1f}s")
+            self.last = now
+
+
+def wait_all(futures: list, logger, label: str) -> list:
+    from prefect.futures import as_completed
+
+    progress = Progress(logger, label, len(futures))
+    for _ in as_completed(futures):
+        progress.step()
+    return [f.result() for f in futures]
+
+
+def share_ephemeral_prefect_api() -> None:
+    """Point Dask worker processes at this process's Prefect API.
+
+    Without a configured server, Prefect runs a temporary (ephemeral) server in this process;
+    worker processes spawned later inherit ``PREFECT_API_URL`` and report to it instead of each
+    starting a server of their own.
+    """
+    from prefect.settings import get_current_settings
+
+    if os.environ.get("PREFECT_API_URL") or get_current_settings().api.url:
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    if server.running:
+        os.environ["PREFECT_API_URL"] = server.api_url
+
+
+@contextlib.contextmanager
+def dask_scheduler(address: str | None):
+    """Yield a Dask scheduler address: the given one, or a LocalCluster sized to the machine."""
+    if address:
+        yield address
+        return
+    import logging
+
+    from distributed import LocalCluster
+
+    share_ephemeral_prefect_api()
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    n = max(1, min(os.cpu_count() or 1, 8))
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.WARNING) as cluster:
+        yield cluster.scheduler_address
+
+
+def sampling_seed(cfg: ReleaseConfig, paths: RunPaths) -> int:
+    """The post-processing sampling seed: from the config, or drawn once and kept with the run."""
+    if cfg.sampling_seed is not None:
+        return cfg.sampling_seed
+    p = paths.run_dir / "sampling_seed.json"
+    if p.exists():
+        return int(json.loads(p.read_text())["seed"])
+    seed = secrets.randbits(63)
+    write_json_atomic(p, {"seed": seed})
+    return seed
+
+
+# -- stages --------------------------------------------------------------------------------
+@flow(name="ingest")
+def ingest_stage(cfg: ReleaseConfig, paths: RunPaths) -> list[dict]:
+    logger = get_run_logger()
+    jobs = [("private", i) for i in range(len(cfg.private))] + [("public", i) for i in range(len(cfg.public))]
+    futures = [ingest_input.submit(cfg, paths, role, i) for role, i in jobs]
+    reports, errors = [], []
+    progress = Progress(logger, "ingest", len(futures))
+    for f in futures:
+        f.wait()
+        progress.step()
+        try:
+            reports.append(f.result())
+        except InputError as e:
+            errors.append(e)
+    write_validation(paths, validation_record(reports, errors))
+    if errors:
+        raise InputError([i for e in errors for i in e.issues])
+    logger.info(f"ingest: {len(reports)} inputs validated and encoded (gate result: {paths.validation_path.name})")
+    return reports
+
+
+def merged(reports: list[dict], role: str) -> HierarchicalData:
+    return HierarchicalData.concat([HierarchicalData.from_npz(r["encoded"]) for r in reports if r["role"] == role])
+
+
+@flow(name="synthesize")
+def synthesize_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], seed: int) -> list[str]:
+    """Per PUMA, in parallel. Until the prior update is enabled: the public-only baseline."""
+    logger = get_run_logger()
+    private = merged(reports, "private")
+    public = merged(reports, "public")
+    public_path = paths.inputs_dir / "public-merged.npz"
+    public.to_npz(public_path)
+    # Household counts per PUMA are public (as the Census Bureau treats housing-unit counts).
+    nodes, counts = np.unique(private.geo, axis=0, return_counts=True)
+    futures = []
+    for node, g in zip(nodes, counts):
+        node_t = (int(node[0]), int(node[1]))
+        out = paths.node_path("synthesis", f"ST={node_t[0]}/PUMA={node_t[1]:05d}")
+        futures.append(public_baseline_puma.submit(str(public_path), node_t, int(g), seed, str(out)))
+    return wait_all(futures, logger, "synthesize PUMAs (public-only baseline)")
+
+
+@flow(name="publish")
+def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], seed: int) -> str:
+    logger = get_run_logger()
+    synth = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
+    manifest = {
+        "release": cfg.name,
+        "description": cfg.description,
+        "config": cfg.model_dump(mode="json"),
+        "inputs": [{k: r[k] for k in ("role", "file", "sha256", "layout")} for r in reports],
+        "code": code_version(),
+        "libraries": library_versions(),
+        "privacy_unit": cfg.privacy_unit,
+        "synthesizer": {"name": "public_baseline", "description": "public-only baseline (epsilon = 0): public households resampled uniformly to each PUMA's public household count"},
+        "stages": ["ingest", "synthesize", "publish"],
+        "public_inputs_summary": [r for r in reports if r["role"] == "public"],
+        "seeds_policy": {
+            "noise": "OpenDP samplers drawing from OS entropy; no seeds, never reproducible",
+            "post_processing_sampling": "numpy PCG64 seeded from the run's sampling seed (kept in the internal work directory)",
+        },
+    }
+    for r in manifest["public_inputs_summary"]:
+        r.pop("encoded", None)
+    write_release(paths.release_dir, synth, manifest)
+    logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir}")
+    return str(paths.release_dir)
+
+
+# -- the release flow ------------------------------------------------------------------------
+@flow(name="dprelease-release")
+def release_flow(config_path: str, dask_address: str | None = None) -> str:
+    cfg = load_config(config_path)
+    paths = prepare(cfg.run_dir(), cfg.release_dir())
+    with RunLock(paths), dask_scheduler(dask_address) as address:
+        runner = DaskTaskRunner(address=address)
+        reports = ingest_stage.with_options(task_runner=runner)(cfg, paths)
+        write_json_atomic(paths.summary_path, {"inputs": reports})
+        seed = sampling_seed(cfg, paths)
+        node_files = synthesize_stage.with_options(task_runner=runner)(cfg, paths, reports, seed)
+        return publish_stage(cfg, paths, reports, node_files, seed)
+

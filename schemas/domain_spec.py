@@ -1,0 +1,210 @@
+"""The YAML domain spec (``schemas/domains/*.yaml``) as a validated pydantic model, and the
+vectorised encoding of validated raw person columns into :class:`engine.HierarchicalData`.
+
+The spec declares the source columns (type, codes, ranges, blanks), the person attributes
+(kept PUMS codes, numeric bins or code groups) and the household attributes derived from the
+persons. See the comments at the top of ``domains/acs_pums.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engine import encoding
+from engine.domain import Attribute, Domain
+from engine.hierarchical_data import HierarchicalData
+
+DOMAINS_DIR = Path(__file__).parent / "domains"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceColumn(_Strict):
+    type: Literal["id", "int", "code"]
+    min: int | None = None
+    max: int | None = None
+    codes: list[int] | None = None
+    blank: bool = False
+    derivable: bool = False  # may be absent in a layout that lets the reader derive it
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.type == "code" and not self.codes:
+            raise ValueError("a 'code' column needs its list of codes")
+        if self.type == "int" and (self.min is None or self.max is None):
+            raise ValueError("an 'int' column needs min and max")
+        return self
+
+    def describe(self) -> str:
+        if self.type == "int":
+            return f"an integer {self.min}..{self.max}"
+        if self.type == "code":
+            c = self.codes or []
+            shown = f"{c[0]}..{c[-1]}" if c == list(range(c[0], c[-1] + 1)) else ", ".join(map(str, c))
+            return f"one of the codes {shown}" + (" or blank" if self.blank else "")
+        return "a non-empty identifier"
+
+
+class Bin(_Strict):
+    label: str
+    min: int
+    max: int
+
+
+class CodeGroup(_Strict):
+    label: str
+    codes: list[int | None]
+
+
+class PersonAttributeSpec(_Strict):
+    source: str
+    codes: dict[str, str] | None = None  # release code -> label, kept as in PUMS
+    bins: list[Bin] | None = None
+    groups: list[CodeGroup] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if sum(x is not None for x in (self.codes, self.bins, self.groups)) != 1:
+            raise ValueError("a person attribute needs exactly one of codes, bins, groups")
+        if self.bins:
+            for a, b in zip(self.bins, self.bins[1:]):
+                if not (a.min <= a.max < b.min <= b.max):
+                    raise ValueError(f"bins must be sorted and disjoint: {a.label!r} then {b.label!r}")
+        return self
+
+    def attribute(self, name: str) -> Attribute:
+        if self.codes is not None:
+            return Attribute(name, tuple(self.codes), tuple(self.codes.values()))
+        items = self.bins if self.bins is not None else self.groups
+        labels = tuple(x.label for x in items)  # type: ignore[union-attr]
+        return Attribute(name, labels, labels)
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        if self.codes is not None:
+            return encoding.map_codes(values, [[int(c)] for c in self.codes])
+        if self.bins is not None:
+            return encoding.bin_ranges(values, np.array([b.min for b in self.bins]), np.array([b.max for b in self.bins]))
+        return encoding.map_codes(values, [g.codes for g in self.groups])  # type: ignore[union-attr]
+
+
+class HouseholdAttributeSpec(_Strict):
+    derive: Literal["size", "householder", "any_person", "multigenerational"]
+    attribute: str | None = None
+    values: list[str] | None = None
+    codes: dict[str, str] | None = None
+    source: str | None = None
+    child_codes: list[int] | None = None
+    grandchild_codes: list[int] | None = None
+    parent_codes: list[int] | None = None
+
+
+class DomainSpec(_Strict):
+    name: str
+    geography: list[str]
+    source_columns: dict[str, SourceColumn]
+    householder_code: int
+    group_quarters_codes: list[int]
+    person_attributes: dict[str, PersonAttributeSpec]
+    household_attributes: dict[str, HouseholdAttributeSpec]
+    relationship_column: str = "RELP"
+
+    @model_validator(mode="after")
+    def _check_refs(self):
+        for name, a in self.person_attributes.items():
+            if a.source not in self.source_columns:
+                raise ValueError(f"person attribute {name}: unknown source column {a.source}")
+        for name, h in self.household_attributes.items():
+            if h.derive in ("householder", "any_person") and h.attribute not in self.person_attributes:
+                raise ValueError(f"household attribute {name}: unknown person attribute {h.attribute}")
+            if h.derive in ("any_person", "multigenerational") and not h.codes:
+                raise ValueError(f"household attribute {name}: needs codes (release code -> label)")
+        if sum(h.derive == "size" for h in self.household_attributes.values()) != 1:
+            raise ValueError("exactly one household attribute must derive the size")
+        for g in self.geography:
+            if g not in self.source_columns:
+                raise ValueError(f"geography level {g} is not a source column")
+        return self
+
+    @property
+    def size_attribute(self) -> str:
+        return next(n for n, h in self.household_attributes.items() if h.derive == "size")
+
+    def domain(self, max_size: int) -> Domain:
+        person = tuple(a.attribute(n) for n, a in self.person_attributes.items())
+        by_name = {a.name: a for a in person}
+        group = []
+        for n, h in self.household_attributes.items():
+            if h.derive == "size":
+                codes = tuple(str(i) for i in range(1, max_size + 1))
+                group.append(Attribute(n, codes, codes))
+            elif h.derive == "householder":
+                src = by_name[h.attribute]  # type: ignore[index]
+                group.append(Attribute(n, src.codes, src.labels))
+            else:
+                group.append(Attribute(n, tuple(h.codes), tuple(h.codes.values())))  # type: ignore[arg-type,union-attr]
+        return Domain(tuple(group), person, tuple(self.geography), max_size, self.size_attribute)
+
+    # -- encoding --------------------------------------------------------------------
+    def encode(self, cols: dict[str, np.ndarray], household: np.ndarray, max_size: int) -> tuple[HierarchicalData, dict]:
+        """Encode validated persons into HierarchicalData.
+
+        ``cols``: source column -> int64 array (blank = -1), persons already filtered by the
+        group-quarters rule and sorted by household with the householder first;
+        ``household``: household index of each person (0..n-1, nondecreasing). Households with
+        more than ``max_size`` persons must already be clipped or excluded by the caller.
+        """
+        domain = self.domain(max_size)
+        n_hh = int(household[-1]) + 1 if len(household) else 0
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(household, minlength=n_hh))]).astype(np.int64)
+        person = np.empty((len(household), len(domain.person)), dtype=np.int64)
+        for j, (name, a) in enumerate(self.person_attributes.items()):
+            person[:, j] = a.encode(cols[a.source])
+            if np.any(person[:, j] < 0):  # validation guarantees this cannot happen
+                raise ValueError(f"attribute {name}: values outside the spec after validation")
+        group = np.empty((n_hh, len(domain.group)), dtype=np.int64)
+        pidx = {n: i for i, n in enumerate(self.person_attributes)}
+        first = offsets[:-1]
+        for j, (name, h) in enumerate(self.household_attributes.items()):
+            if h.derive == "size":
+                group[:, j] = np.diff(offsets) - 1
+            elif h.derive == "householder":
+                group[:, j] = person[first, pidx[h.attribute]]  # type: ignore[index]
+            elif h.derive == "any_person":
+                attr = domain.person_attribute(h.attribute)  # type: ignore[arg-type]
+                wanted = [attr.codes.index(v) for v in h.values or []]
+                group[:, j] = encoding.segment_any(np.isin(person[:, pidx[h.attribute]], wanted), offsets)  # type: ignore[index]
+            else:
+                group[:, j] = encoding.multigenerational(
+                    cols[h.source or self.relationship_column], offsets, h.child_codes or [], h.grandchild_codes or [], h.parent_codes or []
+                )
+        geo = np.stack([cols[g][first] for g in self.geography], axis=1) if n_hh else np.zeros((0, len(self.geography)))
+        data = HierarchicalData.from_arrays(domain, geo, group, person, offsets)
+        return data, {"households": n_hh, "persons": int(len(household))}
+
+
+def load_domain_spec(path: str | Path = DOMAINS_DIR / "acs_pums.yaml") -> DomainSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: cannot read domain spec: {e}") from None
+    try:
+        return DomainSpec.model_validate(raw)
+    except Exception as e:  # pydantic.ValidationError
+        raise ValueError(f"{path}: invalid domain spec:\n{e}") from None
+
+
+@dataclass(frozen=True)
+class EncodedInput:
+    """What ingestion returns for one input: the data and its exclusion counts."""
+
+    data: HierarchicalData
+    report: dict

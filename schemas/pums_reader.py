@@ -1,0 +1,332 @@
+"""Reading and validating Census PUMS person files (zip archives or CSV), in two layouts:
+
+- ``pums2017``: ACS 2017+ person files ``psam_pNN.csv`` (inside ``csv_pXX.zip``): SERIALNO with a
+  year prefix (``2018HU…`` housing unit, ``2018GQ…`` group-quarters person), zero-padded codes.
+- ``pums_legacy``: pre-2017 files (``ssYYpXX.csv``, e.g. the R export in ``acs2013_1yr_de/``):
+  no year prefix, unpadded codes, ``NA`` for blanks, optionally an R row-index first column and no
+  SPORDER (it is then derived from the order of the persons inside each SERIALNO). A housing file
+  (``ssYYhXX.csv``: SERIALNO, TYPE, NP) may sit beside it; when given, it classifies group quarters
+  (TYPE 2/3), counts vacant units (NP = 0) and is cross-checked against the persons.
+
+Every problem becomes an :class:`InputIssue` naming the file, the line (header = line 1) and the
+column, and what was expected. No cell value ever appears in a message (they are confidential): the line and column locate it.
+All checks are vectorised; only the error path scans lines in Python to locate a bad byte/row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from schemas.domain_spec import DomainSpec, SourceColumn
+
+LAYOUTS = ("pums2017", "pums_legacy")
+_KNOWN_2017 = tuple(
+    line.strip() for line in (Path(__file__).parent / "pums2017_person_columns.txt").read_text().splitlines() if line.strip() and not line.startswith("#")
+)
+_LEGACY_EXTRA = ("", "RT")
+_BLANKS = {"pums2017": ("",), "pums_legacy": ("", "NA")}
+_MAX_ISSUES_PER_CHECK = 1
+
+
+@dataclass(frozen=True)
+class InputIssue:
+    file: str
+    message: str
+    line: int | None = None
+    column: str | None = None
+    count: int = 1
+    check: str = ""
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f", line {self.line}"
+        if self.column:
+            where += f", column {self.column}"
+        more = f" ({self.count} records)" if self.count > 1 else ""
+        return f"{where}: {self.message}{more}"
+
+    def to_dict(self) -> dict:
+        return {"check": self.check, "file": self.file, "line": self.line, "column": self.column, "message": self.message, "count": self.count}
+
+
+class InputError(ValueError):
+    """Invalid input: carries every issue found (one line each)."""
+
+    def __init__(self, issues: list[InputIssue]):
+        self.issues = list(issues)
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+@dataclass
+class PersonTable:
+    """Validated raw persons of one file, in file order."""
+
+    name: str
+    layout: str
+    sha256: str
+    cols: dict[str, np.ndarray]  # source column -> int64 (blank = -1); SERIALNO -> household index
+    n_households: int
+    is_gq: np.ndarray  # per person
+    line: np.ndarray  # per person: line number in the file
+    vacant_units: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def detect_layout(path: Path) -> str:
+    if re.fullmatch(r"ss\d\dp[a-z]{2}\.csv", path.name, re.I):
+        return "pums_legacy"
+    return "pums2017"
+
+
+def _read_bytes(path: Path) -> tuple[str, bytes]:
+    """(display name, raw bytes of the person CSV) from a zip archive or a CSV file."""
+    if not path.exists():
+        raise InputError([InputIssue(str(path), "file not found", check="file")])
+    if path.stat().st_size == 0:
+        raise InputError([InputIssue(path.name, "file is empty (0 bytes)", check="file")])
+    if path.suffix.lower() != ".zip":
+        return path.name, path.read_bytes()
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise InputError([InputIssue(path.name, "not a readable zip archive (corrupt or truncated file)", check="zip")]) from None
+    with zf:
+        members = [m for m in zf.namelist() if re.fullmatch(r"psam_p\d+\.csv|ss\d\dp[a-z]{2}\.csv", Path(m).name)]
+        if len(members) != 1:
+            raise InputError([InputIssue(path.name, f"expected exactly one person CSV member (psam_pNN.csv), found {len(members)} among {zf.namelist()}", check="zip")])
+        name = f"{path.name}:{members[0]}"
+        try:
+            data = zf.read(members[0])
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+            kind = "CRC check failed" if "CRC" in str(e) else "cannot be decompressed"
+            raise InputError([InputIssue(name, f"corrupt zip member ({kind}): the archive is damaged or truncated", check="zip")]) from None
+    if not data:
+        raise InputError([InputIssue(name, "file is empty (0 bytes)", check="file")])
+    return name, data
+
+
+def _check_utf8(name: str, data: bytes, header: list[str]) -> None:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        field_no = data.count(b",", line_start, e.start)
+        col = header[field_no] if field_no < len(header) else None
+        raise InputError([InputIssue(name, f"bytes that are not valid UTF-8 (byte offset {e.start})", line=line, column=col, check="encoding")]) from None
+
+
+def _locate_bad_row(name: str, data: bytes, n_fields: int) -> InputIssue:
+    for i, raw in enumerate(data.split(b"\n")[1:], start=2):
+        raw = raw.rstrip(b"\r")
+        if not raw:
+            continue
+        k = raw.count(b",") + 1  # PUMS files carry no quoted commas
+        if k != n_fields:
+            return InputIssue(name, f"expected {n_fields} fields, got {k} (truncated or malformed row)", line=i, check="row")
+    return InputIssue(name, "the CSV cannot be parsed", check="row")
+
+
+def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", housing: str | Path | None = None) -> PersonTable:
+    """Read, validate and parse one person file. Raises :class:`InputError` listing every issue."""
+    path = Path(path)
+    layout = detect_layout(path) if layout == "auto" else layout
+    if layout not in LAYOUTS:
+        raise InputError([InputIssue(path.name, f"unknown layout {layout!r}; expected one of {LAYOUTS}", check="layout")])
+    name, data = _read_bytes(path)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    first_nl = data.find(b"\n")
+    header_line = data[: first_nl if first_nl >= 0 else len(data)].rstrip(b"\r")
+    try:
+        header = [h.strip().strip('"') for h in header_line.decode("utf-8").split(",")]
+    except UnicodeDecodeError:
+        raise InputError([InputIssue(name, "the header line is not valid UTF-8 text", line=1, check="encoding")]) from None
+    if first_nl < 0 or not data[first_nl + 1 :].strip():
+        raise InputError([InputIssue(name, "no person records after the header", line=1, check="file")])
+    _check_utf8(name, data, header)
+
+    # -- columns ---------------------------------------------------------------------
+    issues: list[InputIssue] = []
+    known = set(_KNOWN_2017) | (set(_LEGACY_EXTRA) if layout == "pums_legacy" else set())
+    needed = [c for c, s in spec.source_columns.items() if not (layout == "pums_legacy" and s.derivable)]
+    for c in needed:
+        if c not in header:
+            issues.append(InputIssue(name, f"missing column {c} (required by the domain spec, layout {layout})", line=1, column=c, check="columns"))
+    for c in header:
+        if c not in known:
+            issues.append(InputIssue(name, f"unexpected column {c!r}: not a PUMS person variable of layout {layout}", line=1, column=c, check="columns"))
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup:
+        issues.append(InputIssue(name, f"duplicate column names {dup}", line=1, check="columns"))
+    if issues:
+        raise InputError(issues)
+    present = [c for c in spec.source_columns if c in header]
+    try:
+        table = pacsv.read_csv(
+            io.BytesIO(data),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=present,
+                column_types={c: pa.string() for c in present},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowException):
+        raise InputError([_locate_bad_row(name, data, len(header))]) from None
+
+    n = table.num_rows
+    line = np.arange(n, dtype=np.int64) + 2
+    blanks = _BLANKS[layout]
+    cols: dict[str, np.ndarray] = {}
+    for c in present:
+        s = spec.source_columns[c]
+        raw = table.column(c).to_pandas()
+        if s.type == "id":
+            bad = raw.isin(blanks).to_numpy()
+            if bad.any():
+                issues.append(InputIssue(name, "empty identifier (expected a SERIALNO)", line=int(line[bad][0]), column=c, count=int(bad.sum()), check="values"))
+            cols[c] = raw.to_numpy(dtype=object)
+            continue
+        issues += _parse_int_column(name, c, s, raw, blanks, line, cols)
+    if issues:
+        raise InputError(issues)
+
+    # -- households ------------------------------------------------------------------
+    serial = cols.pop("SERIALNO")
+    hh, uniques = pd.factorize(serial, sort=False)
+    hh = hh.astype(np.int64)
+    n_hh = len(uniques)
+    if "SPORDER" not in cols:  # legacy: derive from the order inside each SERIALNO
+        order = np.argsort(hh, kind="stable")
+        first = np.zeros(n_hh, dtype=np.int64)
+        counts = np.bincount(hh, minlength=n_hh)
+        first[1:] = np.cumsum(counts)[:-1]
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - np.repeat(first, counts)
+        cols["SPORDER"] = rank + 1
+    relp = cols[spec.relationship_column]
+    gq_rel = np.isin(relp, spec.group_quarters_codes)
+    vacant = 0
+    extra: dict = {}
+    if layout == "pums2017":
+        tag = pd.Series(serial).str.slice(4, 6).to_numpy(dtype=object)
+        is_gq_serial = tag == "GQ"
+        bad_tag = ~np.isin(tag, ["HU", "GQ"])
+        if bad_tag.any():
+            issues.append(InputIssue(name, "SERIALNO does not have the 2017+ form YYYYHU… or YYYYGQ… (is this a pre-2017 file? set layout: pums_legacy)", line=int(line[bad_tag][0]), column="SERIALNO", count=int(bad_tag.sum()), check="households"))
+        mismatch = (is_gq_serial != gq_rel) & ~bad_tag
+        if mismatch.any():
+            issues.append(InputIssue(name, f"relationship code and SERIALNO disagree on group quarters (RELP {spec.group_quarters_codes} must go with a GQ serial number)", line=int(line[mismatch][0]), column=spec.relationship_column, count=int(mismatch.sum()), check="households"))
+        is_gq = gq_rel
+    else:
+        is_gq = gq_rel
+        if housing is not None:
+            vacant, extra, h_issues = _check_housing(Path(housing), serial, hh, n_hh, gq_rel, blanks)
+            issues += h_issues
+
+    # duplicate (SERIALNO, SPORDER)
+    key = hh * 1000 + cols["SPORDER"]
+    _, first_idx, cnt = np.unique(key, return_index=True, return_counts=True)
+    dup_keys = cnt > 1
+    if dup_keys.any():
+        dmask = np.isin(key, np.unique(key)[dup_keys])
+        dlines = line[dmask]
+        issues.append(InputIssue(name, "duplicate person (SERIALNO, SPORDER): the same person number appears twice in one household", line=int(dlines[1] if len(dlines) > 1 else dlines[0]), column="SPORDER", count=int(dup_keys.sum()), check="households"))
+    # exactly one householder per housing unit
+    hu = ~is_gq
+    n_head = np.bincount(hh[hu], weights=(relp[hu] == spec.householder_code).astype(np.float64), minlength=n_hh)
+    hu_hh = np.bincount(hh[hu], minlength=n_hh) > 0
+    for bad, msg in ((hu_hh & (n_head == 0), "household without a householder (no person with RELP 00)"), (n_head > 1, "household with more than one householder (RELP 00)")):
+        if bad.any():
+            first_line = int(line[bad[hh]][0])
+            issues.append(InputIssue(name, msg, line=first_line, column=spec.relationship_column, count=int(bad.sum()), check="households"))
+    # geography constant within a household
+    for g in spec.geography:
+        v = cols[g]
+        lo = np.full(n_hh, np.iinfo(np.int64).max)
+        hi = np.full(n_hh, np.iinfo(np.int64).min)
+        np.minimum.at(lo, hh, v)
+        np.maximum.at(hi, hh, v)
+        bad = lo != hi
+        if bad.any():
+            issues.append(InputIssue(name, f"persons of one household have different {g} codes", line=int(line[bad[hh]][0]), column=g, count=int(bad.sum()), check="households"))
+    if issues:
+        raise InputError(issues)
+    return PersonTable(name, layout, sha, cols | {"_household": hh}, n_hh, is_gq, line, vacant, extra)
+
+
+def _parse_int_column(name: str, c: str, s: SourceColumn, raw: pd.Series, blanks, line: np.ndarray, cols: dict) -> list[InputIssue]:
+    issues = []
+    blank = raw.isin(blanks).to_numpy()
+    num = pd.to_numeric(raw.where(~blank, "0"), errors="coerce")
+    not_int = num.isna().to_numpy() | (num.to_numpy(dtype=np.float64, na_value=np.nan) % 1 != 0)
+    not_int &= ~blank
+    if not_int.any():
+        i = int(np.flatnonzero(not_int)[0])
+        issues.append(InputIssue(name, f"not an integer: expected {s.describe()}", line=int(line[i]), column=c, count=int(not_int.sum()), check="types"))
+        return issues
+    vals = num.to_numpy(dtype=np.float64).astype(np.int64)
+    if blank.any() and not s.blank:
+        i = int(np.flatnonzero(blank)[0])
+        issues.append(InputIssue(name, f"blank value, expected {s.describe()}", line=int(line[i]), column=c, count=int(blank.sum()), check="values"))
+    vals = np.where(blank, -1, vals)
+    if s.type == "int":
+        bad = ~blank & ((vals < s.min) | (vals > s.max))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            issues.append(InputIssue(name, f"implausible value: expected {s.describe()}", line=int(line[i]), column=c, count=int(bad.sum()), check="values"))
+    elif s.type == "code":
+        bad = ~blank & ~np.isin(vals, s.codes)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            issues.append(InputIssue(name, f"code not in the data dictionary: expected {s.describe()}", line=int(line[i]), column=c, count=int(bad.sum()), check="values"))
+    cols[c] = vals
+    return issues
+
+
+def _check_housing(path: Path, serial: np.ndarray, hh: np.ndarray, n_hh: int, gq_rel: np.ndarray, blanks) -> tuple[int, dict, list[InputIssue]]:
+    """Cross-check a legacy housing file (SERIALNO, TYPE, NP) against the persons."""
+    name, data = _read_bytes(path)
+    try:
+        t = pacsv.read_csv(io.BytesIO(data), convert_options=pacsv.ConvertOptions(include_columns=["SERIALNO", "TYPE", "NP"], column_types={"SERIALNO": pa.string(), "TYPE": pa.string(), "NP": pa.string()}))
+    except (pa.ArrowInvalid, KeyError):
+        return 0, {}, [InputIssue(name, "housing file must be a CSV with columns SERIALNO, TYPE and NP", line=1, check="housing")]
+    h_serial = t.column("SERIALNO").to_numpy(zero_copy_only=False)
+    h_type = pd.to_numeric(pd.Series(t.column("TYPE").to_numpy(zero_copy_only=False)), errors="coerce").to_numpy()
+    h_np = pd.to_numeric(pd.Series(t.column("NP").to_numpy(zero_copy_only=False)), errors="coerce").to_numpy()
+    issues = []
+    bad = np.isnan(h_type) | ~np.isin(h_type, [1, 2, 3])
+    if bad.any():
+        issues.append(InputIssue(name, "TYPE must be 1 (housing unit), 2 or 3 (group quarters)", line=int(np.flatnonzero(bad)[0]) + 2, column="TYPE", count=int(bad.sum()), check="housing"))
+        return 0, {}, issues
+    person_serials = pd.Index(pd.unique(serial))
+    pos = pd.Index(h_serial).get_indexer(person_serials)
+    missing = pos < 0
+    if missing.any():
+        issues.append(InputIssue(name, "persons whose SERIALNO has no housing record", count=int(missing.sum()), check="housing"))
+        return 0, {}, issues
+    n_persons = np.bincount(hh, minlength=n_hh)
+    np_h = h_np[pos]
+    type_h = h_type[pos]
+    bad_np = (type_h == 1) & (np_h != n_persons)
+    if bad_np.any():
+        issues.append(InputIssue(name, "NP of the housing record differs from the number of persons in the person file", line=int(pos[bad_np][0]) + 2, column="NP", count=int(bad_np.sum()), check="housing"))
+    gq_from_type = np.isin(type_h, [2, 3])[hh]
+    mismatch = gq_from_type != gq_rel
+    if mismatch.any():
+        issues.append(InputIssue(name, "TYPE (group quarters) disagrees with the persons' RELP codes", column="TYPE", count=int(mismatch.sum()), check="housing"))
+    vacant = int(((h_type == 1) & (h_np == 0)).sum())
+    return vacant, {"housing_file": name}, issues

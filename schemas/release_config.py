@@ -1,0 +1,178 @@
+"""The release config (``deploy/releases/*.yaml``) as a validated pydantic model.
+
+Relative paths: input paths are relative to ``data_root``; ``data_root``, ``output_dir`` and
+``work_dir`` are relative to the current working directory (the repository root when run through
+the README's commands). ``data_root`` defaults to ``$DPRELEASE_DATA`` or ``../shared/data``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
+LEVELS = ("nation", "state", "puma")
+SYNTHESIZERS = ("public_baseline", "prior_update", "hgem")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputSpec(_Strict):
+    path: str
+    layout: Literal["auto", "pums2017", "pums_legacy"] = "auto"
+    housing: str | None = None  # legacy layout: the housing file beside the person file
+
+
+class BudgetSpec(_Strict):
+    """Total privacy budget: ρ (zCDP) directly, or a target (ε, δ) converted to ρ."""
+
+    rho: float | None = Field(default=None, gt=0)
+    epsilon: float | None = Field(default=None, gt=0)
+    delta: float = Field(default=1e-10, gt=0, lt=1)
+    conversion: Literal["cks", "simple"] = "cks"
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.rho is None) == (self.epsilon is None):
+            raise ValueError("give exactly one of budget.rho or budget.epsilon (with budget.delta)")
+        return self
+
+
+class AllocationSpec(_Strict):
+    """Shares of the total ρ per stage, and per stage the shares of its levels."""
+
+    stages: dict[str, float]
+    levels: dict[str, dict[str, float]]
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, v):
+        for s, share in v.items():
+            if s not in STAGES:
+                raise ValueError(f"unknown stage {s!r}; stages are {STAGES}")
+            if share < 0:
+                raise ValueError(f"stage {s}: share must be >= 0")
+        if abs(sum(v.values()) - 1) > 1e-9:
+            raise ValueError(f"stage shares must sum to 1, got {sum(v.values())}")
+        return v
+
+    @model_validator(mode="after")
+    def _levels(self):
+        for s, lv in self.levels.items():
+            if s not in self.stages:
+                raise ValueError(f"levels given for stage {s!r} that has no stage share")
+            for name, share in lv.items():
+                if name not in LEVELS:
+                    raise ValueError(f"stage {s}: unknown level {name!r}; levels are {LEVELS}")
+                if share < 0:
+                    raise ValueError(f"stage {s}, level {name}: share must be >= 0")
+            if abs(sum(lv.values()) - 1) > 1e-9:
+                raise ValueError(f"stage {s}: level shares must sum to 1, got {sum(lv.values())}")
+        for s, share in self.stages.items():
+            if share > 0 and s not in self.levels:
+                raise ValueError(f"stage {s} has a share but no level allocation")
+        return self
+
+
+class HouseholdRulesSpec(_Strict):
+    max_household_size: int = Field(default=8, ge=1, le=20)
+    group_quarters: Literal["exclude", "single_person_households"] = "exclude"
+    oversize: Literal["clip", "exclude"] = "clip"
+
+
+class AttributesSpec(_Strict):
+    """Optional subset of the domain spec's attributes (NP is always kept)."""
+
+    group: list[str] | None = None
+    person: list[str] | None = None
+
+
+class ReleaseConfig(_Strict):
+    name: str
+    description: str = ""
+    data_root: str | None = None
+    private: list[InputSpec] = Field(min_length=1)
+    public: list[InputSpec] = Field(min_length=1)
+    domain: str = "acs_pums"
+    geography: dict[str, str] = Field(default_factory=lambda: {"state": "ST", "puma": "PUMA"})
+    attributes: AttributesSpec = Field(default_factory=AttributesSpec)
+    privacy_unit: Literal["household", "person"] = "household"
+    budget: BudgetSpec
+    allocation: AllocationSpec
+    synthesizer: Literal["public_baseline", "prior_update", "hgem"] = "prior_update"
+    household_rules: HouseholdRulesSpec = Field(default_factory=HouseholdRulesSpec)
+    output_dir: str = "releases"
+    work_dir: str = "work"
+    sampling_seed: int | None = None  # post-processing sampling only; noise never uses seeds
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}", v):
+            raise ValueError("name must be 1-80 characters of letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("geography")
+    @classmethod
+    def _geo(cls, v):
+        if list(v) != ["state", "puma"]:
+            raise ValueError("geography must map the levels state and puma (in that order) to source columns")
+        return v
+
+    # -- resolved paths --------------------------------------------------------------------
+    def data_root_path(self) -> Path:
+        root = self.data_root or os.environ.get("DPRELEASE_DATA") or "../shared/data"
+        return Path(root).expanduser().resolve()
+
+    def input_path(self, spec: InputSpec) -> Path:
+        p = Path(spec.path).expanduser()
+        return p if p.is_absolute() else self.data_root_path() / p
+
+    def housing_path(self, spec: InputSpec) -> Path | None:
+        if spec.housing is None:
+            return None
+        p = Path(spec.housing).expanduser()
+        return p if p.is_absolute() else self.data_root_path() / p
+
+    def release_dir(self) -> Path:
+        return Path(self.output_dir).expanduser().resolve() / self.name
+
+    def run_dir(self) -> Path:
+        return Path(self.work_dir).expanduser().resolve() / self.name
+
+    def domain_path(self) -> Path:
+        p = Path(self.domain)
+        if p.suffix in (".yaml", ".yml"):
+            return p.resolve()
+        return Path(__file__).parent / "domains" / f"{self.domain}.yaml"
+
+
+def load_config(path: str | Path) -> ReleaseConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the release config ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a release config must be a YAML mapping")
+    try:
+        return ReleaseConfig.model_validate(raw)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+            lines.append(f"{path}: {loc}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None

@@ -1,0 +1,127 @@
+"""Publishing: write the release into a temporary directory, hash it, rename it into place."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from engine.hierarchical_data import HierarchicalData
+from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, PARTITION_SCHEMA, to_tables
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "prefect", "prefect-dask", "dask", "distributed", "torch")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_tree(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
+    """sha256 of every file below root, keyed by relative POSIX path (sorted)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel not in exclude:
+            out[rel] = sha256_file(p)
+    return out
+
+
+def code_version() -> dict:
+    info = {"package": "dprelease", "version": _version("dprelease")}
+    try:
+        commit = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        if commit.returncode == 0:
+            info["git_commit"] = commit.stdout.strip()
+            info["git_dirty"] = bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    pyproject = PROJECT_ROOT / "pyproject.toml"
+    if pyproject.exists():
+        info["pyproject_sha256"] = sha256_file(pyproject)
+    return info
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict:
+    return {"python": sys.version.split()[0], **{n: _version(n) for n in LIBRARIES}}
+
+
+def _write_dataset(table: pa.Table, base: Path) -> None:
+    pads.write_dataset(
+        table,
+        base,
+        format="parquet",
+        partitioning=pads.partitioning(PARTITION_SCHEMA, flavor="hive"),
+        existing_data_behavior="error",
+        basename_template="part-{i}.parquet",
+    )
+
+
+def write_release(
+    release_dir: Path,
+    data: HierarchicalData,
+    manifest: dict,
+    count_of_counts: pa.Table | None = None,
+    extra_files: dict[str, bytes] | None = None,
+) -> dict:
+    """Write the complete release to a temporary sibling directory, then rename it into place.
+
+    Returns the manifest as written. Nothing half-written is left at ``release_dir``: on any
+    failure the temporary directory is removed.
+    """
+    if release_dir.exists():
+        raise FileExistsError(f"release {release_dir} exists already; a finished release is never overwritten")
+    release_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = release_dir.parent / f".{release_dir.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        households, persons = to_tables(data)
+        _write_dataset(households, tmp / "households")
+        _write_dataset(persons, tmp / "persons")
+        (tmp / "domain.json").write_text(json.dumps(data.domain.to_dict(), indent=2))
+        if count_of_counts is not None:
+            pq.write_table(count_of_counts.cast(COUNT_OF_COUNTS_SCHEMA), tmp / "count_of_counts.parquet")
+        for name, blob in (extra_files or {}).items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_bytes(blob)
+        manifest = dict(manifest)
+        manifest["published_at"] = datetime.now(timezone.utc).isoformat()
+        manifest["outputs"] = hash_tree(tmp)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        os.rename(tmp, release_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def read_release(release_dir: Path) -> tuple[pa.Table, pa.Table]:
+    """Read back (households, persons) with the partition keys typed as strings."""
+    part = pads.partitioning(PARTITION_SCHEMA, flavor="hive")
+    hh = pads.dataset(release_dir / "households", format="parquet", partitioning=part).to_table()
+    pp = pads.dataset(release_dir / "persons", format="parquet", partitioning=part).to_table()
+    return hh, pp

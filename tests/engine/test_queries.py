@@ -1,0 +1,155 @@
+"""Vectorised / sparse workload answers vs a pure-Python reference, on data and weighted supports."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+from _support_testdata import all_workloads, brute_force_answer, random_data, small_domain
+from engine.hierarchical_data import HierarchicalData
+from engine.queries import (
+    IncidenceCache,
+    Workload,
+    answer,
+    incidence_matrix,
+    incidence_patterns,
+    normalised_answer,
+)
+from engine.support import Support
+
+DOMAIN = small_domain(M=4)
+DATA = random_data(DOMAIN, 60, seed=3)
+WORKLOADS = all_workloads(DOMAIN, max_k=3)
+
+
+def test_workload_kinds_are_all_covered():
+    kinds = {(w.level, bool(w.group_attrs), bool(w.person_attrs)) for w in WORKLOADS}
+    assert kinds == {
+        ("group", True, False),   # partitions
+        ("group", True, True),    # group-level "contains"
+        ("group", False, True),   # "contains" with S_G = ∅
+        ("person", True, True),
+        ("person", False, True),
+        ("person", True, False),  # persons counted by their household's attributes
+    }
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=lambda w: w.id)
+def test_answers_match_brute_force(w: Workload):
+    rng = np.random.default_rng(zlib.crc32(w.id.encode()))
+    weights = rng.random(DATA.n_households)
+    ref = brute_force_answer(DATA, w)
+    ref_w = brute_force_answer(DATA, w, weights)
+    np.testing.assert_allclose(answer(DATA, w), ref)
+    np.testing.assert_allclose(answer(DATA, w, weights), ref_w)
+    A = incidence_matrix(DATA, w)
+    assert A.shape == (w.n_cells(DOMAIN), DATA.n_households)
+    np.testing.assert_allclose(A @ np.ones(DATA.n_households), ref)
+    np.testing.assert_allclose(A @ weights, ref_w)
+    s = Support(DATA, weights)
+    np.testing.assert_allclose(s.answer(w), ref_w)
+    total = weights.sum() if w.level == "group" else weights @ DATA.sizes
+    np.testing.assert_allclose(s.normalised_answer(w), ref_w / total)
+    n_total = DATA.n_households if w.level == "group" else DATA.n_persons
+    np.testing.assert_allclose(normalised_answer(DATA, w), ref / n_total)
+    if w.level == "group":
+        assert set(np.unique(A.data)) <= {1.0}
+        if w.is_partition():
+            np.testing.assert_array_equal(np.asarray(A.sum(axis=0)).ravel(), 1.0)
+
+
+@pytest.mark.parametrize("w", [w for w in WORKLOADS if len(w.attrs) <= 2], ids=lambda w: w.id)
+def test_patterns_reconstruct_the_incidence(w: Workload):
+    A = incidence_matrix(DATA, w)
+    P = incidence_patterns(DATA, w, A)
+    recon = P.matrix[P.pattern_of].T
+    assert (recon != A).nnz == 0
+    # patterns are distinct
+    dense = P.matrix.toarray()
+    assert np.unique(dense, axis=0).shape[0] == P.n_patterns
+    x = np.random.default_rng(0).random(DATA.n_households)
+    np.testing.assert_allclose(P.matrix.T @ P.mass(x), A @ x)
+
+
+def test_cache_builds_each_incidence_once_and_is_shared():
+    s = Support.from_data(DATA)
+    w = Workload("person", ("TEN",), ("AGE",))
+    A1 = s.incidence(w)
+    s2 = s.with_weights(np.arange(DATA.n_households, dtype=float))
+    assert s2.incidence(w) is A1
+    assert s2.cache is s.cache
+    np.testing.assert_allclose(s2.answer(w), answer(DATA, w, np.arange(DATA.n_households)))
+    c = IncidenceCache(DATA).prepare([w, Workload("group", ("TEN", "NP"))])
+    assert c.partition_cells(Workload("group", ("TEN", "NP"))).shape == (DATA.n_households,)
+    with pytest.raises(ValueError):
+        c.partition_cells(w)
+
+
+def test_support_validates_weights():
+    with pytest.raises(ValueError):
+        Support(DATA, np.ones(3))
+    with pytest.raises(ValueError):
+        Support(DATA, -np.ones(DATA.n_households))
+    s = Support.from_data(DATA)
+    assert math.isclose(s.total_weight, 1.0)
+    assert math.isclose(s.n_persons, DATA.sizes.mean())
+
+
+# -- sensitivities: observed change on random neighbouring datasets never exceeds the bound ------
+def _remove_household(data: HierarchicalData, h: int) -> HierarchicalData:
+    return data.select(np.arange(data.n_households) != h)
+
+
+def _worst_case_household(domain, rng, same: bool) -> HierarchicalData:
+    """One household of M persons, all identical (person-level worst case) or all different."""
+    M = domain.max_size
+    group = [int(rng.integers(a.size)) for a in domain.group]
+    group[domain.group_index(domain.size_attribute)] = M - 1
+    if same:
+        person = np.tile([int(rng.integers(a.size)) for a in domain.person], (M, 1))
+    else:
+        person = np.stack([np.arange(M) % a.size for a in domain.person], axis=1)
+    return HierarchicalData.from_arrays(domain, np.zeros((1, len(domain.geography))), [group], person, [0, M])
+
+
+def _remove_person(data: HierarchicalData, h: int, rng) -> HierarchicalData:
+    """Person unit: drop one person of household h and let every derived household attribute change."""
+    d = data.domain
+    drop = int(data.person_offsets[h] + rng.integers(data.sizes[h]))
+    keep = np.ones(data.n_persons, bool)
+    keep[drop] = False
+    sizes = data.sizes.copy()
+    sizes[h] -= 1
+    group = data.group.copy()
+    for j, a in enumerate(d.group):
+        group[h, j] = rng.integers(a.size)
+    group[h, d.group_index(d.size_attribute)] = sizes[h] - 1
+    return HierarchicalData.from_arrays(
+        d, data.geo, group, data.person[keep], np.concatenate([[0], np.cumsum(sizes)])
+    )
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=lambda w: w.id)
+def test_sensitivity_bounds_hold_on_neighbours(w: Workload):
+    rng = np.random.default_rng(zlib.crc32(w.id.encode()) + 1)
+    base = answer(DATA, w)
+    l1_h, l2_h = w.sensitivity(DOMAIN, "household")
+    l1_p, l2_p = w.sensitivity(DOMAIN, "person")
+    worst_l1 = 0.0
+    for h in rng.choice(DATA.n_households, 15, replace=False):
+        diff = answer(_remove_household(DATA, int(h)), w) - base
+        assert np.abs(diff).sum() <= l1_h + 1e-9 and np.linalg.norm(diff) <= l2_h + 1e-9
+    for same in (True, False):
+        big = HierarchicalData.concat([DATA, _worst_case_household(DOMAIN, rng, same)])
+        diff = answer(big, w) - base
+        worst_l1 = max(worst_l1, np.abs(diff).sum())
+        assert np.abs(diff).sum() <= l1_h + 1e-9 and np.linalg.norm(diff) <= l2_h + 1e-9
+    # the household-unit bound is attained by one of the two worst-case households
+    assert worst_l1 == pytest.approx(l1_h)
+    multi = np.flatnonzero(DATA.sizes >= 2)
+    for h in rng.choice(multi, 15, replace=False):
+        diff = answer(_remove_person(DATA, int(h), rng), w) - base
+        assert np.abs(diff).sum() <= l1_p + 1e-9 and np.linalg.norm(diff) <= l2_p + 1e-9
