@@ -29,15 +29,19 @@ def map_codes(values: np.ndarray, code_groups: list[list[int | None]]) -> np.nda
     codes = [c for g in code_groups for c in g if c is not None]
     lo = min([0, *codes])
     hi = max([0, *codes])
-    lut = np.full(hi - lo + 2, -1, dtype=np.int64)  # last slot: blank
+    lut = np.full(hi - lo + 1, -1, dtype=np.int64)
+    blank_group = -1
     for gi, g in enumerate(code_groups):
         for c in g:
-            lut[(len(lut) - 1) if c is None else (c - lo)] = gi
+            if c is None:
+                blank_group = gi
+            else:
+                lut[c - lo] = gi
     v = np.asarray(values, dtype=np.int64)
-    idx = np.where(v == BLANK, len(lut) - 1, v - lo)
-    inside = (idx >= 0) & (idx < len(lut))
     out = np.full(v.shape, -1, dtype=np.int64)
-    out[inside] = lut[idx[inside]]
+    inside = (v >= lo) & (v <= hi) & (v != BLANK)
+    out[inside] = lut[v[inside] - lo]
+    out[v == BLANK] = blank_group
     return out
 
 

@@ -18,10 +18,13 @@ def _prefect_env() -> None:
 
 
 def cmd_run(args) -> int:
+    from schemas.release_config import load_config
+
+    load_config(args.config, name=args.name)  # clear config errors before Prefect starts
     _prefect_env()
     from flows.release import release_flow
 
-    release_dir = release_flow(str(args.config), dask_address=args.dask_address)
+    release_dir = release_flow(str(args.config), dask_address=args.dask_address, name=args.name)
     print(f"release written to {release_dir}")
     return 0
 
@@ -61,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a release from a config", description="Run the release flow (Prefect, on a local Dask cluster by default) for a release config.")
     r.add_argument("config", type=Path, help="release config YAML (e.g. deploy/releases/acs2018_default.yaml)")
     r.add_argument("--dask-address", default=None, help="address of an existing Dask scheduler (default: start a LocalCluster)")
+    r.add_argument("--name", default=None, help="release name overriding the config's (a finished release is never overwritten)")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="validate PUMS person files", description="Validate PUMS person files (zip or CSV) against the domain spec; one line per problem; exit 1 if any file is invalid.")
     v.add_argument("inputs", nargs="+", help="csv_pXX.zip, psam_pNN.csv or ssYYpXX.csv files")

@@ -174,8 +174,8 @@ def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node
 
 # -- the release flow ------------------------------------------------------------------------
 @flow(name="dprelease-release")
-def release_flow(config_path: str, dask_address: str | None = None) -> str:
-    cfg = load_config(config_path)
+def release_flow(config_path: str, dask_address: str | None = None, name: str | None = None) -> str:
+    cfg = load_config(config_path, name=name)
     paths = prepare(cfg.run_dir(), cfg.release_dir())
     with RunLock(paths), dask_scheduler(dask_address) as address:
         runner = DaskTaskRunner(address=address)

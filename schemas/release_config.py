@@ -158,7 +158,8 @@ class ReleaseConfig(_Strict):
         return Path(__file__).parent / "domains" / f"{self.domain}.yaml"
 
 
-def load_config(path: str | Path) -> ReleaseConfig:
+def load_config(path: str | Path, name: str | None = None) -> ReleaseConfig:
+    """Load and validate a release config; ``name`` overrides the config's release name."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -168,6 +169,8 @@ def load_config(path: str | Path) -> ReleaseConfig:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a release config must be a YAML mapping")
+    if name is not None:
+        raw["name"] = name
     try:
         return ReleaseConfig.model_validate(raw)
     except ValidationError as e:

@@ -1,0 +1,43 @@
+"""Shared test set-up: Prefect offline in a temporary home, real data location."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+# Prefect settings must be in place before prefect is imported anywhere.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="dprelease-prefect-"))
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+import pytest  # noqa: E402
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DATA_ROOT = Path(os.environ.get("DPRELEASE_DATA", PROJECT_ROOT.parent / "shared" / "data")).resolve()
+ACS2018 = DATA_ROOT / "acs2018_1yr"
+ACS2013_DE = DATA_ROOT / "acs2013_1yr_de"
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    if not ACS2018.exists():
+        pytest.fail(f"the shared ACS data is missing at {DATA_ROOT} (set DPRELEASE_DATA)")
+    return DATA_ROOT
+
+
+@pytest.fixture(scope="session")
+def domain_spec():
+    from schemas.domain_spec import load_domain_spec
+
+    return load_domain_spec()
+
+
+@pytest.fixture(scope="session")
+def vermont(data_root, domain_spec):
+    """Vermont 2018 (the smallest state), encoded with the default household rules."""
+    from schemas.ingestion import HouseholdRules, load_person_file
+
+    return load_person_file(ACS2018 / "csv_pvt.zip", domain_spec, HouseholdRules())

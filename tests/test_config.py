@@ -1,0 +1,58 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from schemas.release_config import ConfigError, load_config
+from tests.conftest import PROJECT_ROOT
+
+DEFAULT = PROJECT_ROOT / "deploy" / "releases" / "acs2018_default.yaml"
+
+
+def write(tmp_path, mutate) -> Path:
+    raw = yaml.safe_load(DEFAULT.read_text())
+    mutate(raw)
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+def test_default_config_loads_and_inputs_exist(data_root):
+    cfg = load_config(DEFAULT)
+    assert cfg.privacy_unit == "household"
+    states_private = {Path(i.path).name for i in cfg.private}
+    states_public = {Path(i.path).name for i in cfg.public}
+    assert not states_private & states_public
+    assert len(states_private | states_public) == 12
+    for spec in cfg.private + cfg.public:
+        assert (data_root / spec.path).exists()
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda r: r["allocation"]["stages"].update(count_of_counts=0.5), "stage shares must sum to 1"),
+        (lambda r: r["allocation"]["stages"].update(bogus=0.0), "unknown stage 'bogus'"),
+        (lambda r: r["allocation"]["levels"]["state_synthesis"].update(county=0.0), "unknown level 'county'"),
+        (lambda r: r["budget"].update(rho=0.5), "exactly one of budget.rho or budget.epsilon"),
+        (lambda r: r["budget"].update(epsilon=-1), "budget.epsilon"),
+        (lambda r: r.update(privacy_unit="family"), "privacy_unit"),
+        (lambda r: r.update(name="a b/c"), "name must be"),
+        (lambda r: r.update(synthesizer="magic"), "synthesizer"),
+        (lambda r: r.update(unexpected_key=1), "unexpected_key"),
+        (lambda r: r.update(private=[]), "private"),
+        (lambda r: r["household_rules"].update(max_household_size=0), "max_household_size"),
+    ],
+)
+def test_bad_configs_get_clear_errors(tmp_path, mutate, expected):
+    with pytest.raises(ConfigError, match=expected) as e:
+        load_config(write(tmp_path, mutate))
+    assert str(tmp_path / "cfg.yaml") in str(e.value)
+
+
+def test_unreadable_config(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("name: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")

@@ -1,0 +1,49 @@
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import tasks.publish as publish
+from schemas.release_schema import household_schema, person_schema
+
+
+def test_release_round_trip_with_string_partitions(tmp_path, vermont):
+    data, _ = vermont
+    rel = tmp_path / "rel"
+    manifest = publish.write_release(rel, data, {"release": "t"})
+    hh, pp = publish.read_release(rel)
+    assert hh.num_rows == data.n_households and pp.num_rows == data.n_persons
+    assert hh.schema.field("PUMA").type == pa.string()
+    assert set(hh.column("PUMA").to_pylist()) == {f"{p:05d}" for p in np.unique(data.geo[:, 1])}
+    assert all(len(p) == 5 for p in pp.column("PUMA").to_pylist())
+    for t, schema in ((hh, household_schema(data.domain)), (pp, person_schema(data.domain))):
+        for f in schema:
+            assert t.schema.field(f.name).type == f.type
+    # persons join their households; NP equals the number of persons
+    per_hh = pp.group_by("SERIALNO").aggregate([("SPORDER", "count")]).to_pandas().set_index("SERIALNO")
+    np_col = hh.to_pandas().set_index("SERIALNO").NP
+    assert (per_hh.loc[np_col.index, "SPORDER_count"] == np_col).all()
+    on_disk = json.loads((rel / "manifest.json").read_text())
+    assert on_disk["outputs"] == manifest["outputs"]
+    assert "domain.json" in on_disk["outputs"]
+    assert all(publish.sha256_file(rel / k) == v for k, v in on_disk["outputs"].items())
+
+
+def test_failed_publish_leaves_nothing(tmp_path, vermont, monkeypatch):
+    data, _ = vermont
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(publish, "hash_tree", boom)
+    with pytest.raises(RuntimeError):
+        publish.write_release(tmp_path / "rel", data, {})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_finished_release_is_never_overwritten(tmp_path, vermont):
+    data, _ = vermont
+    publish.write_release(tmp_path / "rel", data.take(np.arange(10)), {})
+    with pytest.raises(FileExistsError):
+        publish.write_release(tmp_path / "rel", data, {})

@@ -1,0 +1,82 @@
+"""End to end: the release flow on real data (Prefect + a local Dask cluster). Slow: few tests."""
+
+import json
+import os
+import stat
+import zipfile
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import ACS2018
+
+pytestmark = pytest.mark.flow
+
+
+def small_config(tmp_path, data_root, **over):
+    cfg = {
+        "name": "e2e",
+        "data_root": str(data_root),
+        "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
+        "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
+        "budget": {"epsilon": 1.0, "delta": 1e-10},
+        "allocation": {
+            "stages": {"count_of_counts": 0.1, "state_synthesis": 0.45, "puma_synthesis": 0.45},
+            "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}, "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
+        },
+        "synthesizer": "public_baseline",
+        "output_dir": str(tmp_path / "releases"),
+        "work_dir": str(tmp_path / "work"),
+    }
+    cfg.update(over)
+    p = tmp_path / "release.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def test_release_end_to_end(tmp_path, data_root, capsys):
+    from flows.cli import main
+
+    cfg = small_config(tmp_path, data_root)
+    assert main(["run", str(cfg)]) == 0
+    rel = tmp_path / "releases" / "e2e"
+    manifest = json.loads((rel / "manifest.json").read_text())
+    assert manifest["synthesizer"]["name"] == "public_baseline"
+    assert {i["role"] for i in manifest["inputs"]} == {"private", "public"}
+    assert "git_commit" in manifest["code"] and manifest["libraries"]["prefect"].startswith("3.8")
+    from tasks.publish import read_release
+
+    households, persons = read_release(rel)
+    # one partition per Vermont PUMA, zero-padded strings
+    assert set(households.column("PUMA").to_pylist()) == {"00100", "00200", "00300", "00400"}
+    assert set(households.column("ST").to_pylist()) == {"50"}
+    # work directory is owner-only; gate result kept with the run
+    work = tmp_path / "work" / "e2e"
+    assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
+    assert json.loads((work / "validation.json").read_text())["success"] is True
+    # no confidential identifier reaches the release
+    with zipfile.ZipFile(ACS2018 / "csv_pvt.zip") as z:
+        serials = set(pd.read_csv(z.open("psam_p50.csv"), usecols=["SERIALNO"], dtype=str).SERIALNO)
+    blob = b"".join(p.read_bytes() for p in rel.rglob("*") if p.is_file())
+    assert not any(s.encode() in blob for s in serials)
+    # a finished release is never overwritten
+    assert main(["run", str(cfg)]) == 2
+    assert "never overwritten" in capsys.readouterr().err
+
+
+def test_bad_input_fails_the_run_and_publishes_nothing(tmp_path, data_root, capsys):
+    from flows.cli import main
+
+    bad = tmp_path / "bad.csv"
+    with zipfile.ZipFile(ACS2018 / "csv_pvt.zip") as z:
+        lines = z.open("psam_p50.csv").read().decode().splitlines()[:200]
+    cells = lines[5].split(",")
+    cells[lines[0].split(",").index("SEX")] = "7"
+    lines[5] = ",".join(cells)
+    bad.write_text("\n".join(lines) + "\n")
+    cfg = small_config(tmp_path, data_root, private=[{"path": str(bad)}])
+    assert main(["run", str(cfg)]) != 0
+    err = capsys.readouterr().err
+    assert "bad.csv, line 6, column SEX" in err
+    assert not (tmp_path / "releases" / "e2e").exists()
