@@ -58,6 +58,18 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_audit_verify(args) -> int:
+    from tasks.audit import verify_release
+
+    problems = verify_release(args.release_dir)
+    for p in problems:
+        print(f"FAIL {p}")
+    if problems:
+        return 1
+    print(f"OK {args.release_dir}: audit chain intact, manifest and every output file match their SHA-256")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dprelease", description="Differentially private synthetic microdata releases from hierarchical surveys (ACS PUMS).")
     sub = p.add_subparsers(dest="command", required=True)
@@ -75,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="print the privacy budget plan of a config", description="Print the budget allocation table and the resulting (epsilon, delta) without reading any data.")
     pl.add_argument("config", type=Path, help="release config YAML")
     pl.set_defaults(func=cmd_plan)
+    au = sub.add_parser("audit", help="audit a published release", description="Audit commands for a published release.")
+    au_sub = au.add_subparsers(dest="audit_command", required=True)
+    av = au_sub.add_parser("verify", help="recompute every hash of a release", description="Recompute the hash chain of audit.jsonl, the manifest's hash and every output file's SHA-256; exit 1 on any difference.")
+    av.add_argument("release_dir", type=Path, help="a release directory (e.g. releases/acs2018-default)")
+    av.set_defaults(func=cmd_audit_verify)
     return p
 
 

@@ -22,7 +22,10 @@ from engine.hierarchical_data import HierarchicalData
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
 from tasks.ingest import ingest_input, validation_record, write_validation
-from tasks.publish import code_version, library_versions, write_release
+from tasks.audit import AuditLog
+from tasks.privacy import budget_plan, open_ledger
+from tasks.publish import code_version, library_versions, sha256_file, write_release
+from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_context import RunLock, RunPaths, prepare, write_json_atomic
 from tasks.synthesize import public_baseline_puma
 
@@ -146,9 +149,13 @@ def synthesize_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], s
 
 
 @flow(name="publish")
-def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], seed: int) -> str:
+def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], stages: list[str]) -> str:
     logger = get_run_logger()
     synth = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
+    ledger = open_ledger(cfg, paths)
+    audit = AuditLog(paths.audit_path)
+    sync_charges(audit, ledger)
+    summary = ledger.summary()
     manifest = {
         "release": cfg.name,
         "description": cfg.description,
@@ -157,19 +164,35 @@ def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node
         "code": code_version(),
         "libraries": library_versions(),
         "privacy_unit": cfg.privacy_unit,
-        "synthesizer": {"name": "public_baseline", "description": "public-only baseline (epsilon = 0): public households resampled uniformly to each PUMA's public household count"},
-        "stages": ["ingest", "synthesize", "publish"],
-        "public_inputs_summary": [r for r in reports if r["role"] == "public"],
+        "privacy": {
+            "accounting": "rho-zCDP; sequential composition over stages and levels, parallel over disjoint nodes of one level",
+            "plan": budget_plan(cfg).to_dict(),
+            "ledger": summary,
+            "rho": summary["total"]["spent"],
+            "epsilon_delta": {"epsilon": summary["total"]["epsilon_spent_cks"], "delta": summary["total"]["delta"], "conversion": "Canonne-Kamath-Steinke 2020"},
+            "samplers": "OpenDP contrib samplers (dp.enable_features('contrib')): discrete Gaussian / discrete Laplace on counts, drawing from OS entropy",
+        },
+        "synthesizer": SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer if cfg.synthesizer in SYNTHESIZER_DESCRIPTIONS else "public_baseline"],
+        "stages": stages + ["publish"],
+        "release_counts": {"households": synth.n_households, "persons": synth.n_persons},
+        "public_inputs_summary": [{k: v for k, v in r.items() if k != "encoded"} for r in reports if r["role"] == "public"],
         "seeds_policy": {
             "noise": "OpenDP samplers drawing from OS entropy; no seeds, never reproducible",
             "post_processing_sampling": "numpy PCG64 seeded from the run's sampling seed (kept in the internal work directory)",
         },
     }
-    for r in manifest["public_inputs_summary"]:
-        r.pop("encoded", None)
-    write_release(paths.release_dir, synth, manifest)
+    manifest = write_release(paths.release_dir, synth, manifest, audit=audit)
+    publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir}")
     return str(paths.release_dir)
+
+
+SYNTHESIZER_DESCRIPTIONS = {
+    "public_baseline": {
+        "name": "public_baseline",
+        "description": "public-only baseline (epsilon = 0): public households resampled uniformly to each PUMA's public household count",
+    },
+}
 
 
 # -- the release flow ------------------------------------------------------------------------
@@ -178,10 +201,30 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
     cfg = load_config(config_path, name=name)
     paths = prepare(cfg.run_dir(), cfg.release_dir())
     with RunLock(paths), dask_scheduler(dask_address) as address:
+        audit = AuditLog(paths.audit_path)
+        resumed = bool(audit.events())
+        audit.append(
+            "run_resume" if resumed else "run_start",
+            release=cfg.name,
+            config_sha256=sha256_file(Path(config_path)),
+            code=code_version().get("git_commit"),
+            synthesizer=cfg.synthesizer,
+            privacy_unit=cfg.privacy_unit,
+            planned_rho=str(budget_plan(cfg).total_rho),
+        )
         runner = DaskTaskRunner(address=address)
-        reports = ingest_stage.with_options(task_runner=runner)(cfg, paths)
+        stages = []
+
+        def stage(name, fn, *args):
+            audit.append("stage_start", stage=name)
+            out = fn.with_options(task_runner=runner)(*args)
+            sync_charges(audit, open_ledger(cfg, paths))
+            audit.append("stage_end", stage=name)
+            stages.append(name)
+            return out
+
+        reports = stage("ingest", ingest_stage, cfg, paths)
         write_json_atomic(paths.summary_path, {"inputs": reports})
         seed = sampling_seed(cfg, paths)
-        node_files = synthesize_stage.with_options(task_runner=runner)(cfg, paths, reports, seed)
-        return publish_stage(cfg, paths, reports, node_files, seed)
-
+        node_files = stage("synthesize", synthesize_stage, cfg, paths, reports, seed)
+        return publish_stage(cfg, paths, reports, node_files, stages)

@@ -36,7 +36,7 @@ _KNOWN_2017 = tuple(
 )
 _LEGACY_EXTRA = ("", "RT")
 _BLANKS = {"pums2017": ("",), "pums_legacy": ("", "NA")}
-_MAX_ISSUES_PER_CHECK = 1
+_VARIABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,19 @@ def _check_utf8(name: str, data: bytes, header: list[str]) -> None:
         raise InputError([InputIssue(name, f"bytes that are not valid UTF-8 (byte offset {e.start})", line=line, column=col, check="encoding")]) from None
 
 
+def _record_lines(data: bytes) -> np.ndarray:
+    """Physical line number (header = 1) of every record; empty lines are skipped as pyarrow does."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    nl = np.flatnonzero(buf == 10)
+    starts = np.r_[0, nl + 1]
+    ends = np.r_[nl, len(buf)]
+    length = ends - starts
+    last_char = buf[np.maximum(ends - 1, 0)] if len(buf) else np.zeros(0, np.uint8)
+    empty = (length == 0) | ((length == 1) & (last_char == 13))
+    nonempty = np.flatnonzero(~empty) + 1  # 1-based line numbers
+    return nonempty[1:].astype(np.int64)  # drop the header
+
+
 def _locate_bad_row(name: str, data: bytes, n_fields: int) -> InputIssue:
     for i, raw in enumerate(data.split(b"\n")[1:], start=2):
         raw = raw.rstrip(b"\r")
@@ -147,6 +160,8 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
         raise InputError([InputIssue(path.name, f"unknown layout {layout!r}; expected one of {LAYOUTS}", check="layout")])
     name, data = _read_bytes(path)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark, as spreadsheet programs write
+        data = data[3:]
     first_nl = data.find(b"\n")
     header_line = data[: first_nl if first_nl >= 0 else len(data)].rstrip(b"\r")
     try:
@@ -160,16 +175,22 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
     # -- columns ---------------------------------------------------------------------
     issues: list[InputIssue] = []
     known = set(_KNOWN_2017) | (set(_LEGACY_EXTRA) if layout == "pums_legacy" else set())
+    if not any(c in known for c in header):
+        # never echo the names: a file without its header would show its first record here
+        raise InputError([InputIssue(name, f"line 1 is not a PUMS header (none of its {len(header)} names is a PUMS variable): is the header line missing?", line=1, check="columns")])
+    looks_legacy = layout == "pums2017" and (header[0] == "" or ("SPORDER" not in header and "SERIALNO" in header))
+    hint = " (is this a pre-2017 file? set layout: pums_legacy)" if looks_legacy else ""
     needed = [c for c, s in spec.source_columns.items() if not (layout == "pums_legacy" and s.derivable)]
     for c in needed:
         if c not in header:
-            issues.append(InputIssue(name, f"missing column {c} (required by the domain spec, layout {layout})", line=1, column=c, check="columns"))
-    for c in header:
+            issues.append(InputIssue(name, f"missing column {c} (required by the domain spec, layout {layout}){hint}", line=1, column=c, check="columns"))
+    for pos, c in enumerate(header, start=1):
         if c not in known:
-            issues.append(InputIssue(name, f"unexpected column {c!r}: not a PUMS person variable of layout {layout}", line=1, column=c, check="columns"))
-    dup = sorted({c for c in header if header.count(c) > 1})
+            shown = repr(c) if _VARIABLE_NAME.fullmatch(c) else f"number {pos} (its name is not a variable name)"
+            issues.append(InputIssue(name, f"unexpected column {shown}: not a PUMS person variable of layout {layout}{hint}", line=1, column=c if _VARIABLE_NAME.fullmatch(c) else None, check="columns"))
+    dup = sorted({c for c in header if header.count(c) > 1 and c in known})
     if dup:
-        issues.append(InputIssue(name, f"duplicate column names {dup}", line=1, check="columns"))
+        issues.append(InputIssue(name, f"duplicate column names {dup}", line=1, column=dup[0], check="columns"))
     if issues:
         raise InputError(issues)
     present = [c for c in spec.source_columns if c in header]
@@ -188,7 +209,9 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
         raise InputError([_locate_bad_row(name, data, len(header))]) from None
 
     n = table.num_rows
-    line = np.arange(n, dtype=np.int64) + 2
+    line = _record_lines(data)
+    if len(line) != n:  # cannot happen for files pyarrow parsed; guard the line arithmetic
+        raise InputError([InputIssue(name, "the CSV has quoted line breaks, which PUMS files never have", check="row")])
     blanks = _BLANKS[layout]
     cols: dict[str, np.ndarray] = {}
     for c in present:
@@ -271,14 +294,13 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
 def _parse_int_column(name: str, c: str, s: SourceColumn, raw: pd.Series, blanks, line: np.ndarray, cols: dict) -> list[InputIssue]:
     issues = []
     blank = raw.isin(blanks).to_numpy()
-    num = pd.to_numeric(raw.where(~blank, "0"), errors="coerce")
-    not_int = num.isna().to_numpy() | (num.to_numpy(dtype=np.float64, na_value=np.nan) % 1 != 0)
-    not_int &= ~blank
+    filled = raw.where(~blank, "0")
+    not_int = ~filled.str.fullmatch(r"-?\d{1,9}").to_numpy(dtype=bool)
     if not_int.any():
         i = int(np.flatnonzero(not_int)[0])
         issues.append(InputIssue(name, f"not an integer: expected {s.describe()}", line=int(line[i]), column=c, count=int(not_int.sum()), check="types"))
         return issues
-    vals = num.to_numpy(dtype=np.float64).astype(np.int64)
+    vals = filled.astype(np.int64).to_numpy()
     if blank.any() and not s.blank:
         i = int(np.flatnonzero(blank)[0])
         issues.append(InputIssue(name, f"blank value, expected {s.describe()}", line=int(line[i]), column=c, count=int(blank.sum()), check="values"))
@@ -311,6 +333,10 @@ def _check_housing(path: Path, serial: np.ndarray, hh: np.ndarray, n_hh: int, gq
     bad = np.isnan(h_type) | ~np.isin(h_type, [1, 2, 3])
     if bad.any():
         issues.append(InputIssue(name, "TYPE must be 1 (housing unit), 2 or 3 (group quarters)", line=int(np.flatnonzero(bad)[0]) + 2, column="TYPE", count=int(bad.sum()), check="housing"))
+        return 0, {}, issues
+    dup = pd.Index(h_serial).duplicated()
+    if dup.any():
+        issues.append(InputIssue(name, "duplicate SERIALNO in the housing file (one record per unit expected)", line=int(np.flatnonzero(dup)[0]) + 2, column="SERIALNO", count=int(dup.sum()), check="housing"))
         return 0, {}, issues
     person_serials = pd.Index(pd.unique(serial))
     pos = pd.Index(h_serial).get_indexer(person_serials)

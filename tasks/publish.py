@@ -17,6 +17,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from engine.hierarchical_data import HierarchicalData
+from tasks.audit import AuditLog
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, PARTITION_SCHEMA, to_tables
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -85,18 +86,21 @@ def write_release(
     manifest: dict,
     count_of_counts: pa.Table | None = None,
     extra_files: dict[str, bytes] | None = None,
+    audit: AuditLog | None = None,
 ) -> dict:
     """Write the complete release to a temporary sibling directory, then rename it into place.
 
     Returns the manifest as written. Nothing half-written is left at ``release_dir``: on any
-    failure the temporary directory is removed.
+    failure the temporary directory is removed. With ``audit``, the publish event (carrying the
+    manifest's SHA-256) is appended and the chained log is shipped as ``audit.jsonl``. The caller
+    holds the run lock, so leftovers of an earlier, killed publish of this release are removed.
     """
     if release_dir.exists():
         raise FileExistsError(f"release {release_dir} exists already; a finished release is never overwritten")
     release_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in release_dir.parent.glob(f".{release_dir.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = release_dir.parent / f".{release_dir.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     tmp.mkdir()
     try:
         households, persons = to_tables(data)
@@ -112,6 +116,9 @@ def write_release(
         manifest["published_at"] = datetime.now(timezone.utc).isoformat()
         manifest["outputs"] = hash_tree(tmp)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        if audit is not None:
+            audit.append("publish", release=release_dir.name, manifest_sha256=sha256_file(tmp / "manifest.json"), n_outputs=len(manifest["outputs"]))
+            shutil.copyfile(audit.path, tmp / "audit.jsonl")
         os.rename(tmp, release_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

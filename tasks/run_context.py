@@ -6,6 +6,7 @@ work/<name>/                  created 0700; never published
   run_summary.json            exclusion counts and stage summaries (internal: exact counts)
   inputs/<role>-<i>.npz       encoded HierarchicalData of each input
   ledger.jsonl, measurements/ privacy ledger and persisted noisy measurements
+  audit.jsonl                 the hash-chained audit log (shipped with the release at publish)
   nodes/<stage>/<node>.npz    finished per-node results (a resumed run reuses them)
   qa/                         internal accuracy reports
 releases/<name>/              the public release, renamed into place when complete; immutable
@@ -56,6 +57,10 @@ class RunPaths:
     @property
     def summary_path(self) -> Path:
         return self.run_dir / "run_summary.json"
+
+    @property
+    def audit_path(self) -> Path:
+        return self.run_dir / "audit.jsonl"
 
     @property
     def lock_path(self) -> Path:

@@ -21,3 +21,20 @@ def test_run_with_bad_config_exits_nonzero(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("name: x\n")
     assert main(["run", str(tmp_path / "c.yaml")]) == 2
     assert "c.yaml" in capsys.readouterr().err
+
+
+def test_plan_prints_allocation_without_reading_data(tmp_path, capsys):
+    import yaml
+
+    from tests.conftest import PROJECT_ROOT
+
+    raw = yaml.safe_load((PROJECT_ROOT / "deploy/releases/acs2018_default.yaml").read_text())
+    raw["data_root"] = str(tmp_path / "no-such-data")  # plan must not touch the inputs
+    raw["budget"] = {"rho": 0.5, "delta": 1e-9}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["plan", str(tmp_path / "c.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "state_synthesis" in out and "puma_synthesis" in out and "count_of_counts" in out
+    assert "total rho = 0.5" in out
+    # rho = 0.5, delta = 1e-9: simple bound 0.5 + 2 sqrt(0.5 ln 1e9) = 6.9379
+    assert "(6.9379, 1e-09)" in out

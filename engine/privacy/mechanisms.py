@@ -21,6 +21,7 @@ The selection functions maximise the score; Δ is the sensitivity of each score 
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -166,14 +167,23 @@ def _scores(scores) -> list[float]:
     return s.tolist()
 
 
-def _noisy_max(scores, sensitivity: float, epsilon: float, measure, budget: float) -> int:
+@functools.lru_cache(maxsize=256)
+def _noisy_max_measurement(kind: str, d: float, e: float):
+    """OpenDP noisy-max measurement (built once per (kind, Δ, ε) and cached: it is immutable)."""
+    space = (dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float))
+    if kind == "gumbel":
+        measure, budget = dp.zero_concentrated_divergence(), e * e / 8.0
+    else:
+        measure, budget = dp.max_divergence(), e
+    build = lambda sc: dp.m.make_noisy_max(*space, measure, scale=sc)  # noqa: E731
+    return _fit_scale(build, d, budget, 2.0 * d / e, lambda loss: loss <= budget)[0]
+
+
+def _noisy_max(scores, sensitivity: float, epsilon: float, kind: str) -> int:
     s = _scores(scores)
     d = _check_positive("sensitivity", sensitivity)
     e = _check_positive("epsilon", epsilon)
-    space = (dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float))
-    build = lambda sc: dp.m.make_noisy_max(*space, measure, scale=sc)  # noqa: E731
-    m, _ = _fit_scale(build, d, budget, 2.0 * d / e, lambda loss: loss <= budget)
-    return int(m(s))
+    return int(_noisy_max_measurement(kind, d, e)(s))
 
 
 def exponential_mechanism(scores, sensitivity: float, epsilon: float) -> int:
@@ -182,8 +192,7 @@ def exponential_mechanism(scores, sensitivity: float, epsilon: float) -> int:
     OpenDP Gumbel report-noisy-max with scale 2Δ/ε; its zCDP map is checked to be ≤ ε²/8
     (Cesar & Rogers 2021 bounded-range bound). ε-DP.
     """
-    e = _check_positive("epsilon", epsilon)
-    return _noisy_max(scores, sensitivity, e, dp.zero_concentrated_divergence(), e * e / 8.0)
+    return _noisy_max(scores, sensitivity, epsilon, "gumbel")
 
 
 def permute_and_flip(scores, sensitivity: float, epsilon: float) -> int:
@@ -194,5 +203,4 @@ def permute_and_flip(scores, sensitivity: float, epsilon: float) -> int:
     the permute-and-flip output distribution (Ding et al. 2021); OpenDP's pure-DP map is checked
     to be ≤ ε. Charge it as ε²/2 in zCDP (accountant.permute_and_flip_rho).
     """
-    e = _check_positive("epsilon", epsilon)
-    return _noisy_max(scores, sensitivity, e, dp.max_divergence(), e)
+    return _noisy_max(scores, sensitivity, epsilon, "exponential")

@@ -1,0 +1,181 @@
+import json
+import multiprocessing as mp
+import os
+from fractions import Fraction
+
+import pytest
+
+from engine.privacy.budget import BudgetPlan
+from engine.privacy.ledger import BudgetExceededError, PrivacyLedger
+
+PLAN = BudgetPlan(
+    Fraction(1),
+    {"coc": Fraction(1, 5), "synth": Fraction(4, 5)},
+    {"coc": {"nation": "1/3", "state": "1/3", "puma": "1/3"}, "synth": {"state": "1/2", "puma": "1/2"}},
+    delta=1e-10,
+)
+
+
+def _c(ledger, key, rho, stage="synth", level="state", node=(6,), **kw):
+    args = dict(mechanism="discrete_gaussian", sensitivity=1.0, noise_scale=2.0)
+    args.update(kw)
+    return ledger.charge(key=key, stage=stage, level=level, node=node, rho=rho, **args)
+
+
+def test_parallel_composition_over_nodes(tmp_path):
+    L = PrivacyLedger(tmp_path / "l.jsonl", PLAN)
+    a = PLAN.allocation("synth", "state")
+    assert a == Fraction(2, 5)
+    for st in [(1,), (6,), (36,)]:  # disjoint states may each spend the whole allocation
+        _c(L, f"s{st}", a, node=st)
+    assert L.spent("synth", "state", (6,)) == a
+    assert L.spent("synth", "state") == a  # max over nodes, not the sum
+    _c(L, "p1", a / 2, level="puma", node=(6, 101))
+    _c(L, "p2", a / 4, level="puma", node=(6, 102))
+    assert L.spent("synth", "puma") == a / 2
+    assert L.spent("synth") == a + a / 2
+    assert L.spent() == a + a / 2
+    with pytest.raises(BudgetExceededError, match=r"node '6' at level 'state' of stage 'synth'"):
+        _c(L, "s6-again", Fraction(1, 10**9), node=(6,))
+    assert L.spent("synth", "state", (6,)) == a  # refused charge spent nothing
+    _c(L, "p1b", a / 2, level="puma", node=(6, 101))  # fills PUMA 101 exactly
+    assert L.spent("synth", "puma") == a and L.spent() == 2 * a
+
+
+def test_idempotent_per_key(tmp_path):
+    L = PrivacyLedger(tmp_path / "l.jsonl", PLAN)
+    r1 = _c(L, "k", Fraction(1, 10))
+    r2 = _c(L, "k", Fraction(1, 10))
+    assert r1 == r2 and L.spent() == Fraction(1, 10) and len(L.charges()) == 1
+    assert _c(L, "k", 0.1) == r1  # 0.1 is read as 1/10
+    with pytest.raises(ValueError, match="different parameters"):
+        _c(L, "k", Fraction(1, 10), noise_scale=3.0)
+    with pytest.raises(ValueError, match="different parameters"):
+        _c(L, "k", Fraction(1, 10), node=(1,))
+    with pytest.raises(ValueError, match="different parameters"):
+        _c(L, "k", Fraction(1, 11))
+    assert L.spent() == Fraction(1, 10)
+    lines = (tmp_path / "l.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # plan + one charge
+
+
+def test_refusal_messages_and_unknowns(tmp_path):
+    L = PrivacyLedger(tmp_path / "l.jsonl", PLAN)
+    big = PLAN.allocation("coc", "puma") + Fraction(1, 10**12)
+    with pytest.raises(BudgetExceededError) as e:
+        _c(L, "x", big, stage="coc", level="puma", node=(6, 101))
+    msg = str(e.value)
+    assert "'coc'" in msg and "'puma'" in msg and "'6/101'" in msg and str(PLAN.allocation("coc", "puma")) in msg
+    with pytest.raises(KeyError):
+        _c(L, "y", Fraction(1, 100), stage="nope")
+    with pytest.raises(KeyError):
+        _c(L, "y", Fraction(1, 100), level="county")
+    with pytest.raises(ValueError):
+        _c(L, "y", Fraction(-1, 100))
+    assert L.spent() == 0 and L.charges() == []
+
+
+def test_exact_with_1000_tiny_charges(tmp_path):
+    L = PrivacyLedger(tmp_path / "l.jsonl", PLAN)
+    a = PLAN.allocation("coc", "nation")  # 1/15
+    tiny = a / 1000
+    for i in range(1000):
+        _c(L, f"t{i}", tiny, stage="coc", level="nation", node="nation")
+    assert L.spent("coc", "nation", "nation") == a  # exactly, no creep, no refusal
+    with pytest.raises(BudgetExceededError):
+        _c(L, "one-more", Fraction(1, 10**30), stage="coc", level="nation", node="nation")
+    # float arithmetic would not have been exact:
+    s = 0.0
+    for _ in range(1000):
+        s += float(tiny)
+    assert s != float(a)
+
+
+def test_reload_from_disk(tmp_path):
+    p = tmp_path / "sub" / "l.jsonl"
+    L = PrivacyLedger(p, PLAN)
+    _c(L, "a", Fraction(1, 7))
+    _c(L, "b", Fraction(1, 20), stage="coc", level="puma", node=(6, 101))
+    L2 = PrivacyLedger(p, PLAN)
+    assert L2.spent() == Fraction(1, 7) + Fraction(1, 20)
+    assert [c.key for c in L2.charges()] == ["a", "b"]
+    assert _c(L2, "a", Fraction(1, 7)) == L.get("a")  # idempotent across runs
+    assert L2.spent() == Fraction(1, 7) + Fraction(1, 20)
+    # a different plan on the same file is refused
+    other = BudgetPlan(2, {"coc": 1}, {"coc": {"nation": 1}})
+    with pytest.raises(ValueError, match="different budget plan"):
+        PrivacyLedger(p, other)
+    # another instance's charges become visible to the first one
+    _c(L2, "c", Fraction(1, 100), level="puma", node=(6, 1))
+    assert L.spent("synth", "puma") == Fraction(1, 100)
+
+
+def test_torn_last_line_is_dropped(tmp_path):
+    p = tmp_path / "l.jsonl"
+    L = PrivacyLedger(p, PLAN)
+    _c(L, "a", Fraction(1, 7))
+    with open(p, "ab") as f:
+        f.write(b'{"type": "charge", "key": "half-writ')
+    L2 = PrivacyLedger(p, PLAN)
+    assert L2.spent() == Fraction(1, 7)
+    _c(L2, "b", Fraction(1, 7), node=(1,))
+    assert all(json.loads(x) for x in p.read_text().splitlines())
+    assert PrivacyLedger(p, PLAN).spent("synth", "state") == Fraction(1, 7)
+
+
+def test_summary_json(tmp_path):
+    L = PrivacyLedger(tmp_path / "l.jsonl", PLAN)
+    _c(L, "a", Fraction(1, 5), node=(6,))
+    _c(L, "b", Fraction(1, 10), node=(1,))
+    _c(L, "c", Fraction(1, 30), stage="coc", level="nation", node="nation")
+    s = json.loads(json.dumps(L.summary()))
+    st = s["stages"]["synth"]["levels"]["state"]
+    assert st["spent_max_node"] == "1/5" and st["n_nodes"] == 2 and st["n_charges"] == 2
+    assert st["allocated_per_node"] == "2/5"
+    assert s["stages"]["coc"]["spent"] == "1/30"
+    assert s["total"]["spent"] == str(Fraction(1, 5) + Fraction(1, 30))
+    assert s["total"]["allocated"] == "1"
+    assert 0 < s["total"]["epsilon_spent_cks"] < s["total"]["epsilon_spent_simple"]
+    assert s["total"]["delta"] == 1e-10
+
+
+def _worker(path, start_evt, idx, n_try, rho, out_q):
+    L = PrivacyLedger(path, PLAN)
+    start_evt.wait()
+    ok = 0
+    for i in range(n_try):
+        try:
+            L.charge(key=f"w{idx}-{i}", stage="synth", level="state", node=(6,), mechanism="m",
+                     sensitivity=1.0, noise_scale=1.0, rho=rho)
+            ok += 1
+        except BudgetExceededError:
+            pass
+        # a shared key charged by both processes: must be spent once
+        L.charge(key="shared", stage="synth", level="puma", node=(6, 1), mechanism="m",
+                 sensitivity=1.0, noise_scale=1.0, rho=Fraction(1, 10))
+    out_q.put(ok)
+
+
+def test_two_processes_never_exceed(tmp_path):
+    path = str(tmp_path / "l.jsonl")
+    PrivacyLedger(path, PLAN)
+    a = PLAN.allocation("synth", "state")
+    rho = a / 40  # 40 fit; the two workers try 2 x 30
+    ctx = mp.get_context("fork")
+    evt, q = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(path, evt, i, 30, rho, q)) for i in range(2)]
+    for p in procs:
+        p.start()
+    evt.set()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    oks = [q.get(timeout=5), q.get(timeout=5)]
+    assert sum(oks) == 40 and min(oks) > 0
+    L = PrivacyLedger(path, PLAN)
+    assert L.spent("synth", "state", (6,)) == a
+    assert L.spent("synth", "puma") == Fraction(1, 10)
+    assert sum(1 for c in L.charges() if c.key == "shared") == 1
+    assert len(L.charges()) == 41
+    lines = open(path).read().splitlines()
+    assert len(lines) == 42 and os.path.exists(path + ".lock")

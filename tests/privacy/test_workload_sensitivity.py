@@ -1,0 +1,162 @@
+"""Every sensitivity declared in engine/queries.py, checked on random and worst-case neighbours.
+
+Domain: M = 4; group attributes NP (derived: #persons), TEN (free), HAS_CHILD (derived: any person
+with AGEB = 0); person attributes AGEB (3), SEX (2), REL (5) — so |dom S_I| is both < M and ≥ M.
+Under the person unit, NP and HAS_CHILD are re-derived after adding/removing a person.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from engine.domain import Attribute, Domain
+from engine.hierarchical_data import HierarchicalData
+from engine.queries import Workload, answer
+from tests.sensitivity_harness import check_sensitivity, neighbour_pairs, random_household
+
+M = 4
+
+
+def _attr(name, k):
+    return Attribute(name, tuple(str(i) for i in range(k)), tuple(f"{name}={i}" for i in range(k)))
+
+
+DOMAIN = Domain(
+    group=(
+        Attribute("NP", tuple(str(i) for i in range(1, M + 1)), tuple(str(i) for i in range(1, M + 1))),
+        _attr("TEN", 3),
+        _attr("HAS_CHILD", 2),
+    ),
+    person=(_attr("AGEB", 3), _attr("SEX", 2), _attr("REL", 5)),
+    geography=("ST", "PUMA"),
+    max_size=M,
+)
+
+
+def rederive(group_row, persons, domain):
+    out = np.array(group_row, dtype=np.int64, copy=True)
+    out[domain.group_index("NP")] = len(persons) - 1
+    out[domain.group_index("HAS_CHILD")] = int(np.any(persons[:, domain.person_index("AGEB")] == 0))
+    return out
+
+
+def make_data(n=120, seed=7):
+    rng = np.random.default_rng(seed)
+    geo, groups, persons, offs = [], [], [], [0]
+    for _ in range(n):
+        g, p = random_household(DOMAIN, int(rng.integers(1, M + 1)), rng, rederive)
+        st = int(rng.integers(2))
+        geo.append([st, 100 * st + int(rng.integers(2))])
+        groups.append(g)
+        persons.append(p)
+        offs.append(offs[-1] + len(p))
+    return HierarchicalData.from_arrays(DOMAIN, np.array(geo), np.array(groups), np.vstack(persons), np.array(offs))
+
+
+DATA = make_data()
+GROUP = [a.name for a in DOMAIN.group]
+PERSON = [a.name for a in DOMAIN.person]
+WORKLOADS = [
+    Workload(level, tuple(a for a in combo if a in GROUP), tuple(a for a in combo if a in PERSON))
+    for k in (1, 2, 3)
+    for combo in itertools.combinations(GROUP + PERSON, k)
+    for level in ("group", "person")
+]
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    rng = np.random.default_rng(2024)
+    return {
+        unit: neighbour_pairs(DATA, unit, trials=60, rng=rng, rederive=rederive)
+        for unit in ("household", "person")
+    }
+
+
+def dom_i(w):
+    return int(np.prod([DOMAIN.person_attribute(a).size for a in w.person_attrs])) if w.person_attrs else 1
+
+
+def attained_household(w):
+    """The exact worst case under the household unit: it equals the declared bound."""
+    if w.level == "person":
+        return M, M
+    if not w.person_attrs:
+        return 1, 1
+    c = min(M, dom_i(w))
+    return c, math.sqrt(c)
+
+
+def attained_person(w):
+    """The exact worst case under the person unit when NP ∈ S_G (the household always changes cell)."""
+    if w.level == "person":
+        return 2 * (M - 1) + 1, math.sqrt((M - 1) ** 2 + M**2)
+    if not w.person_attrs:
+        return 2, math.sqrt(2)
+    k = min(M - 1, dom_i(w)) + min(M, dom_i(w))  # leaves ≤ M−1 cells, enters ≤ M cells
+    return k, math.sqrt(k)
+
+
+def test_workload_list_covers_every_type():
+    kinds = {(w.level, bool(w.group_attrs), bool(w.person_attrs)) for w in WORKLOADS}
+    assert kinds == {(lv, g, p) for lv in ("group", "person") for g in (True, False) for p in (True, False)} - {
+        (lv, False, False) for lv in ("group", "person")
+    }
+    assert len(WORKLOADS) == 82
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=lambda w: w.id)
+def test_household_unit(w, pairs):
+    l1, l2 = w.sensitivity(DOMAIN, "household")
+    obs = check_sensitivity(lambda d: answer(d, w), DATA, "household", l1, l2, pairs=pairs["household"])
+    assert obs == pytest.approx(attained_household(w))
+    assert obs == pytest.approx((l1, l2))  # the declared bound is attained
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=lambda w: w.id)
+def test_person_unit(w, pairs):
+    l1, l2 = w.sensitivity(DOMAIN, "person")
+    obs = check_sensitivity(lambda d: answer(d, w), DATA, "person", l1, l2, pairs=pairs["person"])
+    if "NP" in w.group_attrs:
+        assert obs == pytest.approx(attained_person(w))
+        if w.level == "group" and w.person_attrs and dom_i(w) >= M:
+            # declared 2c is valid but loose by one: the household had at most M−1 persons
+            assert obs[0] == 2 * M - 1 < l1
+        else:
+            assert obs == pytest.approx((l1, l2))
+    if not w.group_attrs:
+        assert obs[0] <= 1 + 1e-12  # nothing moves but the added/removed person's own cell
+
+
+def test_counts_n_g_and_n_i(pairs):
+    n_g = lambda d: np.array([d.n_households])  # noqa: E731
+    n_i = lambda d: np.array([d.n_persons])  # noqa: E731
+    assert check_sensitivity(n_g, DATA, "household", 1, 1, pairs=pairs["household"]) == (1, 1)
+    assert check_sensitivity(n_i, DATA, "household", M, M, pairs=pairs["household"]) == (M, M)
+    assert check_sensitivity(n_g, DATA, "person", 0, 0, pairs=pairs["person"]) == (0, 0)
+    assert check_sensitivity(n_i, DATA, "person", 1, 1, pairs=pairs["person"]) == (1, 1)
+
+
+def test_harness_catches_wrong_bounds(pairs):
+    w = Workload("person", ("TEN",), ("SEX",))
+    with pytest.raises(AssertionError, match="violated"):
+        check_sensitivity(lambda d: answer(d, w), DATA, "household", M - 1, M, pairs=pairs["household"])
+    w = Workload("group", ("NP",), ())
+    with pytest.raises(AssertionError, match="violated"):  # the household-unit bound is wrong for persons
+        check_sensitivity(lambda d: answer(d, w), DATA, "person", *w.sensitivity(DOMAIN, "household"),
+                          pairs=pairs["person"])
+
+
+def test_harness_builds_its_own_pairs():
+    # pairs built inside check_sensitivity (custom rederive, then the default NP-only one)
+    rng = np.random.default_rng(5)
+    w = Workload("group", ("NP",), ("REL",))
+    obs = check_sensitivity(lambda d: answer(d, w), DATA, "person", *w.sensitivity(DOMAIN, "person"),
+                            trials=30, rng=rng, rederive=rederive)
+    assert obs[0] == 2 * M - 1
+    d0 = DATA.select(np.ones(DATA.n_households, dtype=bool))
+    obs = check_sensitivity(lambda d: answer(d, Workload("group", ("TEN",), ())), d0, "household", 1, 1,
+                            trials=20, rng=rng)
+    assert obs == (1.0, 1.0)
