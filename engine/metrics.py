@@ -1,0 +1,117 @@
+"""Accuracy metrics of a synthetic dataset against the (confidential) truth, as in the papers.
+
+- Hierarchical k-way query error (H-GEM paper, Figure 1): for every geography node of a level and
+  every workload, the normalised answers (group level / N_G of the node, person level / N_I of the
+  node) of the synthetic and the true data; the max and the mean absolute error over all cells
+  and workloads, averaged over the nodes of the level.
+- Average L1 distance of random 2-way marginals per node (NIST 2020 Temporal Map Challenge, used
+  by the prior-update paper): person records joined with their household's attributes; for each
+  node, the mean over random attribute pairs of ‖p_true − p_synth‖₁ ∈ [0, 2].
+
+These numbers are computed against confidential data: internal QA and benchmarks only.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from engine.hierarchical_data import HierarchicalData
+from engine.queries import Workload, household_cell_pairs
+
+
+def node_index(data: HierarchicalData, level: str, nodes: np.ndarray) -> np.ndarray:
+    """Index (into ``nodes``, rows of geography codes down to ``level``) of every household; -1 if absent."""
+    k = data.domain.geography.index(level) + 1
+    geo = data.geo[:, :k].astype(np.int64)
+    if len(nodes) == 0:
+        return np.full(len(geo), -1)
+    key_nodes = np.ravel_multi_index(nodes.T.astype(np.int64), [1 << 17] * k)
+    key = np.ravel_multi_index(geo.T, [1 << 17] * k)
+    order = np.argsort(key_nodes)
+    pos = np.searchsorted(key_nodes[order], key)
+    pos = np.clip(pos, 0, len(order) - 1)
+    hit = key_nodes[order][pos] == key
+    return np.where(hit, order[pos], -1)
+
+
+def answers_by_node(data: HierarchicalData, w: Workload, level: str, nodes: np.ndarray) -> np.ndarray:
+    """(n_nodes, n_cells) normalised answers of ``w`` within every node (rows of zeros for empty nodes)."""
+    n_cells = w.n_cells(data.domain)
+    h, c, k = household_cell_pairs(data, w)
+    node = node_index(data, level, nodes)
+    ok = node[h] >= 0
+    counts = np.bincount(node[h][ok] * n_cells + c[ok], weights=k[ok].astype(np.float64), minlength=len(nodes) * n_cells).reshape(len(nodes), n_cells)
+    valid = node >= 0
+    unit = np.ones(data.n_households) if w.level == "group" else data.sizes.astype(np.float64)
+    denom = np.bincount(node[valid], weights=unit[valid], minlength=len(nodes))
+    return counts / np.maximum(denom, 1.0)[:, None]
+
+
+def k_way_workloads(domain, k: int = 3, level: str = "group", limit: int | None = None, rng: np.random.Generator | None = None) -> list[Workload]:
+    """All (or ``limit`` random) workloads of k attributes (group and person attributes mixed;
+    person level needs at least one person attribute)."""
+    g = [a.name for a in domain.group]
+    p = [a.name for a in domain.person]
+    out = []
+    for combo in itertools.combinations(g + p, k):
+        ga = tuple(a for a in combo if a in g)
+        pa = tuple(a for a in combo if a in p)
+        if level == "person" and not pa:
+            continue
+        out.append(Workload(level, ga, pa))  # type: ignore[arg-type]
+    if limit is not None and len(out) > limit:
+        rng = rng or np.random.default_rng(0)
+        out = [out[i] for i in sorted(rng.choice(len(out), limit, replace=False))]
+    return out
+
+
+def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict:
+    """Max and mean absolute error of normalised answers per node of ``level``, averaged over nodes."""
+    k = true.domain.geography.index(level) + 1
+    nodes = np.unique(true.geo[:, :k], axis=0)
+    max_err = np.zeros(len(nodes))
+    sum_err = np.zeros(len(nodes))
+    n_cells = 0
+    for w in workloads:
+        diff = np.abs(answers_by_node(true, w, level, nodes) - answers_by_node(synth, w, level, nodes))
+        max_err = np.maximum(max_err, diff.max(axis=1))
+        sum_err += diff.sum(axis=1)
+        n_cells += diff.shape[1]
+    mean_err = sum_err / max(n_cells, 1)
+    return {"level": level, "n_nodes": int(len(nodes)), "n_workloads": len(workloads), "max_error": float(max_err.mean()), "mean_error": float(mean_err.mean())}
+
+
+def flat_persons(data: HierarchicalData) -> tuple[np.ndarray, list[int]]:
+    """Person rows with their household's attributes joined: (N_I, k_G + k_I) codes and sizes."""
+    hh = data.person_household
+    cols = np.concatenate([data.group[hh].astype(np.int64), data.person.astype(np.int64)], axis=1)
+    sizes = list(data.domain.group_sizes) + list(data.domain.person_sizes)
+    return cols, sizes
+
+
+def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "puma", n_pairs: int = 50, rng: np.random.Generator | None = None) -> dict:
+    """Average L1 distance of ``n_pairs`` random 2-way marginals per node (NIST metric), averaged over nodes."""
+    rng = rng or np.random.default_rng(0)
+    k = true.domain.geography.index(level) + 1
+    nodes = np.unique(true.geo[:, :k], axis=0)
+    t_cols, sizes = flat_persons(true)
+    s_cols, _ = flat_persons(synth)
+    t_node = node_index(true, level, nodes)[true.person_household]
+    s_node = node_index(synth, level, nodes)[synth.person_household]
+    n_attr = len(sizes)
+    pairs = [tuple(rng.choice(n_attr, 2, replace=False)) for _ in range(n_pairs)]
+    per_node = np.zeros(len(nodes))
+    for a, b in pairs:
+        m = sizes[a] * sizes[b]
+
+        def marg(cols, node):
+            ok = node >= 0
+            cell = cols[ok, a] * sizes[b] + cols[ok, b]
+            counts = np.bincount(node[ok] * m + cell, minlength=len(nodes) * m).reshape(len(nodes), m).astype(np.float64)
+            return counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+
+        per_node += np.abs(marg(t_cols, t_node) - marg(s_cols, s_node)).sum(axis=1)
+    per_node /= len(pairs)
+    return {"level": level, "n_nodes": int(len(nodes)), "n_pairs": n_pairs, "mean_l1": float(per_node.mean()), "max_l1": float(per_node.max())}
