@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
 from engine.hierarchical_data import HierarchicalData
@@ -27,7 +27,8 @@ from tasks.privacy import budget_plan, open_ledger
 from tasks.publish import code_version, library_versions, sha256_file, write_release
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_context import RunLock, RunPaths, prepare, write_json_atomic
-from tasks.synthesize import public_baseline_puma
+from tasks.qa import write_qa_report
+from tasks.synthesize import public_baseline_puma, public_only_baseline
 
 
 class Progress:
@@ -227,4 +228,19 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         write_json_atomic(paths.summary_path, {"inputs": reports})
         seed = sampling_seed(cfg, paths)
         node_files = stage("synthesize", synthesize_stage, cfg, paths, reports, seed)
-        return publish_stage(cfg, paths, reports, node_files, stages)
+        release_dir = publish_stage(cfg, paths, reports, node_files, stages)
+        report = internal_qa(cfg, paths, reports, node_files, seed)
+        get_run_logger().info(f"internal QA report (confidential, not published): {report}")
+        return release_dir
+
+
+@task(name="internal-qa-report")
+def internal_qa(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], seed: int) -> str:
+    """Accuracy of the release against the confidential data, written to the work directory only."""
+    private = merged(reports, "private")
+    release = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
+    baselines = {}
+    if cfg.synthesizer != "public_baseline":
+        baselines["public-only baseline"] = public_only_baseline(merged(reports, "public"), private, seed)
+    summary = open_ledger(cfg, paths).summary()
+    return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, summary))

@@ -20,6 +20,13 @@ def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
     return data.with_geo(np.tile(np.asarray(node, dtype=np.int32), (data.n_households, 1)))
 
 
+def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:
+    """The ε = 0 baseline for every PUMA of ``private`` at once (for QA and benchmarks)."""
+    nodes, counts = np.unique(private.geo, axis=0, return_counts=True)
+    parts = [place(public.take(node_rng(seed + 1, tuple(n)).integers(0, public.n_households, g)), tuple(n)) for n, g in zip(nodes, counts)]
+    return HierarchicalData.concat(parts)
+
+
 @task(name="synthesize-puma-public-baseline")
 def public_baseline_puma(public_npz: str, node: tuple[int, int], n_households: int, seed: int, out_path: str) -> str:
     """The papers' ε = 0 baseline: resample public households (uniformly, with replacement) up to

@@ -1,0 +1,124 @@
+"""The internal QA report: accuracy against the confidential data, never published.
+
+Written to ``work/<name>/qa/`` (owner-only): ``report.html`` and ``report.md`` with PNG plots and
+``metrics.json``. Contents: hierarchical 3-way query error (group and person level) per geography
+level and the NIST 2-way L1 per PUMA, for the release and its baselines; the household-size
+distributions (true vs released, per state); count-of-counts EMD per level when that stage ran; the
+privacy budget by stage and level.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+
+from engine.hierarchical_data import HierarchicalData
+from engine.metrics import k_way_workloads, query_errors, two_way_l1
+
+
+def accuracy_table(true: HierarchicalData, candidates: dict[str, HierarchicalData], n_workloads: int = 60, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    wl = {lvl: k_way_workloads(true.domain, 3, lvl, limit=n_workloads, rng=rng) for lvl in ("group", "person")}
+    rows = []
+    for name, synth in candidates.items():
+        for geo in true.domain.geography:
+            for qlevel, ws in wl.items():
+                e = query_errors(true, synth, ws, geo)
+                rows.append({"method": name, "geography": geo, "metric": f"{qlevel}-level 3-way max error", "value": e["max_error"]})
+                rows.append({"method": name, "geography": geo, "metric": f"{qlevel}-level 3-way mean error", "value": e["mean_error"]})
+        l1 = two_way_l1(true, synth, true.domain.geography[-1], n_pairs=50, rng=np.random.default_rng(seed))
+        rows.append({"method": name, "geography": true.domain.geography[-1], "metric": "2-way marginal L1 (NIST)", "value": l1["mean_l1"]})
+    return rows
+
+
+def _png(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def _plots(qa_dir: Path, true: HierarchicalData, release: HierarchicalData, rows: list[dict], budget: dict, coc_emd: dict | None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    # accuracy by metric
+    metrics = sorted({r["metric"] + " @" + r["geography"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(metrics) + 1.5))
+    y = np.arange(len(metrics))
+    h = 0.8 / max(len(methods), 1)
+    for i, m in enumerate(methods):
+        vals = [next((r["value"] for r in rows if r["method"] == m and r["metric"] + " @" + r["geography"] == k), np.nan) for k in metrics]
+        ax.barh(y + i * h, vals, height=h, label=m)
+    ax.set_yticks(y + 0.4 - h / 2, metrics)
+    ax.set_xlabel("error (lower is better)")
+    ax.set_title("Accuracy against the confidential data")
+    ax.legend()
+    out.append(_png(fig, qa_dir / "accuracy.png"))
+    plt.close(fig)
+    # household sizes per state
+    states = np.unique(true.geo[:, 0])
+    M = true.domain.max_size
+    fig, axes = plt.subplots(1, len(states), figsize=(3.2 * len(states), 2.8), squeeze=False)
+    for ax, st in zip(axes[0], states):
+        for data, label, off in ((true, "confidential", -0.2), (release, "release", 0.2)):
+            sizes = data.sizes[data.geo[:, 0] == st]
+            ax.bar(np.arange(1, M + 1) + off, np.bincount(sizes, minlength=M + 1)[1:], width=0.4, label=label)
+        ax.set_title(f"ST {st:02d}")
+        ax.set_xlabel("household size")
+    axes[0][0].legend()
+    out.append(_png(fig, qa_dir / "household_sizes.png"))
+    plt.close(fig)
+    # budget
+    labels, alloc, spent = [], [], []
+    for stage, s in budget["stages"].items():
+        for level, lv in s["levels"].items():
+            labels.append(f"{stage}\n{level}")
+            alloc.append(lv["allocated_per_node_float"])
+            spent.append(lv["spent_max_node_float"])
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(labels)), 3))
+    x = np.arange(len(labels))
+    ax.bar(x - 0.2, alloc, 0.4, label="allocated ρ per node")
+    ax.bar(x + 0.2, spent, 0.4, label="spent ρ (max over nodes)")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_title(f"Privacy budget (total ρ spent {budget['total']['spent_float']:.4g} of {budget['total']['allocated_float']:.4g})")
+    ax.legend()
+    out.append(_png(fig, qa_dir / "budget.png"))
+    plt.close(fig)
+    if coc_emd:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        lv = list(coc_emd)
+        ax.bar(lv, [coc_emd[k] for k in lv])
+        ax.set_ylabel("mean EMD per node")
+        ax.set_title("Count-of-counts error by level")
+        out.append(_png(fig, qa_dir / "count_of_counts_emd.png"))
+        plt.close(fig)
+    return out
+
+
+def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, release: HierarchicalData, baselines: dict[str, HierarchicalData], budget: dict, coc_emd: dict | None = None) -> Path:
+    qa_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    rows = accuracy_table(true, {"release": release, **baselines})
+    pngs = _plots(qa_dir, true, release, rows, budget, coc_emd)
+    metrics = {"release": release_name, "accuracy": rows, "count_of_counts_mean_emd": coc_emd, "budget": budget["total"]}
+    (qa_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    md = [f"# Internal QA report: {release_name}", "", "**Confidential: computed against the private data. Never publish.**", "", "| method | geography | metric | value |", "|---|---|---|---|"]
+    md += [f"| {r['method']} | {r['geography']} | {r['metric']} | {r['value']:.4f} |" for r in rows]
+    if coc_emd:
+        md += ["", "| count-of-counts level | mean EMD per node |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in coc_emd.items()]
+    md += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
+    (qa_dir / "report.md").write_text("\n".join(md) + "\n")
+    table = "".join(f"<tr><td>{html.escape(r['method'])}</td><td>{r['geography']}</td><td>{html.escape(r['metric'])}</td><td>{r['value']:.4f}</td></tr>" for r in rows)
+    imgs = "".join(f'<h2>{p.stem.replace("_", " ")}</h2><img src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">' for p in pngs)
+    (qa_dir / "report.html").write_text(
+        f"<!doctype html><meta charset='utf-8'><title>QA {html.escape(release_name)}</title>"
+        f"<h1>Internal QA report: {html.escape(release_name)}</h1><p><b>Confidential: computed against the private data. Never publish.</b></p>"
+        f"<table border=1 cellpadding=4><tr><th>method</th><th>geography</th><th>metric</th><th>value</th></tr>{table}</table>{imgs}"
+    )
+    return qa_dir / "report.html"
