@@ -5,8 +5,9 @@ round, between the selection (exponential mechanism) and the measurement (Gaussi
 with a weight α. This module states the accounting used here, per the design doc
 (``design/hierarchical_queries.md``, "Accounting"):
 
-* selection: an ε₀-DP exponential mechanism / permute-and-flip costs ρ_sel = ε₀²/8 (the
-  bounded-range bound of Cesar & Rogers 2021), so ε₀ = √(8 ρ_sel);
+* selection: an ε₀-DP exponential mechanism costs ρ_sel = ε₀²/8 (the bounded-range bound of
+  Cesar & Rogers 2021), so ε₀ = √(8 ρ_sel); permute-and-flip is charged the generic ε-DP → zCDP
+  bound ρ_sel = ε₀²/2 (as ``engine.privacy.accountant`` does), so ε₀ = √(2 ρ_sel);
 * measurement: a Gaussian mechanism with L2 sensitivity Δ and noise σ costs ρ_meas = Δ²/(2σ²),
   so σ = Δ / √(2 ρ_meas);
 * per round ρ_round = ρ / T, ρ_sel = α ρ_round, ρ_meas = (1 − α) ρ_round (GEM: α = 1/2);
@@ -42,13 +43,21 @@ class RoundBudget:
         return float(l2_sensitivity) / math.sqrt(2.0 * self.rho_measure)
 
 
-def gem_budget(rho: float, rounds: int, alpha: float = 0.5) -> RoundBudget:
-    """Split ``rho`` over ``rounds`` rounds; ``alpha`` is the selection share of each round."""
+def gem_budget(
+    rho: float, rounds: int, alpha: float = 0.5, selection: str = "exponential_mechanism"
+) -> RoundBudget:
+    """Split ``rho`` over ``rounds`` rounds; ``alpha`` is the selection share of each round.
+
+    selection: ``"exponential_mechanism"`` (ρ_sel = ε₀²/8) or ``"permute_and_flip"`` (ρ_sel = ε₀²/2).
+    """
     if rho <= 0 or rounds < 1 or not 0.0 < alpha < 1.0:
         raise ValueError("need rho > 0, rounds >= 1 and 0 < alpha < 1")
+    per = {"exponential_mechanism": 8.0, "permute_and_flip": 2.0}
+    if selection not in per:
+        raise ValueError(f"selection must be one of {sorted(per)}")
     rr = rho / rounds
     rs, rm = alpha * rr, (1.0 - alpha) * rr
-    return RoundBudget(float(rho), int(rounds), float(alpha), rr, rs, rm, math.sqrt(8.0 * rs))
+    return RoundBudget(float(rho), int(rounds), float(alpha), rr, rs, rm, math.sqrt(per[selection] * rs))
 
 
 def rho_from_epsilon(epsilon: float, delta: float) -> float:

@@ -64,5 +64,5 @@ def data(domain) -> HierarchicalData:
 
 @pytest.fixture(autouse=True)
 def _threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     yield

@@ -1,0 +1,241 @@
+"""H-GEM accuracy: max / mean error of group- and person-level 3-way hierarchical queries.
+
+Reproduces the shape of the H-GEM paper's Figure 1: for ε ∈ {0.125, 0.25, 0.5, 1} and
+δ = 1/N_G², ≥ 5 runs, the max and mean absolute error of normalised group-level and person-level
+3-way queries for
+  * ``hgem``        H-GEM (public pretraining when public data is given) on the full domain,
+  * ``public``      the public-pretrained generator alone (ε-independent, no private rounds),
+  * ``mwem_small``  MWEM on the reduced ACS-SMALL-like domain (engine.hgem.mwem.reduce_data),
+  * ``hgem_small``  H-GEM on the same reduced domain (the like-for-like comparison with MWEM).
+Errors are computed on the model answers f_q (for MWEM on the histogram) against the exact
+answers of the private data — internal QA, never released. Privacy: ρ from (ε, δ) by
+ε = ρ + 2√(ρ log 1/δ); per round ρ/T split by α between the exponential mechanism (ε₀²/8) and the
+Gaussian measurement, through ``engine.privacy.mechanisms``.
+
+The lead wires real data and the prior-update comparison through :func:`run_accuracy`, which
+takes private / public HierarchicalData. ``python benchmarks/hgem_accuracy.py`` runs a small
+version on ACS 2018 Vermont (private) with New Hampshire as public data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.hierarchical_data import HierarchicalData  # noqa: E402
+from engine.hgem.answers import AnswerPlan, exact_normalised_answers  # noqa: E402
+from engine.hgem.mwem import MWEMConfig, reduce_data, train_mwem  # noqa: E402
+from engine.hgem.privacy import (  # noqa: E402
+    RoundBudget,
+    gem_budget,
+    measurement_l2_sensitivity,
+    rho_from_epsilon,
+    score_sensitivity,
+)
+from engine.hgem.train import HGEMConfig, make_generator, pretrain_public, train_hgem  # noqa: E402
+from engine.hgem.workloads import kway_workloads  # noqa: E402
+from engine.queries import PrivacyUnit, Workload  # noqa: E402
+
+DATA_ROOT = Path(os.environ.get("DPRELEASE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def load_state(file_name: str, year_dir: str = "acs2018_1yr") -> HierarchicalData:
+    """One ACS PUMS person file encoded with the default domain spec and household rules."""
+    from schemas.domain_spec import load_domain_spec
+    from schemas.ingestion import HouseholdRules, load_person_file
+
+    data, _ = load_person_file(DATA_ROOT / year_dir / file_name, load_domain_spec(), HouseholdRules())
+    return data
+
+
+def make_oracles(
+    private: HierarchicalData,
+    workloads: Sequence[Workload],
+    true_answers: Sequence[np.ndarray],
+    budget: RoundBudget,
+    unit: PrivacyUnit = "household",
+    selection: str = "exponential_mechanism",
+):
+    """``select(scores, sensitivity)`` and ``measure(workload)`` on engine.privacy.mechanisms.
+
+    Measurements are Gaussian on the normalised answers with the normalised L2 sensitivity
+    (count L2 from Workload.sensitivity / N_G or N_I), ρ_meas per round from ``budget``.
+    """
+    from engine.privacy import mechanisms
+
+    index = {w: i for i, w in enumerate(workloads)}
+    sel = getattr(mechanisms, selection)
+    dom = private.domain
+
+    def select(scores: np.ndarray, sensitivity: float) -> int:
+        return int(sel(np.asarray(scores, dtype=float), sensitivity, budget.epsilon0))
+
+    def measure(w: Workload) -> np.ndarray:
+        l2 = measurement_l2_sensitivity(w, dom, unit, private.n_households, private.n_persons)
+        noisy, _ = mechanisms.gaussian(np.asarray(true_answers[index[w]], dtype=float), l2, budget.rho_measure)
+        return np.asarray(noisy, dtype=float)
+
+    return select, measure
+
+
+EPSILONS = (0.125, 0.25, 0.5, 1.0)
+
+
+def level_errors(workloads: Sequence[Workload], answers: Sequence[np.ndarray], true: Sequence[np.ndarray]) -> dict:
+    """max / mean absolute error over all queries (cells), per level."""
+    out = {}
+    for level in ("group", "person"):
+        errs = [np.abs(np.asarray(a) - t) for w, a, t in zip(workloads, answers, true) if w.level == level]
+        if errs:
+            e = np.concatenate(errs)
+            out[level] = {"max": float(e.max()), "mean": float(e.mean()), "queries": int(e.size)}
+    return out
+
+
+def _hgem_answers(G, plan) -> list[np.ndarray]:
+    with torch.no_grad():
+        return [x.cpu().numpy().astype(np.float64) for x in plan.split(plan.answers(G()))]
+
+
+def _run_hgem(private, public, workloads, true, eps, delta, cfg, pretrain_steps, unit, seed, device, pub_state=None):
+    rho = rho_from_epsilon(eps, delta)
+    budget = gem_budget(rho, cfg.rounds, alpha=0.5)
+    select, measure = make_oracles(private, workloads, true, budget, unit)
+    cfg = replace(cfg, seed=seed)
+    G = make_generator(private.domain, cfg, device)
+    if pub_state is not None:
+        G.load_state_dict(pub_state)
+    sens = score_sensitivity(workloads, private.domain, unit, private.n_households, private.n_persons)
+    return train_hgem(private.domain, workloads, true, select, measure, sens, cfg, generator=G).generator
+
+
+def run_accuracy(
+    private: HierarchicalData,
+    public: HierarchicalData | None = None,
+    epsilons: Sequence[float] = EPSILONS,
+    runs: int = 5,
+    delta: float | None = None,
+    hgem_config: HGEMConfig | None = None,
+    mwem_config: MWEMConfig | None = None,
+    pretrain_steps: int = 300,
+    per_group_count: int | None = 32,
+    methods: Sequence[str] = ("hgem", "public", "mwem_small", "hgem_small"),
+    reduce_kwargs: dict | None = None,
+    unit: str = "household",
+    device: str | None = None,
+    log=print,
+) -> list[dict]:
+    """One row per (method, ε, run, level) with max / mean error and seconds.
+
+    ``per_group_count``: 3-way attribute sets sampled per |S_G| on the full domain (paper: 128);
+    None → all. The reduced domain always uses all 3-way sets (paper: ACS-SMALL).
+    """
+    delta = delta if delta is not None else 1.0 / private.n_households**2
+    cfg = hgem_config or HGEMConfig()
+    mcfg = mwem_config or MWEMConfig()
+    rows: list[dict] = []
+
+    def add(method, eps, run, errs, secs):
+        for level, e in errs.items():
+            rows.append({"method": method, "epsilon": eps, "run": run, "level": level, **e, "seconds": secs})
+        log(f"{method:11s} eps={eps!s:6s} run={run} " + "  ".join(
+            f"{lv}: max {e['max']:.4f} mean {e['mean']:.5f}" for lv, e in errs.items()) + f"  ({secs:.1f}s)")
+
+    settings = []
+    if {"hgem", "public"} & set(methods):
+        ws = kway_workloads(private.domain, 3, per_group_count=per_group_count, seed=0)
+        settings.append(("full", private, public, ws))
+    if {"mwem_small", "hgem_small"} & set(methods):
+        rp, spec = reduce_data(private, **(reduce_kwargs or {}))
+        kw = dict(reduce_kwargs or {})
+        kw.setdefault("group_attrs", spec.group_attrs)
+        kw.setdefault("person_attrs", spec.person_attrs)
+        rpub = reduce_data(public, **kw)[0] if public is not None else None
+        settings.append(("small", rp, rpub, kway_workloads(rp.domain, 3)))
+    for name, priv, pub, ws in settings:
+        true = exact_normalised_answers(priv, ws)
+        plan = AnswerPlan(priv.domain, ws, device=device)
+        log(f"[{name}] {len(ws)} workloads, {plan.n_cells} queries, N_G={priv.n_households}, N_I={priv.n_persons}")
+        pub_states = {}
+        for run in range(runs):
+            if pub is not None:
+                t0 = time.perf_counter()
+                G = make_generator(priv.domain, replace(cfg, seed=run), device)
+                pretrain_public(G, pub, ws, steps=pretrain_steps, lr=cfg.lr)
+                pub_states[run] = {k: v.clone() for k, v in G.state_dict().items()}
+                if name == "full" and "public" in methods:
+                    add("public", "-", run, level_errors(ws, _hgem_answers(G, plan), true), time.perf_counter() - t0)
+        for eps in epsilons:
+            for run in range(runs):
+                hg = "hgem" if name == "full" else "hgem_small"
+                if hg in methods:
+                    t0 = time.perf_counter()
+                    G = _run_hgem(priv, pub, ws, true, eps, delta, cfg, pretrain_steps, unit, run, device,
+                                  pub_states.get(run))
+                    add(hg, eps, run, level_errors(ws, _hgem_answers(G, plan), true), time.perf_counter() - t0)
+                if name == "small" and "mwem_small" in methods:
+                    t0 = time.perf_counter()
+                    budget = gem_budget(rho_from_epsilon(eps, delta), mcfg.rounds, alpha=0.5)
+                    select, measure = make_oracles(priv, ws, true, budget, unit)
+                    sens = score_sensitivity(ws, priv.domain, unit, priv.n_households, priv.n_persons)
+                    res = train_mwem(priv.domain, ws, true, select, measure, sens, replace(mcfg, seed=run), device=device)
+                    add("mwem_small", eps, run, level_errors(ws, [res.answers(w) for w in ws], true),
+                        time.perf_counter() - t0)
+    return rows
+
+
+def summarise(rows: list[dict]) -> str:
+    keys = sorted({(r["method"], str(r["epsilon"]), r["level"]) for r in rows})
+    lines = [f"{'method':11s} {'eps':>6s} {'level':6s} {'max err':>16s} {'mean err':>18s} runs"]
+    for m, e, lv in keys:
+        sel = [r for r in rows if r["method"] == m and str(r["epsilon"]) == e and r["level"] == lv]
+        mx = np.array([r["max"] for r in sel])
+        mn = np.array([r["mean"] for r in sel])
+        se = lambda x: x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else 0.0  # noqa: E731
+        lines.append(f"{m:11s} {e:>6s} {lv:6s} {mx.mean():.4f} ± {se(mx):.4f} {mn.mean():.5f} ± {se(mn):.5f} {len(sel)}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--private", default="csv_pvt.zip")
+    ap.add_argument("--public", default="csv_pnh.zip")
+    ap.add_argument("--epsilons", default=",".join(str(e) for e in EPSILONS))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--tmax", type=int, default=50)
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--hidden", default="256,512")
+    ap.add_argument("--pretrain-steps", type=int, default=300)
+    ap.add_argument("--per-group-count", type=int, default=32)
+    ap.add_argument("--methods", default="hgem,public,mwem_small,hgem_small")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default=None, help="write rows as JSON here")
+    args = ap.parse_args(argv)
+    private = load_state(args.private)
+    public = load_state(args.public) if args.public else None
+    cfg = HGEMConfig(rounds=args.rounds, max_update_steps=args.tmax, batch_size=args.batch_size,
+                     hidden=tuple(int(h) for h in args.hidden.split(",")))
+    rows = run_accuracy(private, public, [float(e) for e in args.epsilons.split(",")], args.runs,
+                        hgem_config=cfg, mwem_config=MWEMConfig(rounds=args.rounds, max_update_steps=args.tmax),
+                        pretrain_steps=args.pretrain_steps, per_group_count=args.per_group_count,
+                        methods=args.methods.split(","), device=args.device)
+    print(summarise(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

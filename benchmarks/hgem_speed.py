@@ -1,0 +1,141 @@
+"""H-GEM speed: seconds per adaptive-measurement round on GPU vs CPU, same configuration.
+
+Configuration (H-GEM paper A.1.2 / A.2.2 scale): B = 1000 mixture components, a residual MLP
+with hidden layers (256, 512), all 3-way workloads plus random 4-way ones until ≥ 100 000 queries
+(cells), T_max update steps per round forced (γ = 0) so that every round does the same work.
+Noise-free oracles are used (argmax selection, exact measurement): privacy does not change the
+cost of a round. Records the device names; on a machine without a GPU it reports CPU only and
+says so.
+
+    python benchmarks/hgem_speed.py [--rounds 5] [--tmax 20] [--min-queries 100000] [--synthetic]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.hgem.answers import exact_normalised_answers  # noqa: E402
+from engine.hgem.train import HGEMConfig, make_generator, train_hgem  # noqa: E402
+from engine.hgem.workloads import kway_workloads  # noqa: E402
+
+
+def workloads_with_min_queries(domain, min_queries: int, seed: int = 0):
+    """All 3-way workloads (paper's query class); if they hold fewer than ``min_queries`` cells,
+    add random 4-way workloads (same form, one more attribute) until the total is reached."""
+    ws = kway_workloads(domain, 3)
+    n = sum(w.n_cells(domain) for w in ws)
+    if n < min_queries:
+        extra = kway_workloads(domain, 4, per_group_count=512, seed=seed)
+        order = np.random.default_rng(seed).permutation(len(extra))
+        for i in order:
+            if n >= min_queries:
+                break
+            ws.append(extra[i])
+            n += extra[i].n_cells(domain)
+    return ws, n
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def time_rounds(data, workloads, device: str, rounds: int, tmax: int, batch_size: int) -> dict:
+    true = exact_normalised_answers(data, workloads)
+    cfg = HGEMConfig(rounds=rounds, max_update_steps=tmax, batch_size=batch_size, gamma_scale=0.0, seed=0)
+    G = make_generator(data.domain, cfg, device)
+    times: list[float] = []
+
+    def cb(rec, _G):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter())
+
+    sel = lambda s, e: int(np.argmax(s))  # noqa: E731
+    meas = lambda w: true[workloads.index(w)]  # noqa: E731
+    t0 = time.perf_counter()
+    res = train_hgem(data.domain, workloads, true, sel, meas, 1.0, cfg, generator=G, callback=cb)
+    per = np.diff([t0] + times)
+    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else _cpu_name()
+    return {
+        "device": device,
+        "device_name": name,
+        "threads": torch.get_num_threads(),
+        "rounds": rounds,
+        "tmax": tmax,
+        "steps": int(sum(r.steps for r in res.history)),
+        "seconds_per_round_mean": float(per.mean()),
+        "seconds_per_round_excl_first": float(per[1:].mean()) if len(per) > 1 else float(per[0]),
+        "seconds_per_step": float(per.sum() / max(1, sum(r.steps for r in res.history))),
+    }
+
+
+def synthetic_like(domain_source=None, n: int = 5000, seed: int = 0):
+    """A random HierarchicalData on the ACS domain (no real data needed for timing)."""
+    from engine.hierarchical_data import HierarchicalData
+
+    dom = domain_source.domain
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, dom.max_size + 1, n)
+    group = np.stack([rng.integers(0, a.size, n) for a in dom.group], axis=1)
+    group[:, dom.group_index(dom.size_attribute)] = sizes - 1
+    n_i = int(sizes.sum())
+    person = np.stack([rng.integers(0, a.size, n_i) for a in dom.person], axis=1)
+    return HierarchicalData.from_arrays(dom, np.zeros((n, len(dom.geography))), group, person,
+                                        np.concatenate([[0], np.cumsum(sizes)]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--state-file", default="csv_pvt.zip")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tmax", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--min-queries", type=int, default=100_000)
+    ap.add_argument("--devices", default="auto", help="comma list (cpu,cuda) or auto")
+    ap.add_argument("--out", default=None, help="write the JSON result here")
+    args = ap.parse_args(argv)
+    from benchmarks.hgem_accuracy import load_state
+
+    data = load_state(args.state_file)
+    ws, n_q = workloads_with_min_queries(data.domain, args.min_queries)
+    devices = ["cuda", "cpu"] if args.devices == "auto" else args.devices.split(",")
+    notes = []
+    if "cuda" in devices and not torch.cuda.is_available():
+        devices = [d for d in devices if d != "cuda"]
+        notes.append("no CUDA device on this machine: CPU only")
+    results = {"workloads": len(ws), "queries": n_q, "households": data.n_households, "B": args.batch_size,
+               "torch": torch.__version__, "notes": notes, "runs": []}
+    for dev in devices:
+        r = time_rounds(data, ws, dev, args.rounds, args.tmax, args.batch_size)
+        results["runs"].append(r)
+        print(f"{dev:5s} {r['device_name']:30s} {r['seconds_per_round_mean']:8.3f} s/round "
+              f"({r['seconds_per_step']:.4f} s/step, T_max={args.tmax}, threads={r['threads']})", flush=True)
+    if len(results["runs"]) == 2:
+        results["speedup"] = results["runs"][1]["seconds_per_round_mean"] / results["runs"][0]["seconds_per_round_mean"]
+        print(f"GPU speed-up: {results['speedup']:.1f}x")
+    for n in notes:
+        print("NOTE:", n)
+    print(f"{len(ws)} workloads, {n_q} queries, B={args.batch_size}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""Adaptive-measurement training, EMA output, public pretraining and the budget helper."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from engine.hgem.answers import AnswerPlan, exact_normalised_answers
+from engine.hgem.privacy import (
+    cell_sensitivity,
+    gem_budget,
+    measurement_l2_sensitivity,
+    rho_from_epsilon,
+    score_sensitivity,
+)
+from engine.hgem.train import HGEMConfig, fit_hgem, make_generator, pretrain_public, train_hgem
+from engine.hgem.workloads import kway_workloads
+from engine.queries import Workload
+
+from .conftest import synthetic_data
+
+CFG = dict(max_update_steps=60, lr=3e-3, batch_size=64, z_dim=16, hidden=(64, 64), seed=0)
+
+
+def _errors(G, plan, tgt):
+    with torch.no_grad():
+        a = plan.answers(G())
+    return float(plan.max_abs_error(a, tgt).max()), float((a - tgt).abs().mean())
+
+
+def test_noiseless_training_reduces_workload_error(domain, data):
+    ws = kway_workloads(domain, 3)
+    true = exact_normalised_answers(data, ws)
+    cfg = HGEMConfig(rounds=12, **CFG)
+    G = make_generator(domain, cfg, "cpu")
+    plan = AnswerPlan(domain, ws, device="cpu")
+    tgt = plan.concat_targets(true)
+    before = _errors(G, plan, tgt)
+    calls = {"select": [], "measure": []}
+
+    def select(scores, sens):
+        assert scores.shape == (len(ws),) and sens == pytest.approx(1 / 3000)
+        calls["select"].append(int(np.argmax(scores)))
+        return calls["select"][-1]
+
+    def measure(w):
+        calls["measure"].append(w)
+        return true[ws.index(w)]
+
+    res = train_hgem(domain, ws, true, select, measure, 1 / 3000, cfg, generator=G)
+    after = _errors(res.generator, plan, tgt)
+    assert after[0] < 0.4 * before[0] and after[1] < 0.4 * before[1]
+    assert [ws[i] for i in calls["select"]] == calls["measure"] == res.measured
+    assert len(res.history) == 12 and all(r.steps <= cfg.max_update_steps for r in res.history)
+
+
+def test_ema_output_is_the_ema_of_second_half_weights(domain, data):
+    ws = kway_workloads(domain, 2)
+    true = exact_normalised_answers(data, ws)
+    cfg = HGEMConfig(rounds=6, ema_beta=0.7, **{**CFG, "max_update_steps": 5})
+    snaps = []
+    res = train_hgem(
+        domain, ws, true, lambda s, e: int(np.argmax(s)), lambda w: true[ws.index(w)], 1e-3, cfg,
+        device="cpu", callback=lambda rec, G: snaps.append({k: v.detach().clone() for k, v in G.named_parameters()}),
+    )
+    ema = None
+    for snap in snaps[3:]:  # rounds 4..6 (second half of T = 6)
+        ema = snap if ema is None else {k: 0.7 * ema[k] + 0.3 * snap[k] for k in snap}
+    out = dict(res.generator.named_parameters())
+    last = dict(res.last_generator.named_parameters())
+    for k in ema:
+        torch.testing.assert_close(out[k], ema[k])
+    assert any(not torch.allclose(out[k], last[k]) for k in out)
+    torch.testing.assert_close(res.generator.z, res.last_generator.z)
+
+
+def test_measure_length_is_checked(domain, data):
+    ws = [Workload("group", ("TEN",))]
+    with pytest.raises(ValueError):
+        train_hgem(domain, ws, exact_normalised_answers(data, ws), lambda s, e: 0, lambda w: np.zeros(2), 1e-3,
+                   HGEMConfig(rounds=1, **CFG), device="cpu")
+
+
+def test_public_pretraining_fits_public_answers(domain):
+    public = synthetic_data(domain, 2000, seed=7)
+    ws = kway_workloads(domain, 2)
+    cfg = HGEMConfig(rounds=1, **CFG)
+    G = make_generator(domain, cfg, "cpu")
+    plan = AnswerPlan(domain, ws, device="cpu")
+    tgt = plan.concat_targets(exact_normalised_answers(public, ws))
+    before = _errors(G, plan, tgt)
+    hist = pretrain_public(G, public, ws, steps=150, lr=3e-3)
+    after = _errors(G, plan, tgt)
+    assert hist[-1] < 0.3 * hist[0]
+    assert after[1] < 0.3 * before[1]
+
+
+def test_fit_hgem_with_public_start_beats_public_only(domain, data):
+    public = synthetic_data(domain, 2000, seed=7)
+    ws = kway_workloads(domain, 2)
+    true = exact_normalised_answers(data, ws)
+    plan = AnswerPlan(domain, ws, device="cpu")
+    tgt = plan.concat_targets(true)
+    cfg = HGEMConfig(rounds=8, **CFG)
+    pub_only = make_generator(domain, cfg, "cpu")
+    pretrain_public(pub_only, public, ws, steps=150, lr=3e-3)
+    res = fit_hgem(data, ws, lambda s, e: int(np.argmax(s)), lambda w: true[ws.index(w)], 1e-3, cfg,
+                   public=public, pretrain_steps=150, device="cpu")
+    assert _errors(res.generator, plan, tgt)[1] < _errors(pub_only, plan, tgt)[1]
+
+
+def test_gem_budget_split():
+    b = gem_budget(0.5, 10, alpha=0.25)
+    assert b.rounds * (b.rho_select + b.rho_measure) == pytest.approx(0.5)
+    assert b.epsilon0**2 / 8 == pytest.approx(b.rho_select) and b.rho_select == pytest.approx(0.0125)
+    sigma = b.sigma(math.sqrt(2))
+    assert 2 / (2 * sigma**2) == pytest.approx(b.rho_measure)
+    pf = gem_budget(0.5, 10, alpha=0.25, selection="permute_and_flip")
+    assert pf.epsilon0**2 / 2 == pytest.approx(pf.rho_select) and pf.sigma(1.0) == pytest.approx(b.sigma(1.0))
+    with pytest.raises(ValueError):
+        gem_budget(0.5, 0)
+    with pytest.raises(ValueError):
+        gem_budget(0.5, 3, selection="laplace")
+    r = rho_from_epsilon(1.0, 1e-9)
+    assert r + 2 * math.sqrt(r * math.log(1e9)) == pytest.approx(1.0)
+
+
+def test_sensitivities(domain):
+    M = domain.max_size
+    g0, g1, p = Workload("group", ("TEN",)), Workload("group", ("TEN",), ("AGE",)), Workload("person", (), ("AGE",))
+    assert cell_sensitivity(g0, domain, "household") == 1.0
+    assert cell_sensitivity(g1, domain, "household") == 1.0
+    assert cell_sensitivity(g0, domain, "person") == 1.0
+    assert cell_sensitivity(p, domain, "household") == M
+    assert score_sensitivity([g0, p], domain, "household", 100, 250) == pytest.approx(max(1 / 100, M / 250))
+    assert measurement_l2_sensitivity(g1, domain, "household", 100, 250) == pytest.approx(math.sqrt(M) / 100)
+
+
+def test_cell_sensitivity_bound_holds_on_neighbours(domain, data):
+    """Removing any one household never changes a count cell by more than the L∞ bound."""
+    from engine.queries import answer
+
+    rng = np.random.default_rng(0)
+    ws = kway_workloads(domain, 2)
+    big = np.flatnonzero(data.sizes == domain.max_size)[:20]
+    for h in np.concatenate([big, rng.choice(data.n_households, 10, replace=False)]):
+        nb = data.select(np.arange(data.n_households) != h)
+        for w in ws:
+            assert np.abs(answer(data, w) - answer(nb, w)).max() <= cell_sensitivity(w, domain, "household")
