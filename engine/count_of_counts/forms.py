@@ -238,8 +238,10 @@ class RunsTable:
         node_ids = np.asarray(node_ids, dtype=np.int64)
         pos = np.full(int(max(node_ids.max(initial=-1), self.node.max(initial=-1))) + 1, -1, np.int64)
         pos[node_ids] = np.arange(node_ids.size)
-        out = np.zeros((node_ids.size, int(K) + 1), dtype=np.int64)
+        W = int(K) + 1
         row = pos[self.node] if self.node.size else self.node
         m = row >= 0
-        np.add.at(out, (row[m], clip_sizes(self.size[m], K)), self.count[m])
-        return out
+        flat = row[m] * W + clip_sizes(self.size[m], K)
+        # bincount adds in float64: exact for counts below 2^53
+        out = np.bincount(flat, weights=self.count[m], minlength=node_ids.size * W)
+        return out.astype(np.int64).reshape(node_ids.size, W)

@@ -56,6 +56,17 @@ def _per_segment(v, nseg: int, default: float) -> np.ndarray:
     return np.broadcast_to(v, (nseg,)).astype(np.float64)
 
 
+_L1_CHUNK = 1 << 18
+
+
+def _chunk_bounds(offs: np.ndarray, target: int) -> np.ndarray:
+    """Segment indices cutting ``offs`` into consecutive groups of about ``target`` elements."""
+    nseg = offs.size - 1
+    cuts = np.searchsorted(offs, np.arange(target, offs[-1], target), side="right") - 1
+    b = np.unique(np.concatenate(([0], cuts, [nseg])))
+    return b[(b >= 0) & (b <= nseg)]
+
+
 def equal_value_blocks(x, offsets=None) -> tuple[np.ndarray, np.ndarray]:
     """Start indices and lengths of maximal runs of equal values of ``x`` (never crossing a
     segment boundary).  These are the isotonic "partitions" of the paper, Section 5.1.1."""
@@ -197,7 +208,17 @@ def isotonic_segments(y, offsets, *, norm: str = "l2", weights=None, lower=None,
             out[a:b] = _scipy_pava(y[a:b], weights=None if w is None else w[a:b]).x
         return np.clip(out, np.repeat(lo, lens), np.repeat(hi, lens))
     if norm == "l1":
-        seg = np.repeat(np.arange(nseg, dtype=np.int64), lens)
-        yc = np.clip(y, np.repeat(lo, lens), np.repeat(hi, lens))
-        return _l1_core(yc, seg, w)
+        out = np.empty(n)
+        # Work in chunks of whole segments of about _L1_CHUNK elements: the rounds make
+        # ~30 passes over their arrays, which is 2-3x faster while they stay in cache.
+        bounds = _chunk_bounds(offs, _L1_CHUNK)
+        for k0, k1 in zip(bounds[:-1], bounds[1:]):
+            a, b = offs[k0], offs[k1]
+            if a == b:
+                continue
+            cl = lens[k0:k1]
+            seg = np.repeat(np.arange(k1 - k0, dtype=np.int64), cl)
+            yc = np.clip(y[a:b], np.repeat(lo[k0:k1], cl), np.repeat(hi[k0:k1], cl))
+            out[a:b] = _l1_core(yc, seg, None if w is None else w[a:b])
+        return out
     raise ValueError(f"norm must be 'l1' or 'l2', got {norm!r}")

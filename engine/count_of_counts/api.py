@@ -1,0 +1,167 @@
+"""Top-level entry points the pipeline calls.
+
+Privacy flow (Kuo et al., VLDB 2018, Algorithm 1 and Theorem 1):
+
+1. :func:`hierarchy_queries` -- WHAT to measure: per level, the exact per-node vectors
+   and their L1 sensitivity (Hc: 1, Hg: 1, naive H: 2).  The budget is split over the
+   levels (sequential composition); nodes of one level are disjoint (parallel
+   composition), so one level's vectors are noised together at that level's epsilon.
+   The pipeline adds discrete-Laplace noise through its ledger.
+2. :func:`run_hierarchy` -- post-processing of the NOISY vectors only: per-node estimates,
+   then top-down consistency, giving consistent integer histograms for every node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .consistency import consistent_histograms, leaves_only, top_down
+from .estimators import Query, estimate_hc, estimate_hg, estimate_naive, hc_query, hg_query, naive_query
+from .forms import RunsTable
+from .group_counts import consistent_group_counts
+from .hierarchy import Hierarchy
+
+__all__ = ["CountOfCountsResult", "hierarchy_queries", "run_hierarchy", "estimate_level"]
+
+METHODS = ("hc", "hg", "naive")
+CONSISTENCY = ("weighted", "average", "leaves", "none")
+
+
+@dataclass
+class CountOfCountsResult:
+    hierarchy: Hierarchy
+    K: int
+    histograms: np.ndarray  # (N, K+1) int64, row = node id
+    estimates: RunsTable  # independent per-node estimates (before consistency)
+    final_runs: RunsTable  # runs of the leaves after consistency (all nodes for "none")
+
+    def level(self, lv: int) -> tuple[np.ndarray, np.ndarray]:
+        """(node ids, (n, K+1) histograms) of one level."""
+        ids = self.hierarchy.level_range(lv)
+        return ids, self.histograms[ids]
+
+    def as_dict(self) -> dict[int, dict]:
+        """``{level: {node_key: H}}``."""
+        h = self.hierarchy
+        return {lv: {h.keys[i]: self.histograms[i] for i in h.level_range(lv)} for lv in range(h.n_levels)}
+
+
+def _per_level(epsilons, n_levels: int) -> list[float]:
+    if isinstance(epsilons, Mapping):
+        eps = [float(epsilons[lv]) for lv in range(n_levels)]
+    elif np.ndim(epsilons) == 0:
+        eps = [float(epsilons)] * n_levels
+    else:
+        eps = [float(e) for e in epsilons]
+    if len(eps) != n_levels or any(e <= 0 for e in eps):
+        raise ValueError(f"need one positive epsilon per level ({n_levels})")
+    return eps
+
+
+def hierarchy_queries(hierarchy: Hierarchy, histograms, K: int, method: str = "hc") -> dict[int, Query]:
+    """Exact measurements per level: ``{level: Query}``.  ``histograms``: (N, >=1) exact
+    per-node H (row = node id; sizes above K are clipped).  For "hc"/"naive" the values are
+    (n_level, K) / (n_level, K+1) arrays; for "hg" a list of per-node sorted size vectors
+    (ONE ENTRY PER GROUP -- inherent to the Hg measurement)."""
+    out: dict[int, Query] = {}
+    H = np.asarray(histograms)
+    for lv in range(hierarchy.n_levels):
+        ids = hierarchy.level_range(lv)
+        if method == "hc":
+            out[lv] = hc_query(H[ids], K)
+        elif method == "naive":
+            out[lv] = naive_query(H[ids], K)
+        elif method == "hg":
+            qs = [hg_query(H[i], K) for i in ids]
+            out[lv] = Query([q.values for q in qs], 1)  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"method must be one of {METHODS}")
+    return out
+
+
+def estimate_level(method: str, noisy, G, K: int, epsilon: float, node_ids, norm: str | None = None) -> RunsTable:
+    """Independent per-node estimates of one level (post-processing of noisy vectors)."""
+    if method == "hc":
+        return estimate_hc(noisy, G, epsilon, norm=norm or "l1", node_ids=node_ids)
+    if method == "naive":
+        return estimate_naive(noisy, G, epsilon, node_ids=node_ids)
+    if method == "hg":
+        return estimate_hg(noisy, K, epsilon, norm=norm or "l2", node_ids=node_ids)
+    raise ValueError(f"method must be one of {METHODS}")
+
+
+def run_hierarchy(
+    hierarchy: Hierarchy,
+    noisy: Mapping[int, object],
+    epsilons,
+    *,
+    K: int,
+    group_counts=None,
+    method: str = "hc",
+    norm: str | None = None,
+    consistency: str = "weighted",
+    noisy_group_counts=None,
+    group_count_variances=None,
+) -> CountOfCountsResult:
+    """Consistent integer count-of-counts histograms for every node from noisy measurements.
+
+    - ``noisy``: ``{level: measurement}`` for the nodes ``hierarchy.level_range(level)`` in
+      order -- (n, K) noisy Hc for "hc", (n, K+1) noisy H for "naive", a list of noisy Hg
+      vectors for "hg".
+    - ``epsilons``: the epsilon each level was measured with (sequence, mapping or scalar).
+    - ``group_counts``: public G_v, (N,) per node or (n_leaves,) per leaf (summed up).  For
+      "hg" it defaults to the vectors' lengths.
+    - ``noisy_group_counts`` (+ ``group_count_variances``): private-G option, (N,) with NaN
+      for unmeasured nodes; made consistent by exact integer least squares
+      (:func:`~engine.count_of_counts.group_counts.consistent_group_counts`).  With "hg" the
+      vectors' lengths must then already be those counts.
+    - ``consistency``: "weighted" (top-down, inverse-variance merge; default), "average"
+      (top-down, plain mean), "leaves" (leaves' estimates summed up), or "none" (the
+      independent per-node estimates, NOT consistent; for evaluation).
+
+    Returns a :class:`CountOfCountsResult` whose ``histograms[v]`` is integral, >= 0, sums to
+    G_v and (except "none") equals the sum of its children's rows.
+    """
+    h = hierarchy
+    if consistency not in CONSISTENCY:
+        raise ValueError(f"consistency must be one of {CONSISTENCY}")
+    K = int(K)
+    eps = _per_level(epsilons, h.n_levels)
+    if noisy_group_counts is not None:
+        G = consistent_group_counts(h, noisy_group_counts, group_count_variances)
+    elif group_counts is not None:
+        G = np.asarray(group_counts, dtype=np.int64)
+        if G.shape == (h.leaves().size,):
+            full = np.zeros(h.n_nodes, dtype=np.int64)
+            full[h.leaves()] = G
+            G = h.aggregate_up(full)
+        elif G.shape != (h.n_nodes,):
+            raise ValueError("group_counts must have one entry per node or per leaf")
+    elif method == "hg":
+        G = np.zeros(h.n_nodes, dtype=np.int64)
+        for lv in range(h.n_levels):
+            G[h.level_range(lv)] = [len(v) for v in noisy[lv]]  # type: ignore[union-attr]
+    else:
+        raise ValueError("group_counts (public G_v) or noisy_group_counts is required")
+    leaf = h.is_leaf()
+    internal = ~leaf
+    if np.any(G[internal] != h.aggregate_up(np.where(leaf, G, 0))[internal]):
+        raise ValueError("group counts are not consistent (children must sum to parent)")
+    parts = []
+    for lv in range(h.n_levels):
+        ids = h.level_range(lv)
+        if method == "hg" and any(len(v) != g for v, g in zip(noisy[lv], G[ids])):  # type: ignore[arg-type]
+            raise ValueError(f"level {lv}: Hg vector lengths differ from the group counts")
+        parts.append(estimate_level(method, noisy[lv], G[ids], K, eps[lv], ids, norm))
+    est = RunsTable.concat(parts)
+    if consistency == "none":
+        H = est.histograms(np.arange(h.n_nodes), K)
+        return CountOfCountsResult(h, K, H, est, est)
+    if consistency == "leaves":
+        final = leaves_only(h, est)
+    else:
+        final = top_down(h, est, K, merge=consistency)
+    return CountOfCountsResult(h, K, consistent_histograms(h, final, K), est, final)

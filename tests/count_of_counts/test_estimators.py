@@ -1,0 +1,127 @@
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from engine.count_of_counts import (
+    emd,
+    estimate_hc,
+    estimate_hg,
+    estimate_naive,
+    hc_query,
+    hg_query,
+    k_from_noisy_max,
+    largest_remainder_round,
+    max_size_query,
+    naive_query,
+    project_simplex,
+)
+
+from .helpers import double_geometric
+
+
+def neighbours(sizes, K):
+    """All databases differing by one person (added to or removed from one group)."""
+    for g in range(sizes.size):
+        for d in (-1, 1):
+            s = sizes.copy()
+            s[g] += d
+            if s[g] >= 0:
+                yield s
+
+
+def hist(sizes, K):
+    return np.bincount(np.minimum(sizes, K), minlength=K + 1)
+
+
+def test_sensitivities_bruteforce():
+    rng = np.random.default_rng(0)
+    K = 5
+    for _ in range(30):
+        sizes = rng.integers(0, 8, rng.integers(1, 8))
+        H = hist(sizes, K)
+        base = {
+            "naive": naive_query(H, K),
+            "hc": hc_query(H, K),
+            "hg": hg_query(H, K),
+            "max": max_size_query(np.bincount(sizes)),
+        }
+        for s2 in neighbours(sizes, K):
+            H2 = hist(s2, K)
+            for name, q2 in (
+                ("naive", naive_query(H2, K)),
+                ("hc", hc_query(H2, K)),
+                ("hg", hg_query(H2, K)),
+                ("max", max_size_query(np.bincount(s2))),
+            ):
+                assert np.abs(base[name].values - q2.values).sum() <= base[name].l1_sensitivity
+
+
+def test_projection_is_nnls():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        y = rng.normal(0, 5, 7)
+        G = rng.integers(0, 30)
+        x = project_simplex(y, G)
+        assert np.all(x >= 0) and abs(x.sum() - G) < 1e-9
+        res = minimize(lambda z: ((z - y) ** 2).sum(), np.full(7, G / 7), bounds=[(0, None)] * 7,
+                       constraints=[{"type": "eq", "fun": lambda z: z.sum() - G}], method="SLSQP")
+        assert ((x - y) ** 2).sum() <= res.fun + 1e-6
+
+
+def test_largest_remainder():
+    x = np.array([[0.5, 1.5, 1.0], [2.2, 0.4, 0.4]])
+    r = largest_remainder_round(x, [3, 3])
+    assert r.tolist() == [[1, 1, 1], [2, 1, 0]]
+    assert np.array_equal(r.sum(1), [3, 3])
+
+
+def test_k_from_noisy_max():
+    assert k_from_noisy_max(100, 1.0) == math.ceil(100 + 5 * math.sqrt(2))
+    assert k_from_noisy_max(-50, 1.0) == 1
+
+
+def _true(rng, n, K):
+    return np.stack([hist(np.minimum(rng.geometric(0.35, rng.integers(50, 500)), K), K) for _ in range(n)])
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_hc_estimator(norm):
+    rng = np.random.default_rng(2)
+    K, eps = 25, 0.5
+    H = _true(rng, 6, K)
+    G = H.sum(1)
+    q = hc_query(H, K)
+    noisy = double_geometric(q.values, q.l1_sensitivity / eps, rng)
+    runs, Hh = estimate_hc(noisy, G, eps, norm=norm, node_ids=np.arange(10, 16), return_histograms=True)
+    assert Hh.dtype.kind == "i" and np.all(Hh >= 0) and np.array_equal(Hh.sum(1), G)
+    assert np.array_equal(runs.histograms(np.arange(10, 16), K), Hh)
+    assert np.allclose(runs.var, (4 / eps**2) / runs.count)
+    # noiseless input is recovered exactly
+    _, Hx = estimate_hc(q.values, G, eps, norm=norm, return_histograms=True)
+    assert np.array_equal(Hx, H)
+    # and the estimate beats the naive baseline on average
+    rn, Hn = estimate_naive(double_geometric(H, 2 / eps, rng), G, eps, return_histograms=True)
+    assert np.all(Hn >= 0) and np.array_equal(Hn.sum(1), G)
+    assert np.mean([emd(a, b) for a, b in zip(H, Hh)]) < np.mean([emd(a, b) for a, b in zip(H, Hn)])
+
+
+def test_hg_estimator():
+    rng = np.random.default_rng(3)
+    K, eps = 25, 1.0
+    H = _true(rng, 4, K)
+    vecs = [double_geometric(hg_query(h, K).values, 1 / eps, rng) for h in H]
+    runs = estimate_hg(vecs, K, eps)
+    est = runs.histograms(np.arange(4), K)
+    assert np.all(est >= 0) and np.array_equal(est.sum(1), H.sum(1))
+    assert runs.size.min() >= 0 and runs.size.max() <= K
+    # variance 2/(eps^2 s) for a block of s groups: count is a multiple of 2/(eps^2 var)
+    s = 2 / (eps**2 * runs.var)
+    assert np.allclose(s, np.round(s)) and np.all(runs.count % np.round(s).astype(int) == 0)
+    exact = estimate_hg([hg_query(h, K).values for h in H], K, eps).histograms(np.arange(4), K)
+    assert np.array_equal(exact, H)
+    # concatenated form with offsets gives the same answer
+    offs = np.concatenate([[0], np.cumsum([v.size for v in vecs])])
+    r2 = estimate_hg(np.concatenate(vecs), K, eps, offsets=offs)
+    assert np.array_equal(r2.histograms(np.arange(4), K), est)

@@ -1,0 +1,40 @@
+import itertools
+
+import numpy as np
+
+from engine.count_of_counts import consistent_group_counts
+from engine.count_of_counts.group_counts import tree_objective
+
+from .helpers import random_tree
+
+
+def test_exact_integer_least_squares_bruteforce():
+    rng = np.random.default_rng(0)
+    for t in range(60):
+        h = random_tree(rng, (1, 3), (1, 3))
+        noisy = np.round(rng.normal(3, 4, h.n_nodes), 1)
+        if t % 3 == 0:
+            noisy[rng.random(h.n_nodes) < 0.4] = np.nan
+        var = rng.choice([0.5, 1.0, 2.0], h.n_nodes)
+        w = np.where(np.isnan(noisy), 0, 1 / var)
+        g = consistent_group_counts(h, noisy, var)
+        assert g.dtype.kind == "i" and np.all(g >= 0)
+        for v in range(h.n_nodes):
+            kids = np.flatnonzero(h.parent == v)
+            if kids.size:
+                assert g[kids].sum() == g[v]
+        L = h.leaves()
+        best = min(
+            tree_objective(h, h.aggregate_up(np.bincount(L, xs, minlength=h.n_nodes).astype(int)), noisy, w)
+            for xs in itertools.product(range(16), repeat=L.size)
+        )
+        assert tree_objective(h, g, noisy, w) <= best + 1e-9
+
+
+def test_leaves_only_measurement_rounds_and_clips():
+    h = random_tree(np.random.default_rng(1), (2, 3), (2, 3))
+    noisy = np.full(h.n_nodes, np.nan)
+    L = h.leaves()
+    noisy[L] = np.linspace(-3, 10.4, L.size)
+    g = consistent_group_counts(h, noisy)
+    assert np.array_equal(g[L], np.maximum(np.rint(noisy[L]), 0))
