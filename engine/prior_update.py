@@ -48,6 +48,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import linprog
 
 from engine.hierarchical_data import HierarchicalData
@@ -244,6 +245,7 @@ class ProjectionInfo:
     iterations: int
     residual_l1: float
     converged: bool
+    lam: np.ndarray
 
 
 def entropy_projection(
@@ -251,9 +253,11 @@ def entropy_projection(
     patterns: Patterns,
     y_target: np.ndarray,
     *,
-    interior: float = 1e-6,
+    interior: float | None = None,
     tol: float = 1e-10,
     max_iter: int = 100,
+    lam0: np.ndarray | None = None,
+    exact_iter: int = 20,
 ) -> tuple[np.ndarray, ProjectionInfo]:
     """The I-projection ``argmin_z KL(z ‖ q) s.t. A z = y, Σz = 1`` on the support (Tao et al. §3.1,
     eq. (2), with p := q, the current distribution, as in each step of Algorithm 1).
@@ -268,47 +272,84 @@ def entropy_projection(
     has no finite minimiser (some households must get weight 0), so the target is moved a fraction
     ``interior`` of the way towards the current answers ``A q`` (a point of the relative interior):
     the answers change by at most ``interior · ||y − Aq||₁`` and the dual becomes well posed.
+    ``interior=None`` (default) first tries the exact target (``exact_iter`` Newton iterations —
+    enough when the target is interior, e.g. noiseless answers) and only if that does not converge
+    continues, warm-started, with ``interior = 1e-3``.
+
+    ``lam0`` (cells,) warm-starts λ (the dual is convex, so any start gives the same solution); the
+    final λ is returned in ``info.lam`` — in the sweeps of :func:`prior_update` the multipliers of one
+    workload change little from sweep to sweep, so warm starts cut Newton iterations to a few.
     """
+    if interior is None:
+        z, info = _entropy_newton(q, patterns, y_target, 0.0, tol, min(exact_iter, max_iter), lam0)
+        if info.converged:
+            return z, info
+        z, info2 = _entropy_newton(q, patterns, y_target, 1e-3, tol, max_iter, info.lam)
+        info2.iterations += info.iterations
+        return z, info2
+    return _entropy_newton(q, patterns, y_target, interior, tol, max_iter, lam0)
+
+
+def _entropy_newton(q, patterns: Patterns, y_target, interior: float, tol: float, max_iter: int, lam0):
     q = np.asarray(q, dtype=np.float64)
-    m_all = patterns.mass(q)
-    total = m_all.sum()
-    active = np.flatnonzero(m_all > 0)
-    P = patterns.matrix[active]
-    m = m_all[active] / total
-    current = P.T @ m
+    m = patterns.mass(q)
+    total = m.sum()
+    m = m / total
+    P = patterns.matrix
+    Pt = patterns._memo.get("T")
+    if Pt is None:
+        Pt = patterns._memo["T"] = P.T.tocsr()
+    n_cells = P.shape[1]
+    active = m > 0
+    current = Pt @ m
     y = (1.0 - interior) * np.asarray(y_target, dtype=np.float64) + interior * current
-    used = np.flatnonzero(np.asarray(abs(P).sum(axis=0)).ravel() > 0)
-    P = P[:, used].tocsr()
-    Pt = P.T.tocsr()
+    # cells that some reachable pattern touches (the others have y = 0 and no multiplier)
+    used = np.flatnonzero(Pt @ active.astype(np.float64) > 0)
+    if used.size == 0:
+        return q / total, ProjectionInfo(0, float(np.abs(y).sum()), False, np.zeros(n_cells))
+    pu, pcell, pval = patterns.second_moment_pairs()
+    with np.errstate(divide="ignore"):
+        logm = np.log(m)
+    lam = np.zeros(n_cells)
+    if lam0 is not None:
+        lam[used] = np.asarray(lam0, dtype=np.float64)[used]
     yu = y[used]
-    logm = np.log(m)
-    lam = np.zeros(used.size)
 
     def dual(l: np.ndarray):
         s = logm + P @ l
-        smax = s.max()
+        smax = s[active].max()
         e = np.exp(s - smax)
         Z = e.sum()
-        return smax + math.log(Z) - float(l @ yu), e / Z
+        return smax + math.log(Z) - float(l[used] @ yu), e / Z
 
     f, pi = dual(lam)
+    if lam0 is not None:
+        f_cold, pi_cold = dual(np.zeros(n_cells))
+        if not f <= f_cold:  # a warm start that is worse than λ = 0 (or not finite) is dropped
+            lam, f, pi = np.zeros(n_cells), f_cold, pi_cold
     it = 0
     resid = np.inf
+    d = np.zeros(n_cells)
     for it in range(1, max_iter + 1):
-        mean = Pt @ pi
+        mean = (Pt @ pi)[used]
         g = mean - yu
         resid = float(np.abs(g).sum())
         if resid <= tol:
             break
-        H = (Pt @ sp.diags(pi) @ P).toarray() - np.outer(mean, mean)
-        H[np.diag_indices_from(H)] += 1e-12 * (np.trace(H) + 1e-300)
+        second = np.bincount(pcell, weights=pi[pu] * pval, minlength=n_cells * n_cells).reshape(n_cells, n_cells)
+        H = second[np.ix_(used, used)] - np.outer(mean, mean)
+        # Levenberg–Marquardt damping: keeps λ from drifting along directions that do not change
+        # z (e.g. a row set whose sum is constant on the support), which are free in the dual.
+        H[np.diag_indices_from(H)] += 1e-9 * np.trace(H) / H.shape[0] + 1e-300
         try:
-            d = np.linalg.solve(H, -g)
+            du = cho_solve(cho_factor(H, check_finite=False), -g, check_finite=False)
         except np.linalg.LinAlgError:
-            d = np.linalg.lstsq(H, -g, rcond=None)[0]
-        slope = float(g @ d)
-        if not slope < 0:  # numerical trouble: fall back to gradient step
-            d, slope = -g, -float(g @ g)
+            du = np.linalg.lstsq(H, -g, rcond=None)[0]
+        slope = float(g @ du)
+        if not slope < 0:  # numerical trouble: fall back to a gradient step
+            du, slope = -g, -float(g @ g)
+        d[:] = 0.0
+        d[used] = du
         t = 1.0
         for _ in range(60):
             f_new, pi_new = dual(lam + t * d)
@@ -319,14 +360,10 @@ def entropy_projection(
             break
         lam, f, pi = lam + t * d, f_new, pi_new
     else:
-        resid = float(np.abs(Pt @ pi - yu).sum())
-    factor = np.zeros(patterns.n_patterns)
-    factor[active] = pi / np.where(m > 0, m, 1.0)
+        resid = float(np.abs((Pt @ pi)[used] - yu).sum())
+    factor = np.where(active, pi / np.where(active, m, 1.0), 0.0)
     z = q / total * factor[patterns.pattern_of]
-    return z, ProjectionInfo(it, resid, resid <= max(tol, 1e-7))
-
-
-# ============================================================================ the outer loop (IDE)
+    return z, ProjectionInfo(it, resid, resid <= max(tol, 1e-7), lam)
 @dataclass(frozen=True)
 class Measurement:
     """A measured workload at one node: ``answer`` is per household (noisy counts / Ñ_G)."""
@@ -362,7 +399,9 @@ class PriorUpdateResult:
 class _Target:
     """Per-measurement state: the feasible answers y* and how to apply the update."""
 
-    def __init__(self, support: Support, m: Measurement, simplex_method: SimplexMethod):
+    def __init__(
+        self, support: Support, m: Measurement, p0: np.ndarray, simplex_method: SimplexMethod, tie_break: bool
+    ):
         self.w = m.workload
         self.noisy = np.asarray(m.answer, dtype=np.float64)
         n_cells = self.w.n_cells(support.data.domain)
@@ -370,33 +409,42 @@ class _Target:
             raise ValueError(f"{self.w.id}: answer has shape {self.noisy.shape}, expected ({n_cells},)")
         self.A = support.incidence(self.w)
         self.partition = self.w.is_partition()
+        self.newton_iterations = 0
+        self.unconverged = 0
         if self.partition:
             self.cells = support.cache.partition_cells(self.w)
             allowed = np.bincount(self.cells, minlength=n_cells) > 0
             # Alg. 1 line 7: a partition of the support covers every point: Σy = 1.
             self.y = project_simplex_l1(self.noisy, allowed=allowed, method=simplex_method)
-            self.key = None
-        else:
-            self.patterns = support.patterns(self.w)
-            self.y = None
-            self.key = None
-
-    def refresh(self, q: np.ndarray) -> None:
-        """(Re)compute y* for a non-partition workload when the reachable support changed."""
-        mass = self.patterns.mass(q)
-        active = mass > 0
-        key = np.packbits(active).tobytes()
-        if key == self.key:
             return
-        P = self.patterns.matrix[np.flatnonzero(active)]
-        self.y, _ = project_to_hull_l1(P, self.noisy, reference=self.A @ (q / q.sum()))
-        self.key = key
+        # Stage 1 once per node, on the support reachable from the prior (p0 > 0).
+        self.patterns = support.patterns(self.w)
+        self.reachable = self.patterns.mass(p0) > 0
+        P = self.patterns.matrix[np.flatnonzero(self.reachable)]
+        self.y, self.l1_optimal = project_to_hull_l1(P, self.noisy, reference=(self.A @ p0) if tie_break else None)
+        self.p0 = p0
+        self.lam = None
 
-    def apply(self, q: np.ndarray, newton_tol: float) -> np.ndarray:
+    def apply(self, q: np.ndarray, newton_tol: float, newton_max_iter: int, revive: float) -> np.ndarray:
         if self.partition:
             return least_relative_entropy_update(q, self.cells, self.y)
-        self.refresh(q)
-        z, _ = entropy_projection(q, self.patterns, self.y, tol=newton_tol)
+        if np.any(self.reachable & (self.patterns.mass(q) <= 0)):
+            # Some households reachable from the prior lost all their mass in an earlier partition
+            # update (a cell answered 0), so y* may no longer be producible from q. As in Def. 3.1
+            # case 2 (mass for a row of zero prior mass is spread over its domain points), the
+            # reference measure gets back a vanishing share of the prior: q + revive · p0.
+            q = q + revive * self.p0
+            q /= q.sum()
+        # A noisy answer outside the producible set (L* > 0) projects onto the boundary of that
+        # set, where the dual has no finite minimiser: use the interior shift at once. An answer
+        # inside it (L* = 0, e.g. noiseless) is first matched exactly.
+        interior = 1e-3 if self.l1_optimal > 1e-12 else None
+        z, info = entropy_projection(
+            q, self.patterns, self.y, interior=interior, tol=newton_tol, max_iter=newton_max_iter, lam0=self.lam
+        )
+        self.lam = info.lam
+        self.newton_iterations += info.iterations
+        self.unconverged += not info.converged
         return z
 
 
@@ -410,7 +458,10 @@ def prior_update(
     rng: np.random.Generator | None = None,
     simplex_method: SimplexMethod = "euclidean",
     tol: float = 1e-6,
-    newton_tol: float = 1e-10,
+    newton_tol: float = 1e-9,
+    newton_max_iter: int = 30,
+    tie_break: bool = True,
+    revive: float = 1e-9,
 ) -> PriorUpdateResult:
     """Tao et al. Algorithm 1 (IDE) on a support of public households; PRIOR_UPDATE of Algorithm 2.
 
@@ -438,13 +489,13 @@ def prior_update(
         raise ValueError("prior must be a non-negative vector over the support with positive mass")
     q = p0 / p0.sum()
     p0 = q.copy()
-    targets = [_Target(support, m, simplex_method) for m in measurements]
+    targets = [_Target(support, m, p0, simplex_method, tie_break) for m in measurements]
     rng = rng if rng is not None else np.random.default_rng(0)
     history: list[dict] = []
     for sweep in range(1, T + 1):
         idx = np.arange(len(targets)) if order == "cyclic" else rng.permutation(len(targets))
         for i in idx:
-            q = targets[i].apply(q, newton_tol)
+            q = targets[i].apply(q, newton_tol, newton_max_iter, revive)
             q /= q.sum()
         errs_noisy, errs_feasible = [], []
         for tg in targets:

@@ -6,12 +6,19 @@ A workload W_S is one attribute set S = S_G ∪ S_I at one level:
 - ``person``: count of persons matching y_I whose household matches y_G.
 Answers are count vectors over dom(S_G) × dom(S_I) in C order (group attributes first, in the
 order given, then person attributes). Everything is vectorised with numpy.
+
+For repeated evaluation on a weighted support (public households + weights, ``engine.support``)
+each workload is also available as a sparse incidence A (cells × households, scipy CSR:
+:func:`incidence_matrix`), so that answering for any weights x is the mat-vec ``A @ x``;
+:class:`IncidenceCache` builds them once per set of households, and :func:`incidence_patterns`
+groups households with identical incidence columns (used by the entropy projections of
+``engine.prior_update``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -183,10 +190,33 @@ class Patterns:
 
     matrix: sp.csr_matrix
     pattern_of: np.ndarray
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_patterns(self) -> int:
         return int(self.matrix.shape[0])
+
+    def second_moment_pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(pattern u, flat cell pair i·C+j, a_ui·a_uj) for every pair of non-zeros of each pattern,
+        so that ``Σ_u π_u a_u a_uᵀ`` is one ``bincount`` (the Hessian of the entropy-projection
+        dual). Cached: the structure depends on the support only."""
+        got = self._memo.get("pairs")
+        if got is None:
+            P = self.matrix
+            C = P.shape[1]
+            k = np.diff(P.indptr)
+            us, cells, vals = [], [], []
+            for r1 in range(int(k.max(initial=0))):
+                for r2 in range(int(k.max(initial=0))):
+                    u = np.flatnonzero(k > max(r1, r2))
+                    i1 = P.indptr[u] + r1
+                    i2 = P.indptr[u] + r2
+                    us.append(u)
+                    cells.append(P.indices[i1].astype(np.int64) * C + P.indices[i2])
+                    vals.append(P.data[i1] * P.data[i2])
+            cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+            got = self._memo["pairs"] = (cat(us, np.int64), cat(cells, np.int64), cat(vals, np.float64))
+        return got
 
     def mass(self, weights: np.ndarray) -> np.ndarray:
         """Total weight of the households of every pattern, (U,)."""
@@ -197,8 +227,8 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     """Exact grouping of households by their column of the incidence (no hashing).
 
     A household has at most M non-zero cells (one per person at most), so its column is encoded as
-    a fixed-length key of M sorted ``cell·(M+1)+count`` codes padded with −1, and ``np.unique`` on
-    the keys gives the patterns exactly.
+    a fixed-length key of ≤ M sorted ``cell·(M+1)+count`` codes padded with −1; the keys are
+    grouped exactly by successive 1-D ``np.unique`` on (group so far, next code).
     """
     if A is None:
         A = incidence_matrix(data, w)
@@ -220,7 +250,13 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     slot = np.arange(codes.size, dtype=np.int64) - np.repeat(At.indptr[:-1].astype(np.int64), nnz)
     keys = np.full((n, width), -1, dtype=np.int64)
     keys[row, slot] = codes
-    _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    # exact row grouping, one column at a time (1-D uniques are much faster than unique(axis=0))
+    gid = np.zeros(n, dtype=np.int64)
+    base = int(A.shape[0]) * M1 + 2
+    for j in range(width):
+        _, gid = np.unique(gid * base + (keys[:, j] + 1), return_inverse=True)
+        gid = gid.reshape(-1)
+    _, first, inv = np.unique(gid, return_index=True, return_inverse=True)
     return Patterns(At[first].tocsr(), inv.reshape(-1).astype(np.int64))
 
 

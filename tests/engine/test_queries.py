@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
-from _support_testdata import all_workloads, brute_force_answer, random_data, small_domain
+from tests.engine._support_testdata import all_workloads, brute_force_answer, random_data, small_domain
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import (
     IncidenceCache,

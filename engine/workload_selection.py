@@ -1,0 +1,309 @@
+"""Data-dependent workload selection from PUBLIC data (no privacy cost).
+
+Tao et al. (prior-aware distribution estimation), §4.2 "Workload W_S and W_G": "Given the public
+dataset, we compute the pair-wise mutual information for all attributes, and convert it into a graph
+by adding edges with high mutual information. We then select some cliques from the graph as the
+workload W_S for the state-level data ... For data of each PUMA-YEAR group ... we select some one-way
+marginal queries for the workload W_G such that those attributes are approximately independent
+according to the public dataset."
+
+Hierarchical version (H-GEM Table 1 queries):
+- mutual information between every pair of attributes, measured where the pair lives:
+  group × group over households, person × person over persons, and group × person over persons
+  through the household–person join (the joint of a person's attribute and its household's
+  attribute);
+- the strong-pair graph: a maximum spanning tree of the MI graph (Kruskal, deterministic ties),
+  plus every pair whose MI is at least ``edge_quantile`` of all pairs;
+- state level: the strongest triangles of the strong graph (by the sum of their three MIs, within a
+  cell cap), then every tree edge not covered by a chosen triangle; each clique becomes workloads by
+  its attribute kinds — group only: a group-level partition; person only: a person-level marginal;
+  mixed: a person-level marginal (the joint the MI was measured on) and a group-level "contains"
+  workload (households of y_G containing a person of y_I), each within the cell cap;
+- PUMA level: one-way marginals of a greedy set of roughly independent attributes (highest entropy
+  first; normalised MI with every attribute already taken below ``independence_nmi``), plus a few
+  small two-way "contains" marginals from the tree.
+
+Everything is a deterministic function of the public data and the parameters (ties broken by
+attribute order), and :class:`WorkloadSelection` carries a JSON-serialisable explanation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.domain import Domain
+from engine.hierarchical_data import HierarchicalData
+from engine.queries import Workload
+
+# ---------------------------------------------------------------------------- mutual information
+
+
+def _mi_from_counts(joint: np.ndarray) -> float:
+    """Mutual information (nats) of a 2-D contingency table."""
+    n = joint.sum()
+    if n <= 0:
+        return 0.0
+    p = joint / n
+    pa = p.sum(axis=1, keepdims=True)
+    pb = p.sum(axis=0, keepdims=True)
+    nz = p > 0
+    return float(max(np.sum(p[nz] * np.log(p[nz] / (pa @ pb)[nz])), 0.0))
+
+
+def _entropy(counts: np.ndarray) -> float:
+    n = counts.sum()
+    if n <= 0:
+        return 0.0
+    p = counts[counts > 0] / n
+    return float(-np.sum(p * np.log(p)))
+
+
+@dataclass(frozen=True)
+class AttributeInfo:
+    names: tuple[str, ...]          # group attributes first, then person attributes
+    kinds: tuple[str, ...]          # "group" | "person"
+    sizes: tuple[int, ...]
+    entropy: np.ndarray             # (k,) nats, over households (group) or persons (person)
+    mi: np.ndarray                  # (k, k) nats, symmetric, 0 on the diagonal
+
+
+def attribute_columns(data: HierarchicalData) -> tuple[list[str], list[str], list[int], list[np.ndarray]]:
+    d = data.domain
+    names = [a.name for a in d.group] + [a.name for a in d.person]
+    kinds = ["group"] * len(d.group) + ["person"] * len(d.person)
+    sizes = [a.size for a in d.group] + [a.size for a in d.person]
+    cols = [data.group[:, j].astype(np.int64) for j in range(len(d.group))] + [
+        data.person[:, j].astype(np.int64) for j in range(len(d.person))
+    ]
+    return names, kinds, sizes, cols
+
+
+def mutual_information(data: HierarchicalData) -> AttributeInfo:
+    """Pairwise MI of all attributes: group×group over households, person×person over persons,
+    group×person over persons through the household–person join. Vectorised (one bincount per pair)."""
+    names, kinds, sizes, cols = attribute_columns(data)
+    hh = data.person_household
+    k = len(names)
+    mi = np.zeros((k, k))
+    ent = np.zeros(k)
+    for i in range(k):
+        ent[i] = _entropy(np.bincount(cols[i], minlength=sizes[i]).astype(float))
+    for i, j in itertools.combinations(range(k), 2):
+        a, b = cols[i], cols[j]
+        if kinds[i] != kinds[j]:  # group × person: person-level join
+            a = a[hh] if kinds[i] == "group" else a
+            b = b[hh] if kinds[j] == "group" else b
+        joint = np.bincount(a * sizes[j] + b, minlength=sizes[i] * sizes[j]).reshape(sizes[i], sizes[j])
+        mi[i, j] = mi[j, i] = _mi_from_counts(joint.astype(float))
+    return AttributeInfo(tuple(names), tuple(kinds), tuple(sizes), ent, mi)
+
+
+def normalised_mi(info: AttributeInfo) -> np.ndarray:
+    """MI / min(H_i, H_j) ∈ [0, 1] (0 for a constant attribute)."""
+    h = info.entropy
+    den = np.minimum.outer(h, h)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(den > 0, info.mi / den, 0.0)
+    np.fill_diagonal(out, 0.0)
+    return np.clip(out, 0.0, 1.0)
+
+
+# ------------------------------------------------------------------------------------- graph
+
+
+def maximum_spanning_tree(weights: np.ndarray, allowed: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """Kruskal on a symmetric weight matrix; ties broken by (i, j); only ``allowed`` pairs used."""
+    k = weights.shape[0]
+    pairs = [(i, j) for i, j in itertools.combinations(range(k), 2) if allowed is None or allowed[i, j]]
+    pairs.sort(key=lambda e: (-weights[e], e))
+    parent = list(range(k))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    tree = []
+    for i, j in pairs:
+        ri, rj = find(i), find(j)
+        if ri != rj:
+            parent[ri] = rj
+            tree.append((i, j))
+    return tree
+
+
+# ------------------------------------------------------------------------------ workloads
+
+
+def clique_workloads(domain: Domain, attrs: tuple[str, ...], max_cells: int, contains: bool = True) -> list[Workload]:
+    """Workloads for one clique (attribute names in domain order), by attribute kinds (module doc);
+    a mixed clique gives the person-level joint and, when ``contains``, the group-level "contains"."""
+    gnames = {a.name for a in domain.group}
+    g = tuple(a for a in attrs if a in gnames)
+    p = tuple(a for a in attrs if a not in gnames)
+    if not p:
+        cand = [Workload("group", g, ())]
+    elif not g:
+        cand = [Workload("person", (), p)]
+    else:
+        cand = [Workload("person", g, p)] + ([Workload("group", g, p)] if contains else [])
+    return [w for w in cand if w.n_cells(domain) <= max_cells]
+
+
+@dataclass
+class WorkloadSelection:
+    state: list[Workload]
+    puma: list[Workload]
+    explanation: dict
+
+    def all(self) -> list[Workload]:
+        return list(dict.fromkeys(self.state + self.puma))
+
+
+def select_workloads(
+    public: HierarchicalData,
+    *,
+    state_max_cells: int = 256,
+    n_triangles: int = 4,
+    max_contains: int = 4,
+    edge_quantile: float = 0.75,
+    puma_independence_nmi: float = 0.05,
+    puma_max_attributes: int = 6,
+    puma_pairs: int = 2,
+    puma_pair_max_cells: int = 16,
+) -> WorkloadSelection:
+    """State- and PUMA-level workloads from the public data (Tao et al. §4.2, see module doc).
+
+    ``state_max_cells`` caps |dom S| of every state-level workload; ``n_triangles`` strongest
+    triangles are taken (those whose workloads would all exceed the cap are skipped);
+    a triangle must bring at least two pairs not covered by earlier ones (diversity); at most
+    ``max_contains`` group-level "contains" workloads are made from mixed cliques (strongest first;
+    further mixed cliques give the person-level joint only); ``edge_quantile`` sets the strong-graph
+    threshold (in addition to the spanning tree).
+    PUMA: up to ``puma_max_attributes`` one-way marginals of attributes whose normalised MI with
+    each other is below ``puma_independence_nmi``, and ``puma_pairs`` two-way group-level
+    "contains" (or, without a mixed edge, other) workloads from tree edges with at most
+    ``puma_pair_max_cells`` cells.
+    """
+    d = public.domain
+    info = mutual_information(public)
+    names, kinds, sizes = info.names, info.kinds, info.sizes
+    k = len(names)
+    mi = info.mi
+    cells2 = np.multiply.outer(np.array(sizes), np.array(sizes))
+    pair_ok = cells2 <= state_max_cells
+
+    tree = maximum_spanning_tree(mi, pair_ok)
+    upper = mi[np.triu_indices(k, 1)]
+    thr = float(np.quantile(upper, edge_quantile)) if upper.size else 0.0
+    strong = np.zeros((k, k), bool)
+    for i, j in tree:
+        strong[i, j] = strong[j, i] = True
+    strong |= (mi >= thr) & pair_ok
+    np.fill_diagonal(strong, False)
+
+    # strongest triangles of the strong graph
+    tri_scored = []
+    for a, b, c in itertools.combinations(range(k), 3):
+        if strong[a, b] and strong[a, c] and strong[b, c]:
+            tri_scored.append((-(mi[a, b] + mi[a, c] + mi[b, c]), (a, b, c)))
+    tri_scored.sort()
+    chosen_tri: list[tuple[int, int, int]] = []
+    state: list[Workload] = []
+    n_contains = 0
+    covered: set[frozenset] = set()
+    for _, t in tri_scored:
+        if len(chosen_tri) >= n_triangles:
+            break
+        edges = {frozenset(e) for e in itertools.combinations(t, 2)}
+        if len(edges - covered) < 2:  # diversity: a triangle must bring at least two new pairs
+            continue
+        ws = clique_workloads(d, tuple(names[x] for x in t), state_max_cells, contains=n_contains < max_contains)
+        if not ws:
+            continue
+        n_contains += sum(w.level == "group" and bool(w.person_attrs) for w in ws)
+        chosen_tri.append(t)
+        covered |= edges
+        state.extend(ws)
+    tree_added = []
+    for i, j in tree:  # tree edges come strongest first
+        if frozenset((i, j)) in covered:
+            continue
+        ws = clique_workloads(d, (names[i], names[j]), state_max_cells, contains=n_contains < max_contains)
+        if ws:
+            n_contains += sum(w.level == "group" and bool(w.person_attrs) for w in ws)
+            tree_added.append((i, j))
+            state.extend(ws)
+    # at least one group-level "contains" workload (S_G and S_I both non-empty): the strongest
+    # group × person pair within the cap, if the cliques gave none
+    forced_contains = None
+    if not any(w.level == "group" and w.group_attrs and w.person_attrs for w in state):
+        mixed = [(i, j) for i, j in itertools.combinations(range(k), 2) if kinds[i] != kinds[j] and pair_ok[i, j]]
+        if mixed:
+            i, j = min(mixed, key=lambda e: (-mi[e], e))
+            forced_contains = (i, j)
+            state.extend(clique_workloads(d, (names[i], names[j]), state_max_cells))
+    state = list(dict.fromkeys(state))
+
+    # PUMA level: 1-way marginals of roughly independent attributes
+    nmi = normalised_mi(info)
+    order = sorted(range(k), key=lambda i: (-info.entropy[i], i))
+    indep: list[int] = []
+    for i in order:
+        if len(indep) >= puma_max_attributes:
+            break
+        if info.entropy[i] <= 0:
+            continue
+        if all(nmi[i, j] < puma_independence_nmi for j in indep):
+            indep.append(i)
+    puma: list[Workload] = []
+    for i in sorted(indep):
+        puma.append(Workload("group", (names[i],), ()) if kinds[i] == "group" else Workload("person", (), (names[i],)))
+    small_edges = sorted(
+        (e for e in tree if cells2[e] <= puma_pair_max_cells), key=lambda e: (kinds[e[0]] == kinds[e[1]], -mi[e], e)
+    )
+    puma_pairs_used = []
+    for i, j in small_edges[:puma_pairs]:
+        if kinds[i] != kinds[j]:
+            gi, pi = (i, j) if kinds[i] == "group" else (j, i)
+            w = Workload("group", (names[gi],), (names[pi],))
+        elif kinds[i] == "group":
+            w = Workload("group", (names[i], names[j]), ())
+        else:
+            w = Workload("person", (), (names[i], names[j]))
+        puma.append(w)
+        puma_pairs_used.append((i, j))
+    puma = list(dict.fromkeys(puma))
+
+    pair_name = lambda e: f"{names[e[0]]}~{names[e[1]]}"  # noqa: E731
+    explanation = {
+        "method": "Tao et al. 2021 §4.2: pairwise mutual information on public data; state = strong cliques, "
+        "PUMA = one-way marginals of approximately independent attributes (+ small pairs)",
+        "public_households": public.n_households,
+        "public_persons": public.n_persons,
+        "attributes": [{"name": n, "kind": kd, "size": s, "entropy_nats": round(float(h), 6)}
+                       for n, kd, s, h in zip(names, kinds, sizes, info.entropy)],
+        "mutual_information_nats": {
+            pair_name((i, j)): round(float(mi[i, j]), 6) for i, j in itertools.combinations(range(k), 2)
+        },
+        "params": {
+            "state_max_cells": state_max_cells, "n_triangles": n_triangles, "max_contains": max_contains, "edge_quantile": edge_quantile,
+            "strong_edge_threshold_nats": round(thr, 6), "puma_independence_nmi": puma_independence_nmi,
+            "puma_max_attributes": puma_max_attributes, "puma_pairs": puma_pairs,
+            "puma_pair_max_cells": puma_pair_max_cells,
+        },
+        "spanning_tree_edges": [pair_name(e) for e in tree],
+        "strong_edges": [pair_name((i, j)) for i, j in itertools.combinations(range(k), 2) if strong[i, j]],
+        "triangles": [[names[x] for x in t] for t in chosen_tri],
+        "tree_edges_added": [pair_name(e) for e in tree_added],
+        "forced_contains_pair": pair_name(forced_contains) if forced_contains else None,
+        "puma_independent_attributes": [names[i] for i in sorted(indep)],
+        "puma_pairs": [pair_name(e) for e in puma_pairs_used],
+        "state_workloads": [{"id": w.id, "cells": w.n_cells(d)} for w in state],
+        "puma_workloads": [{"id": w.id, "cells": w.n_cells(d)} for w in puma],
+    }
+    return WorkloadSelection(state, puma, explanation)
