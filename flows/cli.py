@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="print the privacy budget plan of a config", description="Print the budget allocation table and the resulting (epsilon, delta) without reading any data.")
     pl.add_argument("config", type=Path, help="release config YAML")
     pl.set_defaults(func=cmd_plan)
+    from flows.deployment import add_deploy_parser
+
+    add_deploy_parser(sub)
     au = sub.add_parser("audit", help="audit a published release", description="Audit commands for a published release.")
     au_sub = au.add_subparsers(dest="audit_command", required=True)
     av = au_sub.add_parser("verify", help="recompute every hash of a release", description="Recompute the hash chain of audit.jsonl, the manifest's hash and every output file's SHA-256; exit 1 on any difference.")
