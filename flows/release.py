@@ -26,9 +26,11 @@ from tasks.audit import AuditLog
 from tasks.privacy import budget_plan, open_ledger
 from tasks.publish import code_version, library_versions, sha256_file, write_release
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
-from tasks.run_context import RunLock, RunPaths, prepare, write_json_atomic
+from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
 from tasks.qa import write_qa_report
-from tasks.synthesize import public_baseline_puma, public_only_baseline
+from tasks.count_of_counts import as_table as coc_as_table
+from tasks.count_of_counts import count_of_counts_task, puma_sizes
+from tasks.synthesize import public_only_baseline, puma_task, select_workload_task, state_update_task
 
 
 class Progress:
@@ -131,26 +133,60 @@ def merged(reports: list[dict], role: str) -> HierarchicalData:
     return HierarchicalData.concat([HierarchicalData.from_npz(r["encoded"]) for r in reports if r["role"] == role])
 
 
-@flow(name="synthesize")
-def synthesize_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], seed: int) -> list[str]:
-    """Per PUMA, in parallel. Until the prior update is enabled: the public-only baseline."""
-    logger = get_run_logger()
-    private = merged(reports, "private")
-    public = merged(reports, "public")
-    public_path = paths.inputs_dir / "public-merged.npz"
-    public.to_npz(public_path)
-    # Household counts per PUMA are public (as the Census Bureau treats housing-unit counts).
-    nodes, counts = np.unique(private.geo, axis=0, return_counts=True)
+def merged_inputs(paths: RunPaths, reports: list[dict]) -> tuple[str, str]:
+    """Paths of the merged private and public inputs (written once per run)."""
+    out = []
+    for role in ("private", "public"):
+        p = paths.inputs_dir / f"{role}-merged.npz"
+        if not p.exists():
+            save_npz_atomic(p, merged(reports, role).to_npz)
+        out.append(str(p))
+    return out[0], out[1]
+
+
+@flow(name="select-workload")
+def select_workload_stage(paths: RunPaths, public_npz: str) -> dict:
+    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"))
+    get_run_logger().info(f"workload: {len(sel['state'])} state-level and {len(sel['puma'])} PUMA-level marginal workloads (from public data)")
+    return sel
+
+
+@flow(name="count-of-counts")
+def count_of_counts_stage(cfg: ReleaseConfig, paths: RunPaths, private_npz: str) -> str:
+    return count_of_counts_task.submit(cfg, paths, private_npz).result()
+
+
+@flow(name="synthesize-states")
+def state_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, workload: dict) -> dict[int, str]:
+    states = [int(s) for s in np.unique(HierarchicalData.from_npz(private_npz).geo[:, 0])]
+    futures = [state_update_task.submit(cfg, paths, public_npz, private_npz, st, workload["state"]) for st in states]
+    return dict(zip(states, wait_all(futures, get_run_logger(), "state posteriors")))
+
+
+@flow(name="synthesize-pumas")
+def puma_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, workload: dict | None, posteriors: dict[int, str] | None, coc_path: str | None, seed: int) -> list[str]:
+    """Per PUMA in parallel. Household counts per PUMA are public (as the Census Bureau treats
+    housing-unit counts) unless the count-of-counts stage estimated them privately."""
+    private = HierarchicalData.from_npz(private_npz)
+    nodes, counts = np.unique(private.geo[:, :2], axis=0, return_counts=True)
+    sizes = puma_sizes(coc_path) if coc_path else {}
     futures = []
     for node, g in zip(nodes, counts):
         node_t = (int(node[0]), int(node[1]))
-        out = paths.node_path("synthesis", f"ST={node_t[0]}/PUMA={node_t[1]:05d}")
-        futures.append(public_baseline_puma.submit(str(public_path), node_t, int(g), seed, str(out)))
-    return wait_all(futures, logger, "synthesize PUMAs (public-only baseline)")
+        size_row = sizes.get(node_t)
+        n = int(size_row.sum()) if size_row is not None else int(g)
+        futures.append(
+            puma_task.submit(
+                cfg, paths, public_npz, private_npz, node_t, n, None if size_row is None else size_row.tolist(),
+                None if posteriors is None else posteriors[node_t[0]], [] if workload is None else workload["puma"], seed,
+            )
+        )
+    label = "PUMAs (public-only baseline)" if posteriors is None else "PUMA posteriors and samples"
+    return wait_all(futures, get_run_logger(), label)
 
 
 @flow(name="publish")
-def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], stages: list[str]) -> str:
+def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None) -> str:
     logger = get_run_logger()
     synth = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
     ledger = open_ledger(cfg, paths)
@@ -173,7 +209,9 @@ def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node
             "epsilon_delta": {"epsilon": summary["total"]["epsilon_spent_cks"], "delta": summary["total"]["delta"], "conversion": "Canonne-Kamath-Steinke 2020"},
             "samplers": "OpenDP contrib samplers (dp.enable_features('contrib')): discrete Gaussian / discrete Laplace on counts, drawing from OS entropy",
         },
-        "synthesizer": SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer if cfg.synthesizer in SYNTHESIZER_DESCRIPTIONS else "public_baseline"],
+        "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": cfg.synthesis.model_dump() if cfg.synthesizer != "public_baseline" else {}},
+        "workload": workload,
+        "count_of_counts": None if coc_path is None else {"method": "Hc (isotonic L1)", **cfg.count_of_counts.model_dump(), "table": "count_of_counts.parquet"},
         "stages": stages + ["publish"],
         "release_counts": {"households": synth.n_households, "persons": synth.n_persons},
         "public_inputs_summary": [{k: v for k, v in r.items() if k != "encoded"} for r in reports if r["role"] == "public"],
@@ -182,7 +220,8 @@ def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node
             "post_processing_sampling": "numpy PCG64 seeded from the run's sampling seed (kept in the internal work directory)",
         },
     }
-    manifest = write_release(paths.release_dir, synth, manifest, audit=audit)
+    coc_table = coc_as_table(coc_path) if coc_path else None
+    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, audit=audit)
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir}")
     return str(paths.release_dir)
@@ -191,7 +230,15 @@ def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node
 SYNTHESIZER_DESCRIPTIONS = {
     "public_baseline": {
         "name": "public_baseline",
-        "description": "public-only baseline (epsilon = 0): public households resampled uniformly to each PUMA's public household count",
+        "description": "public-only baseline (epsilon = 0): public households resampled uniformly to each PUMA's household count",
+    },
+    "prior_update": {
+        "name": "prior_update",
+        "description": "prior update (Tao et al.): public prior -> per-state posterior -> per-PUMA posterior from DP-measured marginal workloads; households sampled from each PUMA posterior",
+    },
+    "hgem": {
+        "name": "hgem",
+        "description": "H-GEM at the state level (neural mixture of product distributions trained on DP measurements), its samples reweighted per PUMA by the prior update",
     },
 }
 
@@ -227,8 +274,18 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         reports = stage("ingest", ingest_stage, cfg, paths)
         write_json_atomic(paths.summary_path, {"inputs": reports})
         seed = sampling_seed(cfg, paths)
-        node_files = stage("synthesize", synthesize_stage, cfg, paths, reports, seed)
-        release_dir = publish_stage(cfg, paths, reports, node_files, stages)
+        private_npz, public_npz = merged_inputs(paths, reports)
+        workload = posteriors = coc_path = None
+        if cfg.synthesizer != "public_baseline":
+            workload = stage("select_workload", select_workload_stage, paths, public_npz)
+        if cfg.allocation.stages.get("count_of_counts", 0) > 0:
+            coc_path = stage("count_of_counts", count_of_counts_stage, cfg, paths, private_npz)
+        if cfg.synthesizer == "prior_update":
+            posteriors = stage("state_synthesis", state_stage, cfg, paths, public_npz, private_npz, workload)
+        elif cfg.synthesizer == "hgem":
+            raise NotImplementedError("synthesizer hgem is not wired into the flow yet")
+        node_files = stage("puma_synthesis", puma_stage, cfg, paths, public_npz, private_npz, workload, posteriors, coc_path, seed)
+        release_dir = publish_stage(cfg, paths, reports, node_files, stages, workload, coc_path)
         report = internal_qa(cfg, paths, reports, node_files, seed)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir

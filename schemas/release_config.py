@@ -98,6 +98,23 @@ class AttributesSpec(_Strict):
     person: list[str] | None = None
 
 
+class CountOfCountsSpec(_Strict):
+    """The count-of-counts stage (runs when the allocation gives it a share): Hc estimates per
+    node, made consistent top-down; household counts G_v public, or private (measured)."""
+
+    consistency: Literal["weighted", "average", "leaves"] = "weighted"
+    group_counts: Literal["public", "private"] = "public"
+    mechanism: Literal["gaussian", "laplace"] = "gaussian"
+
+
+class SynthesisSpec(_Strict):
+    """Prior-update settings: ``map`` (noise-aware, default) or ``ide`` (Tao et al.'s exact rule)."""
+
+    update_rule: Literal["map", "ide"] = "map"
+    prior_strength: float = Field(default=0.1, gt=0, description="MAP rule: α as a fraction of the node's households")
+    sweeps: int = Field(default=3, ge=1, le=100, description="IDE rule: sweeps over the workloads")
+
+
 class ReleaseConfig(_Strict):
     name: str
     description: str = ""
@@ -111,6 +128,8 @@ class ReleaseConfig(_Strict):
     budget: BudgetSpec
     allocation: AllocationSpec
     synthesizer: Literal["public_baseline", "prior_update", "hgem"] = "prior_update"
+    synthesis: SynthesisSpec = Field(default_factory=SynthesisSpec)
+    count_of_counts: CountOfCountsSpec = Field(default_factory=CountOfCountsSpec)
     household_rules: HouseholdRulesSpec = Field(default_factory=HouseholdRulesSpec)
     output_dir: str = "releases"
     work_dir: str = "work"
@@ -129,6 +148,27 @@ class ReleaseConfig(_Strict):
         if list(v) != ["state", "puma"]:
             raise ValueError("geography must map the levels state and puma (in that order) to source columns")
         return v
+
+    @model_validator(mode="after")
+    def _stages_consistent(self):
+        st = self.allocation.stages
+        if st.get("count_of_counts", 0) > 0:
+            lv = self.allocation.levels.get("count_of_counts", {})
+            if not all(lv.get(x, 0) > 0 for x in LEVELS):
+                raise ValueError("allocation.levels.count_of_counts needs a positive share for nation, state and puma (top-down needs every level measured)")
+        if self.count_of_counts.group_counts == "private":
+            if self.privacy_unit != "household":
+                raise ValueError("count_of_counts.group_counts: private needs privacy_unit household (household counts do not change when one person is added)")
+            if st.get("group_counts", 0) <= 0 or self.allocation.levels.get("group_counts", {}).get("puma", 0) <= 0:
+                raise ValueError("count_of_counts.group_counts: private needs a group_counts stage share with a puma level share")
+        if self.synthesizer == "prior_update":
+            for stage, level in (("state_synthesis", "state"), ("puma_synthesis", "puma")):
+                if st.get(stage, 0) <= 0 or self.allocation.levels.get(stage, {}).get(level, 0) <= 0:
+                    raise ValueError(f"synthesizer prior_update needs a positive allocation for {stage}.{level}")
+        if self.synthesizer == "hgem":
+            if st.get("hgem", 0) <= 0 or self.allocation.levels.get("hgem", {}).get("state", 0) <= 0:
+                raise ValueError("synthesizer hgem needs a positive allocation for hgem.state")
+        return self
 
     # -- resolved paths --------------------------------------------------------------------
     def data_root_path(self) -> Path:

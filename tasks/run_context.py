@@ -114,6 +114,7 @@ class RunLock:
 
 
 def write_json_atomic(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True, default=str)
