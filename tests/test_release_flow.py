@@ -2,6 +2,7 @@
 
 import json
 import os
+from fractions import Fraction
 import stat
 import zipfile
 
@@ -25,7 +26,7 @@ def small_config(tmp_path, data_root, **over):
             "stages": {"count_of_counts": 0.1, "state_synthesis": 0.45, "puma_synthesis": 0.45},
             "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}, "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
         },
-        "synthesizer": "public_baseline",
+        "synthesizer": "prior_update",
         "output_dir": str(tmp_path / "releases"),
         "work_dir": str(tmp_path / "work"),
     }
@@ -42,7 +43,15 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
     assert main(["run", str(cfg)]) == 0
     rel = tmp_path / "releases" / "e2e"
     manifest = json.loads((rel / "manifest.json").read_text())
-    assert manifest["synthesizer"]["name"] == "public_baseline"
+    assert manifest["synthesizer"]["name"] == "prior_update"
+    assert manifest["stages"] == ["ingest", "select_workload", "count_of_counts", "state_synthesis", "puma_synthesis", "publish"]
+    assert manifest["workload"]["state"] and manifest["workload"]["puma"]
+    # the ledger: every stage spent, never beyond the plan
+    led = manifest["privacy"]["ledger"]
+    for st in ("count_of_counts", "state_synthesis", "puma_synthesis"):
+        assert 0 < led["stages"][st]["spent_float"] <= led["stages"][st]["allocated_float"]
+    assert Fraction(led["total"]["spent"]) <= Fraction(led["total"]["allocated"])
+    assert manifest["privacy"]["epsilon_delta"]["epsilon"] <= 1.0 + 1e-9
     assert {i["role"] for i in manifest["inputs"]} == {"private", "public"}
     assert "git_commit" in manifest["code"] and manifest["libraries"]["prefect"].startswith("3.8")
     from tasks.publish import read_release
@@ -51,6 +60,19 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
     # one partition per Vermont PUMA, zero-padded strings
     assert set(households.column("PUMA").to_pylist()) == {"00100", "00200", "00300", "00400"}
     assert set(households.column("ST").to_pylist()) == {"50"}
+    # count-of-counts: consistent across levels, and the release has exactly those households
+    coc = pd.read_parquet(rel / "count_of_counts.parquet")
+    by = coc.pivot_table(index="node", columns="size", values="households", aggfunc="sum")
+    pumas = [n for n in by.index if "PUMA" in n]
+    assert (by.loc[pumas].sum() == by.loc["ST=50"]).all() and (by.loc["ST=50"] == by.loc["nation"]).all()
+    assert (coc.households >= 0).all()
+    hh = households.to_pandas()
+    got = hh.groupby(["PUMA", "NP"]).size()
+    for node in pumas:
+        puma = node.split("PUMA=")[1]
+        for size, n in by.loc[node].items():
+            assert got.get((puma, size), 0) == n
+    assert main(["audit", "verify", str(rel)]) == 0
     # work directory is owner-only; gate result kept with the run
     work = tmp_path / "work" / "e2e"
     assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
