@@ -36,6 +36,14 @@ def small_config(tmp_path, data_root, **over):
     return p
 
 
+def artifact_texts() -> list[str]:
+    """Every Prefect artifact's data (tables and markdown) as text."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return [f"{a.key}\n{a.description}\n{a.data if isinstance(a.data, str) else json.dumps(a.data)}" for a in client.read_artifacts()]
+
+
 def test_release_end_to_end(tmp_path, data_root, capsys):
     from flows.cli import main
 
@@ -77,11 +85,19 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
     work = tmp_path / "work" / "e2e"
     assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
     assert json.loads((work / "validation.json").read_text())["success"] is True
-    # no confidential identifier reaches the release
+    # no confidential identifier or record reaches the release or a Prefect artifact
     with zipfile.ZipFile(ACS2018 / "csv_pvt.zip") as z:
-        serials = set(pd.read_csv(z.open("psam_p50.csv"), usecols=["SERIALNO"], dtype=str).SERIALNO)
+        raw_lines = z.open("psam_p50.csv").read().decode().splitlines()[1:]
+    serials = {line.split(",")[1] for line in raw_lines}
+    records = [line.encode() for line in raw_lines]
     blob = b"".join(p.read_bytes() for p in rel.rglob("*") if p.is_file())
-    assert not any(s.encode() in blob for s in serials)
+    artifacts = artifact_texts()
+    assert any(a.startswith("e2e-ledger") for a in artifacts), artifacts
+    assert any(a.startswith("e2e-summary") for a in artifacts), artifacts
+    blob_artifacts = "\n".join(artifacts).encode()
+    for b in (blob, blob_artifacts):
+        assert not any(s.encode() in b for s in serials)
+        assert not any(r in b for r in records)
     # a finished release is never overwritten
     assert main(["run", str(cfg)]) == 2
     assert "never overwritten" in capsys.readouterr().err

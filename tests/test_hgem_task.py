@@ -1,0 +1,220 @@
+"""tasks/hgem.py: one state of H-GEM through the ledger and the measurement store (Vermont, tiny model).
+
+No Prefect server: the task's ``.fn`` is called directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from engine.hierarchical_data import HierarchicalData
+from engine.privacy.ledger import BudgetExceededError
+from tests.conftest import DATA_ROOT
+
+TINY = dict(ROUNDS=3, BATCH_SIZE=32, Z_DIM=8, HIDDEN=(32,), MAX_UPDATE_STEPS=20, PRETRAIN_STEPS=20, KWAY_PER_GROUP_COUNT=2)
+N_SAMPLES = 500
+STATE = 50  # Vermont
+
+
+def make_config():
+    from schemas.release_config import ReleaseConfig
+
+    return ReleaseConfig.model_validate({
+        "name": "hgem-test",
+        "data_root": str(DATA_ROOT),
+        "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
+        "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
+        "budget": {"rho": 1.0},
+        "allocation": {"stages": {"hgem": 1.0}, "levels": {"hgem": {"state": 1.0}}},
+        "synthesizer": "hgem",
+    })
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, data_root):
+    from tasks.ingest import load_input
+    from tasks.run_context import save_npz_atomic
+
+    cfg = make_config()
+    d = tmp_path_factory.mktemp("hgem-inputs")
+    out = {}
+    for role, spec in (("private", cfg.private[0]), ("public", cfg.public[0])):
+        data, _ = load_input(cfg, spec)
+        out[role] = str(d / f"{role}.npz")
+        save_npz_atomic(d / f"{role}.npz", data.to_npz)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    import tasks.hgem as th
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in TINY.items():
+            mp.setattr(th, k, v)
+        yield th
+
+
+def run_task(th, cfg, paths, inputs, n=N_SAMPLES):
+    return th.hgem_state_task.fn(cfg, paths, inputs["public"], inputs["private"], STATE, n)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, inputs, tiny):
+    from tasks.run_context import prepare
+
+    cfg = make_config()
+    tmp = tmp_path_factory.mktemp("hgem-run")
+    paths = prepare(tmp / "work", tmp / "rel")
+    out = run_task(tiny, cfg, paths, inputs)
+    return cfg, paths, out
+
+
+def hgem_charges(cfg, paths):
+    from tasks.privacy import open_ledger
+
+    return [c for c in open_ledger(cfg, paths).charges() if c.stage == "hgem"]
+
+
+def test_output_is_valid_hierarchical_data(first_run, inputs, tiny):
+    cfg, paths, out = first_run
+    from tasks.synthesize import node_key
+
+    assert out == str(paths.node_path("hgem_support", node_key((STATE,))))
+    synth = HierarchicalData.from_npz(out)
+    private = HierarchicalData.from_npz(inputs["private"])
+    assert synth.domain == private.domain
+    assert synth.n_households == N_SAMPLES
+    assert synth.n_persons >= N_SAMPLES
+    assert np.all(synth.geo[:, 0] == STATE) and np.all(synth.geo[:, 1:] == 0)
+    sizes = synth.sizes
+    np_col = synth.group[:, synth.domain.group_index(synth.domain.size_attribute)]
+    assert np.array_equal(np_col.astype(int) + 1, sizes)  # NP code m-1 agrees with the persons drawn
+    meta = json.loads((paths.node_path("hgem_support", node_key((STATE,))).with_suffix(".json")).read_text())
+    assert len(meta["rounds"]) == tiny.ROUNDS and "score" not in meta["rounds"][0]
+
+
+def test_every_cost_is_in_the_ledger_within_the_allocation(first_run, tiny):
+    cfg, paths, _ = first_run
+    from tasks.privacy import budget_plan, measurement_store, open_ledger
+
+    alloc = budget_plan(cfg).allocation("hgem", "state")
+    charges = hgem_charges(cfg, paths)
+    T = tiny.ROUNDS
+    assert len(charges) == 2 * T
+    assert sorted(c.mechanism for c in charges) == ["discrete_gaussian"] * T + ["exponential_mechanism"] * T
+    assert {(c.level, c.node) for c in charges} == {("state", "ST=50")}
+    spent = open_ledger(cfg, paths).spent("hgem", "state", "ST=50")
+    assert spent == sum((c.rho for c in charges), Fraction(0))
+    assert 0 < spent <= alloc
+    assert float(spent) == pytest.approx(float(alloc), rel=1e-9)  # the whole allocation is used
+    # every selection precedes its measurement in the ledger, and is persisted with its index
+    keys = [c.key for c in charges]
+    for r in range(1, T + 1):
+        sel = [k for k in keys if k.startswith(f"hgem/ST=50/round-{r}/")]
+        assert sel[0] == f"hgem/ST=50/round-{r}/select" and len(sel) == 2
+        rec = json.loads((paths.nodes_dir / "hgem" / f"ST=50-round-{r}.json").read_text())
+        assert sel[1] == f"hgem/ST=50/round-{r}/{rec['workload_id']}"
+    store = measurement_store(paths)
+    assert len([k for k in store.keys() if k.startswith("hgem/ST=50/")]) == T
+    # the node is exhausted: the ledger refuses any further charge
+    with pytest.raises(BudgetExceededError):
+        open_ledger(cfg, paths).charge(key="hgem/ST=50/extra", stage="hgem", level="state", node="ST=50",
+                                       mechanism="discrete_gaussian", sensitivity=1.0, noise_scale=1.0, rho=Fraction(1, 10**6))
+
+
+def test_resume_returns_the_output_without_new_charges(first_run, inputs, tiny):
+    cfg, paths, out = first_run
+    from tasks.privacy import measurement_store
+
+    before = [c.to_json() for c in hgem_charges(cfg, paths)]
+    meas_before = {m.key: m.sha256 for m in measurement_store(paths).all()}
+    mtime = os.stat(out).st_mtime_ns
+    assert run_task(tiny, cfg, paths, inputs) == out
+    assert [c.to_json() for c in hgem_charges(cfg, paths)] == before
+    assert {m.key: m.sha256 for m in measurement_store(paths).all()} == meas_before
+    assert os.stat(out).st_mtime_ns == mtime
+
+
+def test_rerun_after_lost_output_reuses_selections_and_measurements(tmp_path, inputs, tiny):
+    from tasks.privacy import measurement_store
+    from tasks.run_context import prepare
+
+    cfg = make_config()
+    paths = prepare(tmp_path / "work", tmp_path / "rel")
+    out = run_task(tiny, cfg, paths, inputs, n=200)
+    before = [c.to_json() for c in hgem_charges(cfg, paths)]
+    meas_before = {m.key: m.sha256 for m in measurement_store(paths).all()}
+    sel_before = sorted(p.read_text() for p in (paths.nodes_dir / "hgem").glob("*.json"))
+    os.remove(out)  # as if the run died after the last round, before saving the samples
+    assert run_task(tiny, cfg, paths, inputs, n=200) == out
+    assert HierarchicalData.from_npz(out).n_households == 200
+    assert [c.to_json() for c in hgem_charges(cfg, paths)] == before
+    assert {m.key: m.sha256 for m in measurement_store(paths).all()} == meas_before
+    assert sorted(p.read_text() for p in (paths.nodes_dir / "hgem").glob("*.json")) == sel_before
+
+
+def test_refused_when_the_node_budget_is_spent(tmp_path, inputs, tiny):
+    from tasks.privacy import budget_plan, open_ledger
+    from tasks.run_context import prepare
+
+    cfg = make_config()
+    paths = prepare(tmp_path / "work", tmp_path / "rel")
+    alloc = budget_plan(cfg).allocation("hgem", "state")
+    open_ledger(cfg, paths).charge(key="other/ST=50", stage="hgem", level="state", node="ST=50",
+                                   mechanism="discrete_gaussian", sensitivity=1.0, noise_scale=1.0, rho=alloc / 2)
+    with pytest.raises(BudgetExceededError):
+        run_task(tiny, cfg, paths, inputs)
+    assert [c.key for c in hgem_charges(cfg, paths)] == ["other/ST=50"]  # nothing spent by the task
+    assert not list((paths.nodes_dir).glob("hgem*/*"))
+
+
+def test_round_budget_is_exact_and_matches_gem_budget(tiny):
+    from engine.hgem.privacy import gem_budget
+    from engine.privacy.accountant import exponential_mechanism_rho
+
+    for rho in (Fraction(1), Fraction(1, 3), Fraction(7, 1000)):
+        for T in (1, 3, 8, 50):
+            rb = tiny.round_budget(rho, T)
+            assert T * (rb["rho_select"] + rb["rho_measure"]) <= rho
+            assert rb["rho_select"] == exponential_mechanism_rho(rb["epsilon0"])
+            ref = gem_budget(float(rho), T)
+            assert rb["epsilon0"] == pytest.approx(ref.epsilon0, rel=1e-12)
+            assert float(rb["rho_measure"]) == pytest.approx(ref.rho_measure, rel=1e-12)
+
+
+def test_cluster_gpu_resources():
+    from distributed import LocalCluster
+
+    from tasks.hgem import cluster_has_gpu, gpu_resources
+
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as c:
+        assert cluster_has_gpu(c.scheduler_address) is False
+        assert gpu_resources(c.scheduler_address) == {}
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0", resources={"GPU": 1}) as c:
+        assert cluster_has_gpu(c.scheduler_address) is True
+        assert gpu_resources(c.scheduler_address) == {"GPU": 1}
+        # the flow's pattern: dask.annotate(resources=...) reaches distributed.Client.submit
+        import dask
+        from distributed import Client
+
+        with Client(c.scheduler_address, set_as_default=False) as client:
+            with dask.annotate(resources=gpu_resources(c.scheduler_address)):
+                fut = client.submit(lambda x: x + 1, 1)
+            assert fut.result() == 2
+
+
+def test_uniform_prior_for_the_puma_update(first_run):
+    from tasks.hgem import uniform_prior
+
+    cfg, paths, out = first_run
+    p = uniform_prior(paths, STATE, out)
+    with np.load(p) as z:
+        w = z["weights"]
+    assert w.shape == (N_SAMPLES,) and np.allclose(w, 1 / N_SAMPLES)
+    assert uniform_prior(paths, STATE, out) == p
