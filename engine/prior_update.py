@@ -143,6 +143,9 @@ def _shrink_threshold(x: np.ndarray, total: float) -> np.ndarray:
 
 
 # ============================================================ Definition 3.1 (closed-form update)
+_TINY_MASS = 1e-280
+
+
 def least_relative_entropy_update(p: np.ndarray, cells: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Tao et al. Definition 3.1: f(p; W_s, y_s), the least-relative-entropy distribution with
     ``W_s q = y_s`` for a partial workload of disjoint rows (Theorem 3.1).
@@ -169,10 +172,13 @@ def least_relative_entropy_update(p: np.ndarray, cells: np.ndarray, y: np.ndarra
     count = np.bincount(cc, minlength=n_cells)
     if np.any((count == 0) & (y > 0)):
         raise ValueError("a row with no domain point has a positive answer; project with `allowed`")
-    factor = np.where(mass > 0, y / np.where(mass > 0, mass, 1.0), 0.0)          # case 1
-    even = np.where((mass <= 0) & (count > 0), y / np.maximum(count, 1), 0.0)    # case 2
+    # A row whose mass underflowed to a subnormal number is treated as empty (case 2): y / mass
+    # would overflow to inf and turn the distribution into NaN.
+    live = mass > _TINY_MASS
+    factor = np.where(live, y / np.where(live, mass, 1.0), 0.0)                  # case 1
+    even = np.where(~live & (count > 0), y / np.maximum(count, 1), 0.0)          # case 2
     q = np.empty_like(p)
-    q[cov] = np.where(mass[cc] > 0, p[cov] * factor[cc], even[cc])
+    q[cov] = np.where(live[cc], p[cov] * factor[cc], even[cc])
     unc = ~cov
     if unc.any():
         rest = max(1.0 - float(y.sum()), 0.0)

@@ -347,3 +347,14 @@ def test_sample_households_sizes_and_weights():
         sample_households(s, w, 5, rng, sizes=[1, 1, 1, 1])
 
 
+
+
+def test_closed_form_update_survives_underflowed_mass():
+    """Regression: a row whose prior mass is subnormal must not overflow into inf/NaN."""
+    from engine.prior_update import least_relative_entropy_update
+
+    p = np.array([1e-310, 1e-310, 0.5, 0.5 - 2e-310])
+    cells = np.array([0, 0, 1, 1])
+    q = least_relative_entropy_update(p, cells, np.array([0.3, 0.7]))
+    assert np.all(np.isfinite(q)) and q.sum() == pytest.approx(1.0)
+    assert q[:2].sum() == pytest.approx(0.3) and q[0] == pytest.approx(q[1])
