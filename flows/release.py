@@ -14,6 +14,7 @@ import secrets
 import time
 from pathlib import Path
 
+import dask
 import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
@@ -21,6 +22,7 @@ from prefect_dask import DaskTaskRunner
 from engine.hierarchical_data import HierarchicalData
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
+from tasks.hgem import SUPPORT_PER_HOUSEHOLD, gpu_resources, hgem_state_task, uniform_prior
 from tasks.ingest import ingest_input, validation_record, write_validation
 from tasks.audit import AuditLog
 from tasks.privacy import budget_plan, open_ledger
@@ -163,8 +165,17 @@ def state_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_np
     return dict(zip(states, wait_all(futures, get_run_logger(), "state posteriors")))
 
 
+@flow(name="hgem-states")
+def hgem_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, address: str, seed: int) -> dict[int, str]:
+    """H-GEM per state; on a cluster with GPU workers the tasks ask for a GPU resource."""
+    states, counts = np.unique(HierarchicalData.from_npz(private_npz).geo[:, 0], return_counts=True)
+    with dask.annotate(resources=gpu_resources(address)):
+        futures = [hgem_state_task.submit(cfg, paths, public_npz, private_npz, int(st), SUPPORT_PER_HOUSEHOLD * int(g), seed) for st, g in zip(states, counts)]
+    return dict(zip((int(s) for s in states), wait_all(futures, get_run_logger(), "H-GEM states")))
+
+
 @flow(name="synthesize-pumas")
-def puma_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, workload: dict | None, posteriors: dict[int, str] | None, coc_path: str | None, seed: int) -> list[str]:
+def puma_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, workload: dict | None, posteriors: dict[int, str] | None, coc_path: str | None, seed: int, supports: dict[int, str] | None = None) -> list[str]:
     """Per PUMA in parallel. Household counts per PUMA are public (as the Census Bureau treats
     housing-unit counts) unless the count-of-counts stage estimated them privately."""
     private = HierarchicalData.from_npz(private_npz)
@@ -177,7 +188,7 @@ def puma_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         n = int(size_row.sum()) if size_row is not None else int(g)
         futures.append(
             puma_task.submit(
-                cfg, paths, public_npz, private_npz, node_t, n, None if size_row is None else size_row.tolist(),
+                cfg, paths, supports[node_t[0]] if supports else public_npz, private_npz, node_t, n, None if size_row is None else size_row.tolist(),
                 None if posteriors is None else posteriors[node_t[0]], [] if workload is None else workload["puma"], seed,
             )
         )
@@ -275,7 +286,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         write_json_atomic(paths.summary_path, {"inputs": reports})
         seed = sampling_seed(cfg, paths)
         private_npz, public_npz = merged_inputs(paths, reports)
-        workload = posteriors = coc_path = None
+        workload = posteriors = coc_path = supports = None
         if cfg.synthesizer != "public_baseline":
             workload = stage("select_workload", select_workload_stage, paths, public_npz)
         if cfg.allocation.stages.get("count_of_counts", 0) > 0:
@@ -283,8 +294,9 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         if cfg.synthesizer == "prior_update":
             posteriors = stage("state_synthesis", state_stage, cfg, paths, public_npz, private_npz, workload)
         elif cfg.synthesizer == "hgem":
-            raise NotImplementedError("synthesizer hgem is not wired into the flow yet")
-        node_files = stage("puma_synthesis", puma_stage, cfg, paths, public_npz, private_npz, workload, posteriors, coc_path, seed)
+            supports = stage("hgem", hgem_stage, cfg, paths, public_npz, private_npz, address, seed)
+            posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
+        node_files = stage("puma_synthesis", puma_stage, cfg, paths, public_npz, private_npz, workload, posteriors, coc_path, seed, supports)
         release_dir = publish_stage(cfg, paths, reports, node_files, stages, workload, coc_path)
         report = internal_qa(cfg, paths, reports, node_files, seed)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")

@@ -166,8 +166,9 @@ class ReleaseConfig(_Strict):
                 if st.get(stage, 0) <= 0 or self.allocation.levels.get(stage, {}).get(level, 0) <= 0:
                     raise ValueError(f"synthesizer prior_update needs a positive allocation for {stage}.{level}")
         if self.synthesizer == "hgem":
-            if st.get("hgem", 0) <= 0 or self.allocation.levels.get("hgem", {}).get("state", 0) <= 0:
-                raise ValueError("synthesizer hgem needs a positive allocation for hgem.state")
+            for stage, level in (("hgem", "state"), ("puma_synthesis", "puma")):
+                if st.get(stage, 0) <= 0 or self.allocation.levels.get(stage, {}).get(level, 0) <= 0:
+                    raise ValueError(f"synthesizer hgem needs a positive allocation for {stage}.{level} (H-GEM per state, then the prior update per PUMA)")
         return self
 
     # -- resolved paths --------------------------------------------------------------------

@@ -38,7 +38,7 @@ def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
     return data.with_geo(np.tile(np.asarray(node, dtype=np.int32), (data.n_households, 1)))
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=16)
 def cached_support(public_npz: str) -> Support:
     """The public support, built once per worker process (incidences are cached on it)."""
     return Support.from_data(HierarchicalData.from_npz(public_npz))

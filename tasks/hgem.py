@@ -1,0 +1,328 @@
+"""H-GEM synthesis of one state (issue #7, item 6), every privacy cost through the ledger.
+
+``hgem_state_task`` trains the H-GEM generator (``engine.hgem``) on one state's households and
+samples synthetic households from it:
+
+1. candidates Q: 3-way group- and person-level workloads (``engine.hgem.workloads.kway_workloads``,
+   ``KWAY_PER_GROUP_COUNT`` attribute sets per number of group attributes, i.e. at most
+   2 × 4 × KWAY_PER_GROUP_COUNT workloads);
+2. GEM^Pub: pretraining on the PUBLIC data's answers (no privacy cost);
+3. ``ROUNDS`` adaptive rounds (``engine.hgem.train.train_hgem``). Stage ``"hgem"``, level
+   ``"state"``, node ``node_key((state,))`` (``"ST=50"``); ρ_node = ``budget_plan(cfg).allocation(
+   "hgem", "state")`` is split as in GEM (``engine.hgem.privacy.gem_budget``, α = ``ALPHA``), in
+   exact fractions: ρ_round = ρ_node / T, ρ_sel = α ρ_round, ρ_meas = ρ_round − ρ_sel.
+
+   * select: exponential mechanism (``engine.privacy.mechanisms.exponential_mechanism``) with the
+     largest float ε₀ such that ε₀²/8 ≤ ρ_sel exactly. The ledger is charged ε₀²/8 (key
+     ``hgem/<node>/round-<r>/select``) BEFORE drawing; the drawn index is persisted to
+     ``nodes/hgem/<node>-round-<r>.json`` before it is used, and a rerun reuses it (no new draw,
+     no new charge). A crash between the charge and the persist loses a draw nobody saw; the
+     rerun redraws under the same, already-paid charge (the MeasurementStore's argument).
+   * measure: the discrete Gaussian on the workload's integer counts through
+     ``MeasurementStore.measure(key="hgem/<node>/round-<r>/<workload id>", ...)`` with the
+     count-level L2 sensitivity (``Workload.sensitivity``) and ρ_meas; persisted before use,
+     read back on a rerun.
+
+   Units (what ``train_hgem`` expects): normalised answers, group level = fraction of households,
+   person level = fraction of persons (``engine.hgem.answers``). Both the score targets and the
+   noisy measurements are divided by PUBLIC constants, so that the score sensitivity
+   (``engine.hgem.privacy.score_sensitivity``) is exact:
+     - group level: N_G = the state's household count (treated as public, as the rest of the
+       pipeline treats household counts, e.g. the prior update's ``total``);
+     - person level: N̂_I = N_G × the PUBLIC data's mean household size ("expected persons"). The
+       state's true person count is never used, so it costs nothing; the price is a small bias
+       when the state's mean size differs from the public data's.
+4. ``n_samples`` households are drawn from the EMA generator (``engine.hgem.sampling``) with geo
+   (state, 0, ...) placeholders and saved atomically to ``nodes/hgem_support/ST<xx>.npz``; a
+   ``.json`` sidecar keeps the per-round diagnostics (no true errors, only DP-derived values).
+
+Resume: if the output exists the task returns it at once. Otherwise every round's selection and
+measurement already on disk is reused, so a rerun after a crash charges exactly what one clean
+run charges. The per-round budget must match the first run (same ROUNDS/ALPHA, same allocation),
+or the ledger refuses the differently-parameterised charge keys.
+
+Device: ``engine.hgem.mixture.default_device()`` (cuda when visible). On a Dask cluster with GPU
+workers, submit with ``dask.annotate(resources=gpu_resources(address))`` (see
+:func:`gpu_resources`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import torch
+from prefect import task
+
+from engine.hgem.mixture import default_device
+from engine.hgem.privacy import gem_budget, score_sensitivity
+from engine.hgem.sampling import sample_households
+from engine.hgem.train import HGEMConfig, make_generator, pretrain_public, train_hgem
+from engine.hgem.workloads import kway_workloads
+from engine.privacy.accountant import exponential_mechanism_rho
+from engine.privacy.ledger import BudgetExceededError
+from engine.privacy.mechanisms import exponential_mechanism
+from engine.queries import Workload, answer
+from schemas.release_config import ReleaseConfig
+from tasks.privacy import budget_plan, measurement_store, open_ledger
+from tasks.run_context import RunPaths, save_npz_atomic, write_json_atomic
+from tasks.synthesize import cached_data, node_key
+
+STAGE = "hgem"
+LEVEL = "state"
+
+# -- model / workload settings (small defaults that run on a CPU in about a minute per state) --
+KWAY = 3  # attributes per workload (H-GEM appendix A.1.2: |S| = 3)
+KWAY_PER_GROUP_COUNT = 8  # attribute sets per |S_G| ∈ {0..3}; ×2 levels → ≤ 64 candidates
+WORKLOAD_SEED = 0
+ROUNDS = 8  # T
+ALPHA = Fraction(1, 2)  # selection share of each round (GEM: 1/2)
+BATCH_SIZE = 200  # B mixture components
+Z_DIM = 32
+HIDDEN: tuple[int, ...] = (128, 128)
+LR = 3e-3
+MAX_UPDATE_STEPS = 100  # T_max per round
+PRETRAIN_STEPS = 200  # GEM^Pub steps on the public answers
+TORCH_THREADS: int | None = 1  # CPU intra-op threads per task (one task per Dask worker); None: torch's default
+SUPPORT_PER_HOUSEHOLD = 2  # suggested n_samples = this × the state's (public) household count
+
+
+def hgem_config(seed: int = 0) -> HGEMConfig:
+    """The HGEMConfig built from the module constants."""
+    return HGEMConfig(
+        rounds=ROUNDS, max_update_steps=MAX_UPDATE_STEPS, lr=LR, batch_size=BATCH_SIZE, z_dim=Z_DIM,
+        hidden=tuple(HIDDEN), seed=int(seed),
+    )
+
+
+def candidate_workloads(domain) -> list[Workload]:
+    """The candidate set Q (deterministic: the same on every rerun for the same constants)."""
+    return kway_workloads(domain, KWAY, KWAY_PER_GROUP_COUNT, seed=WORKLOAD_SEED)
+
+
+def _logger():
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # no flow/task run context (e.g. ``.fn`` called directly)
+        return logging.getLogger(__name__)
+
+
+def selection_epsilon(rho_select: Fraction) -> float:
+    """The largest float ε₀ (up to ulps) with ε₀²/8 ≤ ρ_sel exactly (exponential mechanism)."""
+    eps = math.sqrt(8.0 * float(rho_select))
+    while exponential_mechanism_rho(eps) > rho_select:
+        eps = float(np.nextafter(eps, 0.0))
+    return eps
+
+
+def round_budget(rho_node: Fraction, rounds: int | None = None, alpha: Fraction | None = None) -> dict:
+    """Exact per-round split of ρ_node (the GEM split of ``gem_budget``, in Fractions)."""
+    rounds = ROUNDS if rounds is None else int(rounds)
+    alpha = ALPHA if alpha is None else Fraction(alpha)
+    rho_node = Fraction(rho_node)
+    rho_round = rho_node / rounds
+    rho_sel_planned = alpha * rho_round
+    eps0 = selection_epsilon(rho_sel_planned)
+    rho_sel = exponential_mechanism_rho(eps0)  # ε₀²/8 exactly, ≤ the planned share
+    rho_meas = rho_round - rho_sel_planned
+    ref = gem_budget(float(rho_node), rounds, float(alpha))  # the documented float split
+    assert math.isclose(ref.rho_measure, float(rho_meas), rel_tol=1e-9) and math.isclose(ref.epsilon0, eps0, rel_tol=1e-9)
+    assert rounds * (rho_sel + rho_meas) <= rho_node
+    return {"rounds": rounds, "rho_round": rho_round, "rho_select": rho_sel, "rho_measure": rho_meas, "epsilon0": eps0}
+
+
+def _seeds(base: int, state: int) -> tuple[int, int]:
+    """(generator seed, sampling seed) for the post-processing randomness of one state."""
+    s = np.random.SeedSequence(entropy=int(base), spawn_key=(int(state),)).generate_state(2)
+    return int(s[0] >> 1), int(s[1] >> 1)
+
+
+def selection_path(paths: RunPaths, node: str, r: int) -> Path:
+    return paths.nodes_dir / STAGE / f"{node}-round-{r}.json"
+
+
+@task(name="hgem-state")
+def hgem_state_task(
+    cfg: ReleaseConfig,
+    paths: RunPaths,
+    public_npz: str,
+    private_npz: str,
+    state: int,
+    n_samples: int,
+    seed: int | None = None,
+) -> str:
+    """Train H-GEM on one state and sample ``n_samples`` households; returns the .npz path.
+
+    ``seed``: post-processing seed (generator initialisation and sampling); default
+    ``cfg.sampling_seed`` or 0. Noise never uses seeds (OpenDP samplers, OS entropy).
+    """
+    node = node_key((int(state),))
+    out = paths.node_path("hgem_support", node)
+    if out.exists():
+        return str(out)
+    threads = torch.get_num_threads()
+    if TORCH_THREADS is not None and default_device().type == "cpu":
+        torch.set_num_threads(int(TORCH_THREADS))
+    try:
+        return _run_state(cfg, paths, public_npz, private_npz, int(state), int(n_samples), seed, node, out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, state: int, n_samples: int,
+               seed: int | None, node: str, out: Path) -> str:
+    log = _logger()
+    t_start = time.perf_counter()
+    public = cached_data(public_npz)
+    private = cached_data(private_npz)
+    mine = private.select(private.geo[:, 0] == int(state))
+    if mine.n_households == 0:
+        raise ValueError(f"state {state} has no households in {private_npz}")
+    domain = mine.domain
+    if public.domain != domain:
+        raise ValueError("public and private data have different domains")
+
+    # -- public normalisers (see the module docstring) ------------------------------------
+    n_g = float(mine.n_households)
+    public_mean_size = public.n_persons / max(public.n_households, 1)
+    n_i = n_g * public_mean_size
+
+    def norm(w: Workload) -> float:
+        return n_g if w.level == "group" else n_i
+
+    workloads = candidate_workloads(domain)
+    true_counts = [answer(mine, w) for w in workloads]  # exact counts (float64 of integers)
+    true_norm = [c / norm(w) for c, w in zip(true_counts, workloads)]
+    delta_score = score_sensitivity(workloads, domain, cfg.privacy_unit, n_g, n_i)
+
+    # -- budget and privacy objects ---------------------------------------------------------
+    rho_node = budget_plan(cfg).allocation(STAGE, LEVEL)
+    rb = round_budget(rho_node)
+    eps0, rho_sel, rho_meas = rb["epsilon0"], rb["rho_select"], rb["rho_measure"]
+    ledger, store = open_ledger(cfg, paths), measurement_store(paths)
+    sel_key = lambda r: f"{STAGE}/{node}/round-{r}/select"  # noqa: E731
+
+    # Fail before spending anything when the remaining budget cannot pay for the missing rounds.
+    charged = set(_charged_keys(ledger, node))
+    missing = Fraction(0)
+    for r in range(1, ROUNDS + 1):
+        missing += 0 if sel_key(r) in charged else rho_sel
+        measured = any(k.startswith(f"{STAGE}/{node}/round-{r}/") and k != sel_key(r) for k in charged)
+        missing += 0 if measured else rho_meas
+    if missing > ledger.remaining(STAGE, LEVEL, node):
+        raise BudgetExceededError(
+            f"hgem {node}: {ROUNDS} rounds still need rho={missing} (≈{float(missing):.6g}) but the node has "
+            f"{ledger.remaining(STAGE, LEVEL, node)} left of its allocation {rho_node}"
+        )
+
+    current = {"round": 0}
+
+    def select(scores: np.ndarray, sensitivity: float) -> int:
+        current["round"] += 1
+        r = current["round"]
+        key = sel_key(r)
+        p = selection_path(paths, node, r)
+        if p.exists():  # the draw of an earlier run: reuse it (no new draw, no new charge)
+            rec = json.loads(p.read_text())
+            if ledger.get(key) is None:
+                raise RuntimeError(f"{p} exists but the ledger has no charge {key!r}")
+            idx = int(rec["index"])
+            if rec["key"] != key or not 0 <= idx < len(workloads) or rec["workload_id"] != workloads[idx].id:
+                raise RuntimeError(f"{p} does not match this run's candidate workloads (settings changed?)")
+            return idx
+        ledger.charge(
+            key=key, stage=STAGE, level=LEVEL, node=node, mechanism="exponential_mechanism",
+            sensitivity=float(sensitivity), noise_scale=2.0 * float(sensitivity) / eps0, rho=rho_sel,
+        )
+        idx = int(exponential_mechanism(scores, float(sensitivity), eps0))
+        write_json_atomic(p, {"key": key, "round": r, "index": idx, "workload_id": workloads[idx].id,
+                              "n_candidates": len(workloads), "epsilon0": eps0, "sensitivity": float(sensitivity)})
+        return idx
+
+    def measure(w: Workload) -> np.ndarray:
+        r = current["round"]
+        counts = true_counts[workloads.index(w)]
+        m = store.measure(
+            key=f"{STAGE}/{node}/round-{r}/{w.id}", ledger=ledger, stage=STAGE, level=LEVEL, node=node,
+            workload_id=w.id, true_answer=np.rint(counts).astype(np.int64),
+            l2_sensitivity=w.sensitivity(domain, cfg.privacy_unit)[1], rho=rho_meas,
+        )
+        return m.noisy_answer.astype(np.float64) / norm(w)
+
+    base = seed if seed is not None else (cfg.sampling_seed or 0)
+    gen_seed, sample_seed = _seeds(base, state)
+    hcfg = hgem_config(gen_seed)
+    device = default_device()
+    log.info(f"hgem {node}: {mine.n_households} households, {len(workloads)} candidate workloads, "
+             f"{ROUNDS} rounds, rho={float(rho_node):.6g} (eps0={eps0:.4g}, rho_meas/round={float(rho_meas):.4g}), device {device}")
+    G = make_generator(domain, hcfg, device)
+    if PRETRAIN_STEPS > 0:
+        pretrain_public(G, public, workloads, steps=PRETRAIN_STEPS, lr=LR)
+        log.info(f"hgem {node}: public pretraining done ({PRETRAIN_STEPS} steps)")
+
+    def progress(rec, _G) -> None:
+        log.info(f"hgem {node}: round {rec.round}/{ROUNDS} measured {rec.workload} "
+                 f"({rec.steps} update steps, {rec.seconds:.1f}s)")
+
+    res = train_hgem(domain, workloads, true_norm, select, measure, delta_score, hcfg, generator=G, callback=progress)
+    synth = sample_households(res.mixture(), int(n_samples), seed=sample_seed,
+                              geo=(int(state),) + (0,) * (len(domain.geography) - 1))
+    save_npz_atomic(out, synth.to_npz)
+    write_json_atomic(out.with_suffix(".json"), {
+        "node": node,
+        "n_samples": int(n_samples),
+        "candidates": len(workloads),
+        "settings": {**hcfg.__dict__, "hidden": list(hcfg.hidden), "pretrain_steps": PRETRAIN_STEPS,
+                     "kway": KWAY, "per_group_count": KWAY_PER_GROUP_COUNT, "device": str(device)},
+        "budget": {"rho_node": str(rho_node), "rho_select": str(rho_sel), "rho_measure": str(rho_meas), "epsilon0": eps0,
+                   "score_sensitivity": delta_score, "person_normaliser": "N_G x public mean household size"},
+        "rounds": [{"round": h.round, "workload": h.workload, "gamma": h.gamma, "steps": h.steps,
+                    "max_measured_error": h.max_measured_error, "seconds": h.seconds} for h in res.history],
+        "seconds": time.perf_counter() - t_start,
+    })
+    log.info(f"hgem {node}: {synth.n_households} households sampled in {time.perf_counter() - t_start:.1f}s")
+    return str(out)
+
+
+def _charged_keys(ledger, node: str) -> list[str]:
+    prefix = f"{STAGE}/{node}/"
+    return [c.key for c in ledger.charges() if c.key.startswith(prefix)]
+
+
+def uniform_prior(paths: RunPaths, state: int, support_npz: str) -> str:
+    """A ``weights`` npz (uniform 1/n over the H-GEM samples of ``state``) in the format of the
+    prior-update state posteriors, so that ``puma_task`` can reweight the H-GEM support per PUMA
+    (post-processing only; written once, reused on resume)."""
+    out = paths.node_path("hgem_prior", node_key((int(state),)))
+    if not out.exists():
+        with np.load(support_npz, allow_pickle=False) as z:
+            n = int(z["group"].shape[0])
+        save_npz_atomic(out, lambda f: np.savez(f, weights=np.full(n, 1.0 / max(n, 1))))
+    return str(out)
+
+
+# -- Dask GPU resources -------------------------------------------------------------------------
+def cluster_has_gpu(address: str) -> bool:
+    """Whether any worker of the Dask cluster at ``address`` declares a ``GPU`` resource."""
+    from distributed import Client
+
+    with Client(address, set_as_default=False) as client:
+        workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    return any(float((w.get("resources") or {}).get("GPU", 0)) > 0 for w in workers.values())
+
+
+def gpu_resources(address: str) -> dict:
+    """``{"GPU": 1}`` when the cluster has GPU workers (one H-GEM task per GPU at a time), else ``{}``.
+
+    Use with ``dask.annotate(resources=...)`` around ``hgem_state_task.submit(...)``: Prefect's
+    DaskTaskRunner submits through ``distributed.Client.submit``, which merges the active
+    ``dask.annotate`` annotations into the task's scheduling constraints.
+    """
+    return {"GPU": 1} if cluster_has_gpu(address) else {}
