@@ -306,7 +306,8 @@ def _entropy_newton(q, patterns: Patterns, y_target, interior: float, tol: float
     if Pt is None:
         Pt = patterns._memo["T"] = P.T.tocsr()
     n_cells = P.shape[1]
-    active = m > 0
+    active = m > _TINY_MASS  # underflowed (subnormal) masses are dropped: π/m would overflow
+    m = np.where(active, m, 0.0)
     current = Pt @ m
     y = (1.0 - interior) * np.asarray(y_target, dtype=np.float64) + interior * current
     # cells that some reachable pattern touches (the others have y = 0 and no multiplier)
