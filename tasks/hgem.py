@@ -66,7 +66,7 @@ from engine.hgem.train import HGEMConfig, make_generator, pretrain_public, train
 from engine.hgem.workloads import kway_workloads
 from engine.privacy.accountant import exponential_mechanism_rho
 from engine.privacy.ledger import BudgetExceededError
-from engine.privacy.mechanisms import exponential_mechanism
+from engine.privacy.mechanisms import discrete_gaussian_sigma, exponential_mechanism
 from engine.queries import Workload, answer
 from schemas.release_config import ReleaseConfig
 from tasks.privacy import budget_plan, measurement_store, open_ledger
@@ -86,8 +86,8 @@ BATCH_SIZE = 200  # B mixture components
 Z_DIM = 32
 HIDDEN: tuple[int, ...] = (128, 128)
 LR = 3e-3
-MAX_UPDATE_STEPS = 100  # T_max per round
-PRETRAIN_STEPS = 200  # GEM^Pub steps on the public answers
+MAX_UPDATE_STEPS = 100  # T_max per round (the MAP update stops earlier when the loss plateaus)
+PRETRAIN_STEPS = 3000  # at most this many GEM^Pub steps (stops at convergence, see pretrain_public)
 TORCH_THREADS: int | None = 1  # CPU intra-op threads per task (one task per Dask worker); None: torch's default
 SUPPORT_PER_HOUSEHOLD = 2  # suggested n_samples = this × the state's (public) household count
 
@@ -271,7 +271,12 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         log.info(f"hgem {node}: round {rec.round}/{ROUNDS} measured {rec.workload} "
                  f"({rec.steps} update steps, {rec.seconds:.1f}s)")
 
-    res = train_hgem(domain, workloads, true_norm, select, measure, delta_score, hcfg, generator=G, callback=progress)
+    def measurement_sigma(w: Workload) -> float:
+        """Noise std per cell in the normalised units train_hgem sees (the discrete Gaussian's σ
+        for this workload's L2 sensitivity and the per-round ρ, divided by the normaliser)."""
+        return discrete_gaussian_sigma(w.sensitivity(domain, cfg.privacy_unit)[1], rho_meas) / norm(w)
+
+    res = train_hgem(domain, workloads, true_norm, select, measure, delta_score, hcfg, generator=G, callback=progress, measurement_sigma=measurement_sigma)
     synth = sample_households(res.mixture(), int(n_samples), seed=sample_seed,
                               geo=(int(state),) + (0,) * (len(domain.geography) - 1))
     save_npz_atomic(out, synth.to_npz)

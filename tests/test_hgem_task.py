@@ -30,7 +30,7 @@ def make_config():
         "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
         "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
         "budget": {"rho": 1.0},
-        "allocation": {"stages": {"hgem": 1.0}, "levels": {"hgem": {"state": 1.0}}},
+        "allocation": {"stages": {"hgem": 0.5, "puma_synthesis": 0.5}, "levels": {"hgem": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}},
         "synthesizer": "hgem",
     })
 

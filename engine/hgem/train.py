@@ -17,6 +17,25 @@ for t = 1..T:
 Output: the generator whose weights are the EMA θ_k = β θ_{k−1} + (1 − β) θ_k over the rounds of
 the second half of training (GEM B.2, "EMA output").
 
+That is ``update="gem"``. With public pretraining it loses to its own starting point (the γ-masked,
+unweighted fit of a handful of noisy workloads with a large step budget drags the pretrained fit
+of every other workload away, and the EMA started at round T/2 with weight 1 is mostly an early
+iterate). The default ``update="map"`` keeps GEM's loop (select → measure → update on ALL past
+measurements) but makes the update the noise-aware MAP fit of the prior-update rule, in answer
+space:
+
+    L(θ) = Σ_i ‖f_{q̃_i}(F) − m̃_i‖² / (2 σ_i²)                        (Gaussian likelihood)
+         + Σ_{w ∈ Q} Σ_c n₀ (f_{w,c}(F) − a_{w,c})² / (2 (a_{w,c}(1 − a_{w,c}) + 1/n₀))
+
+where a are the answers of the generator at the start of the private phase (the public fit after
+pretraining: an anchor that costs no privacy) and n₀ = ``prior_households`` pseudo-households
+(the public prior's strength, as the MAP rule's prior_strength); σ_i are the measurements'
+standard deviations in normalised units (``measurement_sigma``; when not given, a conservative
+estimate, the RMS of m̃_i − a_i). Each round warm-starts from the previous weights with a small
+learning rate and stops when the loss stops improving; the output is the last iterate (the MAP
+estimate given all measurements), ``output="ema"`` restores GEM's EMA.
+Pretraining runs to convergence (``pretrain_public``: plateau stopping, learning-rate decay).
+
 z is a fixed batch held by the generator (GEM B.2: fixing z converges faster).
 Public pretraining (GEM^Pub, GEM paper §5): before the private rounds, fit F to the exact answers
 of the public data on the workloads, which costs no privacy.
@@ -58,6 +77,10 @@ class HGEMConfig:
     gamma_scale: float = 0.5  # γ = gamma_scale × EMA(max error) (GEM B.2: "half of the max error")
     seed: int = 0
     max_elements: int = 1 << 24  # cap on answer intermediates (chunking)
+    update: str = "map"  # "map": weighted likelihood + public anchor (module doc); "gem": γ-masked ℓ2 (Alg. 4)
+    prior_households: float = 300.0  # n₀, strength of the anchor to the starting (public) answers; 0 = off
+    update_tol: float = 1e-3  # "map": stop a round when the loss improves by < update_tol (relative) over 10 steps
+    output: str = "auto"  # "ema" | "last" | "auto" (= "last" for update="map", "ema" for "gem")
 
 
 @dataclass
@@ -105,16 +128,28 @@ def fit_answers(
     lr: float = 1e-3,
     tol: float = 0.0,
     optimizer: torch.optim.Optimizer | None = None,
+    rel_tol: float = 0.0,
+    window: int = 50,
+    decay: bool = False,
 ) -> list[float]:
-    """Minimise Σ_w ‖target_w − f_w(F(z))‖₂ over all ``workloads`` for ``steps`` Adam steps.
+    """Minimise Σ_w ‖target_w − f_w(F(z))‖₂ over all ``workloads`` for at most ``steps`` Adam steps.
 
-    Stops early when every workload's max error is below ``tol``. Returns the loss history.
+    Stops early when every workload's max error is below ``tol``, or (``rel_tol`` > 0) when the
+    best loss of the last ``window`` steps improved by less than ``rel_tol`` (relative) on the best
+    loss before it. ``decay``: cosine learning-rate decay to lr/20 over ``steps``. Returns the
+    loss history.
     """
     plan = AnswerPlan(generator.domain, workloads, device=generator.device)
     tgt = plan.concat_targets(targets)
     opt = optimizer or torch.optim.Adam(generator.parameters(), lr=lr)
+    base_lr = [g["lr"] for g in opt.param_groups]
     hist: list[float] = []
-    for _ in range(int(steps)):
+    best_before = float("inf")
+    for i in range(int(steps)):
+        if decay:
+            f = 0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * i / max(int(steps), 1)))
+            for g, b in zip(opt.param_groups, base_lr):
+                g["lr"] = b * f
         ans = plan.answers(generator())
         if tol > 0 and float(plan.max_abs_error(ans.detach(), tgt).max()) < tol:
             break
@@ -123,6 +158,14 @@ def fit_answers(
         loss.backward()
         opt.step()
         hist.append(float(loss.detach()))
+        if rel_tol > 0 and len(hist) % window == 0:
+            best_now = min(hist[-window:])
+            if best_now > best_before * (1 - rel_tol):
+                break
+            best_before = min(best_before, best_now)
+    if decay:
+        for g, b in zip(opt.param_groups, base_lr):
+            g["lr"] = b
     return hist
 
 
@@ -130,14 +173,22 @@ def pretrain_public(
     generator: HGEMGenerator,
     public: HierarchicalData,
     workloads: Sequence[Workload],
-    steps: int = 500,
-    lr: float = 1e-3,
+    steps: int = 3000,
+    lr: float = 3e-3,
     tol: float = 0.0,
+    rel_tol: float = 0.01,
 ) -> list[float]:
-    """GEM^Pub pretraining: fit F to the public data's normalised workload answers (no privacy cost)."""
+    """GEM^Pub pretraining: fit F to the public data's normalised workload answers (no privacy cost).
+
+    Runs to convergence: at most ``steps`` Adam steps with cosine learning-rate decay, stopping
+    when the loss improves by less than ``rel_tol`` (relative) over 50 steps (``fit_answers``).
+    An unconverged public fit is worse than resampling the public data, and the private rounds
+    cannot repair the workloads they never measure.
+    """
     if public.domain != generator.domain:
         raise ValueError("public data and generator have different domains")
-    return fit_answers(generator, workloads, exact_normalised_answers(public, workloads), steps, lr, tol)
+    return fit_answers(generator, workloads, exact_normalised_answers(public, workloads), steps, lr, tol,
+                       rel_tol=rel_tol, decay=True)
 
 
 def train_hgem(
@@ -151,6 +202,7 @@ def train_hgem(
     generator: HGEMGenerator | None = None,
     device: str | torch.device | None = None,
     callback: Callable[[RoundRecord, HGEMGenerator], None] | None = None,
+    measurement_sigma: Callable[[Workload], float] | None = None,
 ) -> HGEMResult:
     """Run T adaptive-measurement rounds (H-GEM Algorithm 3) and return the EMA generator.
 
@@ -162,6 +214,8 @@ def train_hgem(
     generator          start from this generator (e.g. after ``pretrain_public``); it is trained
                        in place. Default: a fresh one from ``config`` on ``device``.
     callback           called after every round with (record, current generator).
+    measurement_sigma  ``measurement_sigma(workload)``: std of the measurement noise per cell in
+                       normalised units (``update="map"``); None → estimated (module doc).
     """
     cfg = config or HGEMConfig()
     G = generator if generator is not None else make_generator(domain, cfg, device)
@@ -171,7 +225,19 @@ def train_hgem(
     plan_all = AnswerPlan(domain, workloads, device=dev, max_elements=cfg.max_elements)
     target_all = plan_all.concat_targets(true_answers)
     opt = torch.optim.Adam(G.parameters(), lr=cfg.lr)
+    use_map = cfg.update == "map"
+    if cfg.update not in ("map", "gem"):
+        raise ValueError(f"unknown update {cfg.update!r}")
+    out_mode = cfg.output if cfg.output != "auto" else ("last" if use_map else "ema")
+    n0 = float(cfg.prior_households)
+    anchor = anchor_w = None
+    if use_map and n0 > 0:
+        with torch.no_grad():
+            anchor = plan_all.answers(G()).detach()  # the public fit (no privacy cost)
+        a = anchor.clamp(0.0, 1.0)
+        anchor_w = n0 / (a * (1 - a) + 1.0 / n0)  # precision of the n₀-pseudo-household prior
     measured: list[Workload] = []
+    sig2: list[float] = []
     meas: list[np.ndarray] = []
     history: list[RoundRecord] = []
     gamma_ema: float | None = None
@@ -191,6 +257,26 @@ def train_hgem(
         meas.append(m)
         plan_m = AnswerPlan(domain, measured, device=dev, max_elements=cfg.max_elements)
         tgt_m = plan_m.concat_targets(meas)
+        if use_map:
+            if measurement_sigma is not None:
+                s2 = float(measurement_sigma(w)) ** 2
+            elif anchor is not None:
+                a_w = plan_all.split(anchor)[idx].cpu().numpy()
+                s2 = float(np.mean((m - a_w) ** 2))
+            else:
+                s2 = float(np.mean((m - np.mean(m)) ** 2))
+            sig2.append(max(s2, 1e-10))
+            w_m = torch.repeat_interleave(
+                torch.as_tensor([0.5 / v for v in sig2], dtype=tgt_m.dtype, device=dev),
+                torch.as_tensor(np.diff(plan_m.offsets), device=dev))
+            steps, gamma, max_err = _map_update(G, opt, cfg, plan_m, tgt_m, w_m, plan_all, anchor, anchor_w)
+            if t > ema_start:
+                ema = _ema_update(ema, G, cfg.ema_beta)
+            rec = RoundRecord(t, w.id, float(scores[idx]), gamma, steps, max_err, time.perf_counter() - t0)
+            history.append(rec)
+            if callback is not None:
+                callback(rec, G)
+            continue
         # -- H-GEM-Update (Algorithm 4) ------------------------------------------------
         steps = 0
         gamma = 0.0
@@ -217,11 +303,39 @@ def train_hgem(
         if callback is not None:
             callback(rec, G)
     out = copy.deepcopy(G)
-    if ema is not None:
+    if ema is not None and out_mode == "ema":
         with torch.no_grad():
             for k, v in out.named_parameters():
                 v.copy_(ema[k])
     return HGEMResult(out, G, measured, meas, history)
+
+
+def _map_update(G, opt, cfg, plan_m, tgt_m, w_m, plan_all, anchor, anchor_w) -> tuple[int, float, float]:
+    """One round of the ``update="map"`` rule: Adam on the weighted likelihood of all past
+    measurements plus the anchor term, warm-started, until the loss stops improving (relative
+    change < ``update_tol`` over 10 steps) or ``max_update_steps``. Returns (steps, γ = 0 (unused), max err)."""
+    steps, best_prev, hist = 0, float("inf"), []
+    max_err = float("nan")
+    for i in range(cfg.max_update_steps + 1):
+        mix = G()
+        ans_m = plan_m.answers(mix)
+        loss = (w_m * (ans_m - tgt_m) ** 2).sum()
+        if anchor is not None:
+            loss = loss + 0.5 * (anchor_w * (plan_all.answers(mix) - anchor) ** 2).sum()
+        max_err = float(plan_m.max_abs_error(ans_m.detach(), tgt_m).max())
+        hist.append(float(loss.detach()))
+        if i == cfg.max_update_steps:
+            break
+        if len(hist) % 10 == 0:
+            best_now = min(hist[-10:])
+            if best_now > best_prev * (1 - cfg.update_tol):
+                break
+            best_prev = min(best_prev, best_now)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        steps += 1
+    return steps, 0.0, max_err
 
 
 def fit_hgem(
@@ -232,14 +346,14 @@ def fit_hgem(
     score_sensitivity: float,
     config: HGEMConfig | None = None,
     public: HierarchicalData | None = None,
-    pretrain_steps: int = 500,
+    pretrain_steps: int = 3000,
     device: str | torch.device | None = None,
 ) -> HGEMResult:
     """Convenience: exact private answers for the scores, optional public pretraining, then rounds."""
     cfg = config or HGEMConfig()
     G = make_generator(private.domain, cfg, device)
     if public is not None and pretrain_steps > 0:
-        pretrain_public(G, public, workloads, steps=pretrain_steps, lr=cfg.lr)
+        pretrain_public(G, public, workloads, steps=pretrain_steps)
     return train_hgem(
         private.domain, workloads, exact_normalised_answers(private, workloads), select, measure,
         score_sensitivity, cfg, generator=G,
