@@ -1,8 +1,10 @@
-"""The release flow: ingest → (select workload → count-of-counts →) synthesize → publish.
+"""The release flow: ingest → select workload → count-of-counts → state synthesis (prior update
+or H-GEM) → PUMA synthesis → publish → internal QA.
 
 Stages that touch confidential data fan out geography nodes on Dask through prefect-dask
 (a ``LocalCluster`` sized to the machine by default, or an existing cluster via ``dask_address``).
-Stages not built yet are absent from the flow and from the manifest, never faked.
+A stage runs only when the config asks for it (synthesizer, a positive budget share); the
+manifest lists the stages that ran.
 """
 
 from __future__ import annotations
@@ -22,16 +24,16 @@ from prefect_dask import DaskTaskRunner
 from engine.hierarchical_data import HierarchicalData
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
-from tasks.hgem import SUPPORT_PER_HOUSEHOLD, gpu_resources, hgem_state_task, uniform_prior
-from tasks.ingest import ingest_input, validation_record, write_validation
 from tasks.audit import AuditLog
-from tasks.privacy import budget_plan, open_ledger
-from tasks.publish import code_version, library_versions, sha256_file, write_release
-from tasks.reporting import publish_artifacts, release_markdown, sync_charges
-from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
-from tasks.qa import write_qa_report
 from tasks.count_of_counts import as_table as coc_as_table
 from tasks.count_of_counts import count_of_counts_task, puma_sizes
+from tasks.hgem import SUPPORT_PER_HOUSEHOLD, gpu_resources, hgem_state_task, uniform_prior
+from tasks.ingest import ingest_input, validation_record, write_validation
+from tasks.privacy import budget_plan, open_ledger
+from tasks.publish import code_version, library_versions, sha256_file, write_release
+from tasks.qa import coc_emd_by_level, write_qa_report
+from tasks.reporting import publish_artifacts, release_markdown, sync_charges
+from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
 from tasks.synthesize import public_only_baseline, puma_task, select_workload_task, state_update_task
 
 
@@ -298,13 +300,13 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
         node_files = stage("puma_synthesis", puma_stage, cfg, paths, public_npz, private_npz, workload, posteriors, coc_path, seed, supports)
         release_dir = publish_stage(cfg, paths, reports, node_files, stages, workload, coc_path)
-        report = internal_qa(cfg, paths, reports, node_files, seed)
+        report = internal_qa(cfg, paths, reports, node_files, seed, coc_path)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir
 
 
 @task(name="internal-qa-report")
-def internal_qa(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], seed: int) -> str:
+def internal_qa(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], seed: int, coc_path: str | None) -> str:
     """Accuracy of the release against the confidential data, written to the work directory only."""
     private = merged(reports, "private")
     release = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
@@ -312,4 +314,5 @@ def internal_qa(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_f
     if cfg.synthesizer != "public_baseline":
         baselines["public-only baseline"] = public_only_baseline(merged(reports, "public"), private, seed)
     summary = open_ledger(cfg, paths).summary()
-    return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, summary))
+    coc_emd = coc_emd_by_level(coc_path, private) if coc_path else None
+    return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, summary, coc_emd))

@@ -102,6 +102,21 @@ def _plots(qa_dir: Path, true: HierarchicalData, release: HierarchicalData, rows
     return out
 
 
+def coc_emd_by_level(coc_path: str, true: HierarchicalData) -> dict[str, float]:
+    """Mean EMD per node, per level, of the released count-of-counts against the true histograms."""
+    from engine.count_of_counts.forms import emd_batch
+    from engine.count_of_counts.geography import geography_hierarchy, size_histograms
+    from tasks.count_of_counts import LEVEL_NAMES, load_result
+
+    keys, level, released = load_result(coc_path)
+    K = released.shape[1] - 1
+    h = geography_hierarchy(true.geo)
+    exact = size_histograms(h, true.geo, true.sizes, K)
+    order = np.array([h.index[k] for k in keys])
+    e = emd_batch(exact[order], released)
+    return {LEVEL_NAMES[lv]: float(e[level == lv].mean()) for lv in np.unique(level)}
+
+
 def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, release: HierarchicalData, baselines: dict[str, HierarchicalData], budget: dict, coc_emd: dict | None = None) -> Path:
     qa_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     rows = accuracy_table(true, {"release": release, **baselines})
