@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from engine.hierarchical_data import HierarchicalData
 from tasks.audit import AuditLog
+from schemas.release_contract import validate_release_tables
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, PARTITION_SCHEMA, to_tables
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,7 @@ def write_release(
     tmp.mkdir()
     try:
         households, persons = to_tables(data)
+        validate_release_tables(households, persons, data.domain)
         _write_dataset(households, tmp / "households")
         _write_dataset(persons, tmp / "persons")
         (tmp / "domain.json").write_text(json.dumps(data.domain.to_dict(), indent=2))

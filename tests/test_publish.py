@@ -47,3 +47,23 @@ def test_finished_release_is_never_overwritten(tmp_path, vermont):
     publish.write_release(tmp_path / "rel", data.take(np.arange(10)), {})
     with pytest.raises(FileExistsError):
         publish.write_release(tmp_path / "rel", data, {})
+
+
+def test_release_contract_catches_broken_tables(vermont):
+    import pyarrow.compute as pc
+
+    from schemas.release_contract import ReleaseContractError, validate_release_tables
+    from schemas.release_schema import to_tables
+
+    data, _ = vermont
+    hh, pp = to_tables(data.take(np.arange(300)))
+    validate_release_tables(hh, pp, data.domain)  # the real thing passes
+    bad_sex = pp.set_column(pp.schema.get_field_index("SEX"), "SEX", pc.if_else(pc.equal(pp.column("SPORDER"), 2), "9", pp.column("SEX")))
+    with pytest.raises(ReleaseContractError, match="persons: column SEX"):
+        validate_release_tables(hh, bad_sex, data.domain)
+    short = pp.slice(1)  # the first household loses its householder row
+    with pytest.raises(ReleaseContractError, match="SPORDER must run 1..NP"):
+        validate_release_tables(hh, short, data.domain)
+    bad_puma = hh.set_column(hh.schema.get_field_index("PUMA"), "PUMA", pc.utf8_slice_codeunits(hh.column("PUMA"), 1))
+    with pytest.raises(ReleaseContractError, match="households: column PUMA"):
+        validate_release_tables(bad_puma, pp, data.domain)
