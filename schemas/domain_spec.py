@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from engine import encoding
 from engine.domain import Attribute, Domain

@@ -10,12 +10,13 @@ Events carry no confidential value (geography node ids, ρ, mechanism names, cou
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
+
+from engine.privacy.file_lock import exclusive_lock
 
 GENESIS = "0" * 64
 UNHASHED_RELEASE_FILES = ("manifest.json", "audit.jsonl")
@@ -49,10 +50,7 @@ class AuditLog:
         return int(rec["seq"]), rec["hash"]
 
     def append(self, event: str, **fields) -> dict:
-        lock = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with exclusive_lock(self.path.with_name(self.path.name + ".lock")):
             seq, prev = self._last()
             record = {"seq": seq + 1, "time": datetime.now(timezone.utc).isoformat(), "event": event, **fields, "prev": prev}
             record["hash"] = record_hash(record)
@@ -61,9 +59,6 @@ class AuditLog:
                 f.flush()
                 os.fsync(f.fileno())
             return record
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     def events(self) -> list[dict]:
         if not self.path.exists():

@@ -14,7 +14,7 @@ Privacy flow (Kuo et al., VLDB 2018, Algorithm 1 and Theorem 1):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 

@@ -210,17 +210,14 @@ def rho_to_eps(rho: Number, delta: float, method: ConversionMethod = "cks") -> f
     vals = _cks_objective(1.0 + np.exp(t), r, L)
     i = int(np.nanargmin(vals))
     lo, hi = t[max(i - 1, 0)], t[min(i + 1, len(t) - 1)]
-    best_t, best = t[i], float(vals[i])
+    best = float(vals[i])
     g = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = lo, hi
     for _ in range(100):
         c, d = b - g * (b - a), a + g * (b - a)
         fc = float(_cks_objective(np.array([1.0 + math.exp(c)]), r, L)[0])
         fd = float(_cks_objective(np.array([1.0 + math.exp(d)]), r, L)[0])
-        if fc < best:
-            best, best_t = fc, c
-        if fd < best:
-            best, best_t = fd, d
+        best = min(best, fc, fd)
         if fc < fd:
             b = d
         else:

@@ -28,7 +28,6 @@ same parameters returns the recorded charge and spends nothing; with different p
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.privacy.accountant import Number, as_fraction, rho_to_eps
+from engine.privacy.file_lock import exclusive_lock
 from engine.privacy.budget import BudgetPlan
 
 __all__ = ["BudgetExceededError", "Charge", "PrivacyLedger", "node_id"]
@@ -156,14 +156,8 @@ class PrivacyLedger:
     # -- file handling ------------------------------------------------------------------------
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        with self._tlock:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
+        with self._tlock, exclusive_lock(self._lock_path):
+            yield
 
     def _append(self, record: dict) -> None:
         line = (json.dumps(record, sort_keys=True) + "\n").encode()

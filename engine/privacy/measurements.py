@@ -23,7 +23,6 @@ File names are ``sha256(key)[:32]`` so arbitrary keys are safe; the key is store
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from engine.privacy import mechanisms
+from engine.privacy.file_lock import exclusive_lock
 from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, pure_dp_rho
 from engine.privacy.ledger import PrivacyLedger, node_id
 
@@ -119,13 +119,8 @@ class MeasurementStore:
     @contextmanager
     def _key_lock(self, key: str) -> Iterator[None]:
         _, _, lock = self._paths(key)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with exclusive_lock(lock):
             yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     # -- persistence ---------------------------------------------------------------------------------
     def _write_atomic(self, path: Path, write) -> None:
