@@ -28,7 +28,7 @@ from tasks.audit import AuditLog
 from tasks.count_of_counts import as_table as coc_as_table
 from tasks.count_of_counts import count_of_counts_task, puma_sizes
 from tasks.hgem import SUPPORT_PER_HOUSEHOLD, gpu_resources, hgem_state_task, uniform_prior
-from tasks.ingest import ingest_input, validation_record, write_validation
+from tasks.ingest import ingest_input, read_report, validation_record, write_validation
 from tasks.privacy import budget_plan, open_ledger
 from tasks.publish import code_version, library_versions, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
@@ -227,7 +227,7 @@ def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node
         "count_of_counts": None if coc_path is None else {"method": "Hc (isotonic L1)", **cfg.count_of_counts.model_dump(), "table": "count_of_counts.parquet"},
         "stages": stages + ["publish"],
         "release_counts": {"households": synth.n_households, "persons": synth.n_persons},
-        "public_inputs_summary": [{k: v for k, v in r.items() if k != "encoded"} for r in reports if r["role"] == "public"],
+        "public_inputs_summary": [read_report(r) for r in reports if r["role"] == "public"],
         "seeds_policy": {
             "noise": "OpenDP samplers drawing from OS entropy; no seeds, never reproducible",
             "post_processing_sampling": "numpy PCG64 seeded from the run's sampling seed (kept in the internal work directory)",
@@ -285,7 +285,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             return out
 
         reports = stage("ingest", ingest_stage, cfg, paths)
-        write_json_atomic(paths.summary_path, {"inputs": reports})
+        write_json_atomic(paths.summary_path, {"inputs": [read_report(r) for r in reports]})
         seed = sampling_seed(cfg, paths)
         private_npz, public_npz = merged_inputs(paths, reports)
         workload = posteriors = coc_path = supports = None
@@ -300,19 +300,19 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
         node_files = stage("puma_synthesis", puma_stage, cfg, paths, public_npz, private_npz, workload, posteriors, coc_path, seed, supports)
         release_dir = publish_stage(cfg, paths, reports, node_files, stages, workload, coc_path)
-        report = internal_qa(cfg, paths, reports, node_files, seed, coc_path)
+        report = internal_qa(cfg, paths, private_npz, public_npz, node_files, seed, coc_path)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir
 
 
 @task(name="internal-qa-report")
-def internal_qa(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], seed: int, coc_path: str | None) -> str:
+def internal_qa(cfg: ReleaseConfig, paths: RunPaths, private_npz: str, public_npz: str, node_files: list[str], seed: int, coc_path: str | None) -> str:
     """Accuracy of the release against the confidential data, written to the work directory only."""
-    private = merged(reports, "private")
+    private = HierarchicalData.from_npz(private_npz)
     release = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
     baselines = {}
     if cfg.synthesizer != "public_baseline":
-        baselines["public-only baseline"] = public_only_baseline(merged(reports, "public"), private, seed)
+        baselines["public-only baseline"] = public_only_baseline(HierarchicalData.from_npz(public_npz), private, seed)
     summary = open_ledger(cfg, paths).summary()
     coc_emd = coc_emd_by_level(coc_path, private) if coc_path else None
     return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, summary, coc_emd))

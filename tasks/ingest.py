@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prefect import task
@@ -33,23 +34,34 @@ def load_input(cfg: ReleaseConfig, spec: InputSpec) -> tuple[HierarchicalData, d
 
 @task(name="ingest-input", retries=0)
 def ingest_input(cfg: ReleaseConfig, paths: RunPaths, role: str, index: int) -> dict:
-    """Validate, encode and persist one input file; returns its (path, report) record.
+    """Validate, encode and persist one input file.
 
+    The exclusion report (exact counts of the file: confidential for private inputs) is written
+    next to the encoded data in the owner-only work directory; the returned record holds only file
+    identity and paths, because task results and subflow parameters reach Prefect's database.
     Raises InputError (file, line, column, what was expected) on bad input.
     """
     spec = (cfg.private if role == "private" else cfg.public)[index]
     out = paths.inputs_dir / f"{role}-{index:02d}.npz"
     data, report = load_input(cfg, spec)
     save_npz_atomic(out, data.to_npz)
-    report = {"role": role, "path": str(cfg.input_path(spec)), **report, "encoded": str(out)}
-    return report
+    report_path = out.with_suffix(".json")
+    write_json_atomic(report_path, {"role": role, "path": str(cfg.input_path(spec)), **report})
+    record = {"role": role, "path": str(cfg.input_path(spec)), "encoded": str(out), "report": str(report_path)}
+    record.update({k: report[k] for k in ("file", "sha256", "layout")})
+    return record
 
 
-def validation_record(reports: list[dict], issues: list[InputError]) -> dict:
+def read_report(record: dict) -> dict:
+    """The full exclusion report of one ingested input (work directory only)."""
+    return json.loads(Path(record["report"]).read_text())
+
+
+def validation_record(records: list[dict], issues: list[InputError]) -> dict:
     """The ingestion gate's JSON result kept with the run (work dir only)."""
     return {
         "success": not issues,
-        "inputs": [{k: r[k] for k in ("role", "path", "file", "sha256", "layout")} for r in reports],
+        "inputs": [{k: r[k] for k in ("role", "path", "file", "sha256", "layout")} for r in records],
         "issues": [i.to_dict() for e in issues for i in e.issues],
     }
 

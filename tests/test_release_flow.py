@@ -44,6 +44,14 @@ def artifact_texts() -> list[str]:
         return [f"{a.key}\n{a.description}\n{a.data if isinstance(a.data, str) else json.dumps(a.data)}" for a in client.read_artifacts()]
 
 
+def flow_run_parameters() -> list[str]:
+    """Every flow run's parameters as stored by Prefect (its database is not confidential storage)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return [json.dumps(r.parameters, default=str) for r in client.read_flow_runs()]
+
+
 def test_release_end_to_end(tmp_path, data_root, capsys):
     from flows.cli import main
 
@@ -95,6 +103,13 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
     assert any(a.startswith("e2e-ledger") for a in artifacts), artifacts
     assert any(a.startswith("e2e-summary") for a in artifacts), artifacts
     blob_artifacts = "\n".join(artifacts).encode()
+    # exact confidential statistics (the exclusion report) stay in the work directory, never in
+    # Prefect's database through flow-run parameters
+    params = "\n".join(flow_run_parameters())
+    assert "dprelease-release" in params or "config_path" in params
+    private_report = json.loads((work / "run_summary.json").read_text())["inputs"][0]
+    assert private_report["persons_read"] > 0
+    assert "persons_read" not in params and "group_quarters_persons" not in params
     for b in (blob, blob_artifacts):
         assert not any(s.encode() in b for s in serials)
         assert not any(r in b for r in records)
