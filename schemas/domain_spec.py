@@ -8,7 +8,6 @@ persons. See the comments at the top of ``domains/acs_pums.yaml``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -201,10 +200,3 @@ def load_domain_spec(path: str | Path = DOMAINS_DIR / "acs_pums.yaml") -> Domain
     except Exception as e:  # pydantic.ValidationError
         raise ValueError(f"{path}: invalid domain spec:\n{e}") from None
 
-
-@dataclass(frozen=True)
-class EncodedInput:
-    """What ingestion returns for one input: the data and its exclusion counts."""
-
-    data: HierarchicalData
-    report: dict

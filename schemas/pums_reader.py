@@ -90,16 +90,19 @@ def detect_layout(path: Path) -> str:
     return "pums2017"
 
 
-def _read_bytes(path: Path) -> tuple[str, bytes]:
-    """(display name, raw bytes of the person CSV) from a zip archive or a CSV file."""
+def _read_bytes(path: Path) -> tuple[str, bytes, str]:
+    """(display name, raw bytes of the person CSV, SHA-256 of the file) from a zip archive or a CSV
+    file; the file is read once."""
     if not path.exists():
         raise InputError([InputIssue(str(path), "file not found", check="file")])
-    if path.stat().st_size == 0:
+    raw = path.read_bytes()
+    sha = hashlib.sha256(raw).hexdigest()
+    if not raw:
         raise InputError([InputIssue(path.name, "file is empty (0 bytes)", check="file")])
     if path.suffix.lower() != ".zip":
-        return path.name, path.read_bytes()
+        return path.name, raw, sha
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(io.BytesIO(raw))
     except zipfile.BadZipFile:
         raise InputError([InputIssue(path.name, "not a readable zip archive (corrupt or truncated file)", check="zip")]) from None
     with zf:
@@ -114,7 +117,7 @@ def _read_bytes(path: Path) -> tuple[str, bytes]:
             raise InputError([InputIssue(name, f"corrupt zip member ({kind}): the archive is damaged or truncated", check="zip")]) from None
     if not data:
         raise InputError([InputIssue(name, "file is empty (0 bytes)", check="file")])
-    return name, data
+    return name, data, sha
 
 
 def _check_utf8(name: str, data: bytes, header: list[str]) -> None:
@@ -158,8 +161,7 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
     layout = detect_layout(path) if layout == "auto" else layout
     if layout not in LAYOUTS:
         raise InputError([InputIssue(path.name, f"unknown layout {layout!r}; expected one of {LAYOUTS}", check="layout")])
-    name, data = _read_bytes(path)
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    name, data, sha = _read_bytes(path)
     if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark, as spreadsheet programs write
         data = data[3:]
     first_nl = data.find(b"\n")
@@ -321,7 +323,7 @@ def _parse_int_column(name: str, c: str, s: SourceColumn, raw: pd.Series, blanks
 
 def _check_housing(path: Path, serial: np.ndarray, hh: np.ndarray, n_hh: int, gq_rel: np.ndarray, blanks) -> tuple[int, dict, list[InputIssue]]:
     """Cross-check a legacy housing file (SERIALNO, TYPE, NP) against the persons."""
-    name, data = _read_bytes(path)
+    name, data, _ = _read_bytes(path)
     try:
         t = pacsv.read_csv(io.BytesIO(data), convert_options=pacsv.ConvertOptions(include_columns=["SERIALNO", "TYPE", "NP"], column_types={"SERIALNO": pa.string(), "TYPE": pa.string(), "NP": pa.string()}))
     except (pa.ArrowInvalid, KeyError):

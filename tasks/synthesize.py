@@ -85,7 +85,7 @@ def state_update_task(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, priv
         return str(out)
     support = cached_support(public_npz)
     private = cached_data(private_npz)
-    mine = private.select(private.geo[:, 0] == state)
+    mine = private.select(private.node_mask((state,)))
     s = cfg.synthesis
     res = synthesize_node(
         support, support.weights, mine, [Workload.from_id(w) for w in workload_ids],
@@ -123,7 +123,7 @@ def puma_task(
         with np.load(state_posterior) as z:
             prior = z["weights"]
         private = cached_data(private_npz)
-        mine = private.select(np.all(private.geo[:, :2] == np.asarray(node), axis=1))
+        mine = private.select(private.node_mask(node))
         s = cfg.synthesis
         res = synthesize_node(
             support, prior, mine, [Workload.from_id(w) for w in workload_ids],
