@@ -8,10 +8,7 @@ import torch
 
 from engine.domain import Attribute, Domain
 from engine.hierarchical_data import HierarchicalData
-
-
-def _attr(name: str, k: int) -> Attribute:
-    return Attribute(name, tuple(str(i) for i in range(k)), tuple(f"{name}{i}" for i in range(k)))
+from tests.engine._support_testdata import attr as _attr
 
 
 def tiny_domain(M: int = 3) -> Domain:
