@@ -20,6 +20,7 @@ version on ACS 2018 Vermont (private) with New Hampshire as public data.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -47,6 +48,7 @@ from engine.hgem.train import HGEMConfig, make_generator, pretrain_public, train
 from engine.hgem.workloads import kway_workloads  # noqa: E402
 from engine.queries import PrivacyUnit, Workload  # noqa: E402
 
+_log = functools.partial(print, flush=True)
 DATA_ROOT = Path(os.environ.get("DPRELEASE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
@@ -108,16 +110,27 @@ def _hgem_answers(G, plan) -> list[np.ndarray]:
         return [x.cpu().numpy().astype(np.float64) for x in plan.split(plan.answers(G()))]
 
 
-def _run_hgem(private, public, workloads, true, eps, delta, cfg, pretrain_steps, unit, seed, device, pub_state=None):
+def _run_hgem(private, public, workloads, true, eps, delta, cfg, pretrain_steps, unit, seed, device, pub_state=None,
+              prior_strength=0.1):
+    """With a public fit (``pub_state``): the MAP update with the relative-entropy prior to it
+    (α = prior_strength × N_G, the measurements' σ known). Without public data there is no prior
+    to stay close to, and H-GEM is the paper's: H-GEM-Update (Algorithm 4) with the EMA output."""
     rho = rho_from_epsilon(eps, delta)
     budget = gem_budget(rho, cfg.rounds, alpha=0.5)
     select, measure = make_oracles(private, workloads, true, budget, unit)
-    cfg = replace(cfg, seed=seed)
-    G = make_generator(private.domain, cfg, device)
+    dom = private.domain
+    if pub_state is None:
+        cfg = replace(cfg, seed=seed, update="gem", output="ema")
+        sigma = None
+    else:
+        cfg = replace(cfg, seed=seed, update="map", prior_households=prior_strength * private.n_households)
+        l2 = {w: measurement_l2_sensitivity(w, dom, unit, private.n_households, private.n_persons) for w in workloads}
+        sigma = lambda w: budget.sigma(l2[w])  # noqa: E731
+    G = make_generator(dom, cfg, device)
     if pub_state is not None:
         G.load_state_dict(pub_state)
-    sens = score_sensitivity(workloads, private.domain, unit, private.n_households, private.n_persons)
-    return train_hgem(private.domain, workloads, true, select, measure, sens, cfg, generator=G).generator
+    sens = score_sensitivity(workloads, dom, unit, private.n_households, private.n_persons)
+    return train_hgem(dom, workloads, true, select, measure, sens, cfg, generator=G, measurement_sigma=sigma).generator
 
 
 def run_accuracy(
@@ -134,7 +147,7 @@ def run_accuracy(
     reduce_kwargs: dict | None = None,
     unit: str = "household",
     device: str | None = None,
-    log=print,
+    log=_log,
 ) -> list[dict]:
     """One row per (method, ε, run, level) with max / mean error and seconds.
 
@@ -206,7 +219,9 @@ def run_real(
     per_group_count: int | None = 8,
     methods: Sequence[str] = ("hgem", "prior_update", "public"),
     unit: str = "household",
-    log=print,
+    prior_strength: float = 0.1,
+    pretrained_cache: Path | None = None,
+    log=_log,
 ) -> list[dict]:
     """Released-data comparison per private state: every method outputs N_G synthetic households
     of the state, scored with ``engine.metrics.query_errors`` at level "ST" on the 3-way
@@ -256,12 +271,22 @@ def run_real(
                 f"person max {p['max']:.4f} mean {p['mean']:.5f} ({secs:.1f}s)")
 
         pub_state = None
-        if "hgem" in methods:
+        cache = None
+        if pretrained_cache is not None:  # the public fit depends only on public data and settings
+            cache = Path(pretrained_cache) / (f"ST{int(st[0])}_B{cfg.batch_size}_h{'-'.join(map(str, cfg.hidden))}"
+                                              f"_z{cfg.z_dim}_lr{cfg.lr}_s{pretrain_steps}_k{per_group_count}.pt")
+        if "hgem" in methods and cache is not None and cache.exists():
+            pub_state = torch.load(cache)
+            log(f"ST={st[0]} public fit read from {cache}")
+        elif "hgem" in methods:
             t0 = time.perf_counter()
             G = make_generator(dom, cfg, "cpu")
             hist = pretrain_public(G, public, ws, steps=pretrain_steps, lr=cfg.lr)
             pub_state = {k: v.clone() for k, v in G.state_dict().items()}
             log(f"ST={st[0]} pretraining: {len(hist)} steps, final loss {hist[-1]:.4g} ({time.perf_counter() - t0:.1f}s)")
+            if cache is not None:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(pub_state, cache)
         for run in range(runs):
             rng = np.random.default_rng(1000 + run)
             if "public" in methods:
@@ -287,10 +312,11 @@ def run_real(
                     select, meas = make_oracles(priv, ws, true, budget, unit)
                     l2 = {w: measurement_l2_sensitivity(w, dom, unit, priv.n_households, priv.n_persons) for w in ws}
                     sigma = lambda w: l2[w] / np.sqrt(2.0 * budget.rho_measure)  # noqa: E731
-                    G = make_generator(dom, replace(cfg, seed=run), "cpu")
+                    cfg_run = replace(cfg, seed=run, prior_households=prior_strength * n_g)
+                    G = make_generator(dom, cfg_run, "cpu")
                     G.load_state_dict(pub_state)
                     sens = score_sensitivity(ws, dom, unit, priv.n_households, priv.n_persons)
-                    out = train_hgem(dom, ws, true, select, meas, sens, replace(cfg, seed=run), generator=G,
+                    out = train_hgem(dom, ws, true, select, meas, sens, cfg_run, generator=G,
                                      measurement_sigma=sigma)
                     synth = hgem_sample(out.mixture(), n_g, seed=run, geo=tuple(int(x) for x in priv.geo[0]))
                     with torch.no_grad():
@@ -360,6 +386,8 @@ def main(argv=None) -> int:
                     help="released-data comparison (hgem vs prior_update vs public, query_errors at ST); "
                          "--private/--public take comma-separated state files")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--pretrained-cache", default=None,
+                    help="--real: directory for the public fits (reused across invocations; public data only)")
     args = ap.parse_args(argv)
     if args.real:
         from engine.hierarchical_data import HierarchicalData as HD
@@ -371,7 +399,8 @@ def main(argv=None) -> int:
         torch.manual_seed(0)
         rows = run_real(private, public, [float(e) for e in args.epsilons.split(",")], args.runs, cfg,
                         args.pretrain_steps, args.per_group_count,
-                        [m for m in args.methods.split(",") if m in ("hgem", "prior_update", "public")])
+                        [m for m in args.methods.split(",") if m in ("hgem", "prior_update", "public")],
+                        pretrained_cache=Path(args.pretrained_cache) if args.pretrained_cache else None)
         print(summarise(rows))
         save_results(rows, Path(__file__).resolve().parent / "results", "hgem_accuracy_real")
         return 0

@@ -2,7 +2,7 @@
 
 Configuration (H-GEM paper A.1.2 / A.2.2 scale): B = 1000 mixture components, a residual MLP
 with hidden layers (256, 512), all 3-way workloads plus random 4-way ones until ≥ 100 000 queries
-(cells), T_max update steps per round forced (γ = 0) so that every round does the same work.
+(cells), T_max update steps per round forced (H-GEM-Update with γ = 0) so that every round does the same work.
 Noise-free oracles are used (argmax selection, exact measurement): privacy does not change the
 cost of a round. Records the device names; on a machine without a GPU it reports CPU only and
 says so.
@@ -57,7 +57,7 @@ def _cpu_name() -> str:
 
 def time_rounds(data, workloads, device: str, rounds: int, tmax: int, batch_size: int) -> dict:
     true = exact_normalised_answers(data, workloads)
-    cfg = HGEMConfig(rounds=rounds, max_update_steps=tmax, batch_size=batch_size, gamma_scale=0.0, seed=0)
+    cfg = HGEMConfig(rounds=rounds, max_update_steps=tmax, batch_size=batch_size, update="gem", gamma_scale=0.0, seed=0)
     G = make_generator(data.domain, cfg, device)
     times: list[float] = []
 

@@ -108,10 +108,12 @@ class CountOfCountsSpec(_Strict):
 
 
 class SynthesisSpec(_Strict):
-    """Prior-update settings: ``map`` (noise-aware, default) or ``ide`` (Tao et al.'s exact rule)."""
+    """Prior-update settings: ``map`` (noise-aware, default) or ``ide`` (Tao et al.'s exact rule).
+    ``prior_strength`` is also the strength of H-GEM's relative-entropy prior to its public fit."""
 
     update_rule: Literal["map", "ide"] = "map"
-    prior_strength: float = Field(default=0.1, gt=0, description="MAP rule: α as a fraction of the node's households")
+    prior_strength: float = Field(default=0.1, gt=0,
+                                  description="MAP rule and H-GEM: α as a fraction of the node's households")
     sweeps: int = Field(default=3, ge=1, le=100, description="IDE rule: sweeps over the workloads")
 
 

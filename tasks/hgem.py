@@ -32,7 +32,10 @@ samples synthetic households from it:
      - person level: N̂_I = N_G × the PUBLIC data's mean household size ("expected persons"). The
        state's true person count is never used, so it costs nothing; the price is a small bias
        when the state's mean size differs from the public data's.
-4. ``n_samples`` households are drawn from the EMA generator (``engine.hgem.sampling``) with geo
+   The update is the MAP rule of ``engine.hgem.train`` with the relative-entropy prior to the public
+   fit at strength ``synthesis.prior_strength`` × N_G households (the prior update's α).
+4. ``n_samples`` households are drawn from the output generator (``engine.hgem.sampling``, balanced
+   components and stratified draws) with geo
    (state, 0, ...) placeholders and saved atomically to ``nodes/hgem_support/ST<xx>.npz``; a
    ``.json`` sidecar keeps the per-round diagnostics (no true errors, only DP-derived values).
 
@@ -92,11 +95,13 @@ TORCH_THREADS: int | None = 1  # CPU intra-op threads per task (one task per Das
 SUPPORT_PER_HOUSEHOLD = 2  # suggested n_samples = this × the state's (public) household count
 
 
-def hgem_config(seed: int = 0) -> HGEMConfig:
-    """The HGEMConfig built from the module constants."""
+def hgem_config(seed: int = 0, prior_households: float = 300.0) -> HGEMConfig:
+    """The HGEMConfig built from the module constants; ``prior_households``: strength α of the
+    relative-entropy prior to the public fit, in households (the pipeline passes
+    ``synthesis.prior_strength`` × the state's household count, as the prior update does)."""
     return HGEMConfig(
         rounds=ROUNDS, max_update_steps=MAX_UPDATE_STEPS, lr=LR, batch_size=BATCH_SIZE, z_dim=Z_DIM,
-        hidden=tuple(HIDDEN), seed=int(seed),
+        hidden=tuple(HIDDEN), seed=int(seed), prior_households=float(prior_households),
     )
 
 
@@ -258,7 +263,7 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
 
     base = seed if seed is not None else (cfg.sampling_seed or 0)
     gen_seed, sample_seed = _seeds(base, state)
-    hcfg = hgem_config(gen_seed)
+    hcfg = hgem_config(gen_seed, prior_households=cfg.synthesis.prior_strength * n_g)
     device = default_device()
     log.info(f"hgem {node}: {mine.n_households} households, {len(workloads)} candidate workloads, "
              f"{ROUNDS} rounds, rho={float(rho_node):.6g} (eps0={eps0:.4g}, rho_meas/round={float(rho_meas):.4g}), device {device}")

@@ -5,14 +5,15 @@ size distribution c_k = F_c(z_k), group distribution F_G(z_k) and slot distribut
 write p_kj(y_I) = Π_{i∈S_I} F_I,j(z_k)_i[y_i] (the chance that the person in slot j matches y_I).
 
 * group level ("households matching y_G that contain a person matching y_I"):
-      f = (1/B) Σ_k Π_{i∈S_G} F_G(z_k)_i[y_i] · Σ_m c_km (1 − Π_{j≤m} (1 − p_kj(y_I)))
+      f = Σ_k w_k Π_{i∈S_G} F_G(z_k)_i[y_i] · Σ_m c_km (1 − Π_{j≤m} (1 − p_kj(y_I)))
   Only the slots j ≤ m of a household of size m count; the inner sum is computed for all m at
   once with a cumulative product over slots, so it is exact for the mixture (no independence
   approximation between the size and the slots).
 * person level ("persons matching y_I whose household matches y_G"), the ratio form:
-      f = Σ_k Π_{i∈S_G} F_G(z_k)_i[y_i] · Σ_m c_km Σ_{j≤m} p_kj(y_I)  /  Σ_k Σ_m m c_km
+      f = Σ_k w_k Π_{i∈S_G} F_G(z_k)_i[y_i] · Σ_m c_km Σ_{j≤m} p_kj(y_I)  /  Σ_k w_k Σ_m m c_km
   = expected number of matching persons / expected number of persons
   (Σ_m c_km Σ_{j≤m} p_kj = Σ_j P_k(size ≥ j) p_kj).
+  (w_k the component weights, 1/B in the paper's uniform mixture.)
 * S_I = ∅: the "contains" factor is 1 (group level) and the person count is m (person level).
 * NP (``domain.size_attribute``) is a group attribute whose distribution is F_c: when NP ∈ S_G the
   sum over m is not taken; the term for m goes to the cell NP = m.
@@ -139,7 +140,7 @@ class AnswerPlan:
             else:
                 h = torch.arange(1, M + 1, device=dev, dtype=dt).view(1, M, 1, 1)
             h = h.expand(B, M, W, 1)
-        s = c[:, :, None, None] * h  # (B, M, W, K)
+        s = (mix.component_weights[:, None] * c)[:, :, None, None] * h  # (B, M, W, K), weighted components
         ops: list = []
         out_axes: list[int] = [1]
         gi = 0
@@ -154,7 +155,7 @@ class AnswerPlan:
         ops += [s, [0, 2, 1, 3]]
         out_axes.append(3)
         res = torch.einsum(*ops, out_axes)  # (W, ..., K); m is summed out unless NP ∈ S_G
-        return res.reshape(W, b.n_cells) / B
+        return res.reshape(W, b.n_cells)
 
     def answers(self, mix: ProductMixture) -> torch.Tensor:
         """Normalised answers of all workloads, one flat tensor (differentiable)."""

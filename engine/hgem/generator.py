@@ -8,7 +8,8 @@ Each head is followed by a softmax *per attribute* (GEM appendix B.1: "G(z) outp
 over each attribute"), so F(z_k) is a product distribution. Following GEM appendix B.2
 ("fixing the noise vector z at the beginning of training leads to faster convergence"), the
 generator owns a fixed batch of B latent vectors z ~ N(0, I) drawn from a seeded torch.Generator;
-``forward()`` returns the mixture over those B components (:class:`ProductMixture`).
+``forward()`` returns the mixture over those B components (:class:`ProductMixture`), weighted by
+``softmax(component_logits)`` — uniform, as in the paper, unless a training step moves them.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class HGEMGenerator(nn.Module):
             self.head_size = nn.Linear(dim, M)  # F_c
             self.head_group = nn.Linear(dim, max(self.layout.group_width, 1))  # F_G
             self.head_person = nn.Linear(dim, M * self.layout.person_width)  # F_I,1..F_I,M
+        # component weights w = softmax(component_logits): uniform (the paper's mixture) until the
+        # private MAP update moves them (see engine.hgem.train); public pretraining keeps them uniform
+        self.component_logits = nn.Parameter(torch.zeros(self.batch_size))
         g = torch.Generator().manual_seed(self.seed + 7919)
         self.register_buffer("z", torch.randn(self.batch_size, self.z_dim, generator=g))
         self.to(dev)
@@ -101,7 +105,8 @@ class HGEMGenerator(nn.Module):
         group_probs = _segment_softmax(group_logits, lay.group_sizes)
         person_logits = self.head_person(h).view(B, lay.max_size, lay.person_width)
         person_probs = _segment_softmax(person_logits, lay.person_sizes)
-        return ProductMixture(lay, size_probs, group_probs, person_probs)
+        weights = torch.softmax(self.component_logits, dim=0) if B == self.batch_size else None
+        return ProductMixture(lay, size_probs, group_probs, person_probs, weights)
 
     def config(self) -> dict:
         """The constructor arguments except the domain (enough to rebuild it with a state_dict)."""

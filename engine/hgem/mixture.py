@@ -83,12 +83,14 @@ class ProductMixture:
     size_probs   (B, M)        P_k(size = m), column m-1
     group_probs  (B, D_G)      concatenated per-attribute distributions (group attrs except NP)
     person_probs (B, M, D_I)   slot j (0-based; slot 0 = householder) concatenated per-attribute
+    weights      (B,) or None  component weights summing to 1; None = the paper's uniform 1/B
     """
 
     layout: MixtureLayout
     size_probs: torch.Tensor
     group_probs: torch.Tensor
     person_probs: torch.Tensor
+    weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         B, M = self.size_probs.shape
@@ -101,6 +103,16 @@ class ProductMixture:
             raise ValueError(
                 f"person_probs must be ({B}, {M}, {lay.person_width}), got {tuple(self.person_probs.shape)}"
             )
+        if self.weights is not None and self.weights.shape != (B,):
+            raise ValueError(f"weights must be ({B},), got {tuple(self.weights.shape)}")
+
+    @property
+    def component_weights(self) -> torch.Tensor:
+        """(B,) weights of the components (uniform when ``weights`` is None)."""
+        if self.weights is not None:
+            return self.weights
+        B = self.n_components
+        return torch.full((B,), 1.0 / B, device=self.device, dtype=self.size_probs.dtype)
 
     @property
     def n_components(self) -> int:
@@ -111,14 +123,57 @@ class ProductMixture:
         return self.size_probs.device
 
     def detach(self) -> "ProductMixture":
-        return ProductMixture(self.layout, self.size_probs.detach(), self.group_probs.detach(), self.person_probs.detach())
+        w = None if self.weights is None else self.weights.detach()
+        return ProductMixture(self.layout, self.size_probs.detach(), self.group_probs.detach(), self.person_probs.detach(), w)
 
     def to(self, device) -> "ProductMixture":
+        w = None if self.weights is None else self.weights.to(device)
         return ProductMixture(
-            self.layout, self.size_probs.to(device), self.group_probs.to(device), self.person_probs.to(device)
+            self.layout, self.size_probs.to(device), self.group_probs.to(device), self.person_probs.to(device), w
         )
 
     def expected_size(self) -> torch.Tensor:
         """E[m] under the mixture: expected persons per household (the person-level normaliser)."""
         m = torch.arange(1, self.layout.max_size + 1, device=self.device, dtype=self.size_probs.dtype)
-        return (self.size_probs * m).sum(1).mean()
+        return (self.component_weights * (self.size_probs * m).sum(1)).sum()
+
+
+def component_kl(p: ProductMixture, q: ProductMixture, floor: float = 1e-12) -> torch.Tensor:
+    """KL(P_k ‖ Q_k) of every component k, over whole households: shape (B,).
+
+    A component is a product distribution over households: size m ~ F_c, group attributes ~ F_G,
+    and persons in slots 1..m, slot j ~ F_I,j independently of m. Its relative entropy is therefore
+
+        KL(size) + Σ_a KL(group attribute a) + Σ_j P_k(m ≥ j) Σ_a KL(slot j, person attribute a),
+
+    (the slot-j persons exist only when m ≥ j). By joint convexity the mean over k bounds the KL of
+    the uniform mixtures from above, so ``component_kl(p, q).mean()`` is a conservative relative
+    entropy of the whole synthetic population to a reference (e.g. the public fit). Differentiable
+    in ``p``; ``q`` is treated as a constant.
+    """
+    if p.layout != q.layout or p.n_components != q.n_components:
+        raise ValueError("mixtures must share the layout and the number of components")
+
+    def kl_terms(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * (torch.log(a.clamp_min(floor)) - torch.log(b.detach().clamp_min(floor)))
+
+    size = kl_terms(p.size_probs, q.size_probs).sum(-1)
+    group = kl_terms(p.group_probs, q.group_probs).sum(-1)
+    slots = kl_terms(p.person_probs, q.person_probs).sum(-1)  # (B, M)
+    survival = torch.flip(torch.cumsum(torch.flip(p.size_probs, [-1]), -1), [-1])  # P(m ≥ j), j = 1..M
+    return size + group + (survival * slots).sum(-1)
+
+
+def mixture_kl_bound(p: ProductMixture, q: ProductMixture, floor: float = 1e-12) -> torch.Tensor:
+    """An upper bound of KL(p ‖ q) for mixtures with the same components' index (the chain rule on
+    (component, household) and the data-processing inequality):
+
+        KL(p ‖ q) ≤ KL(w_p ‖ w_q) + Σ_k w_p,k KL(P_k ‖ Q_k).
+
+    Moving weight between components costs only the first term, so a population shift that the
+    reference mixture already contains as a component (more households like component k) is cheap,
+    as in the prior update's reweighting of a support; changing a component costs its own KL.
+    Equals ``component_kl(p, q).mean()`` when both mixtures are uniform."""
+    wp, wq = p.component_weights, q.component_weights.detach()
+    kl_w = (wp * (torch.log(wp.clamp_min(floor)) - torch.log(wq.clamp_min(floor)))).sum()
+    return kl_w + (wp * component_kl(p, q, floor)).sum()

@@ -136,3 +136,37 @@ def test_plan_errors_per_workload(domain):
     torch.testing.assert_close(plan.l2_error(a, t), torch.tensor([0.3, 0.5]), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
         plan.concat_targets([np.zeros(3)])
+
+
+def test_weighted_components_answers_and_sampling(domain):
+    """A weighted mixture answers the weighted average of its components' answers (group level)
+    and the weighted ratio at person level; sampling follows the weights (counts n·w_k ± 1) and
+    its exact answers agree with f_q."""
+    G = tiny_gen(domain, seed=3, B=3)
+    with torch.no_grad():
+        base = G()
+    w = torch.tensor([0.7, 0.2, 0.1])
+    mix = ProductMixture(base.layout, base.size_probs, base.group_probs, base.person_probs, w)
+    one = [ProductMixture(base.layout, base.size_probs[k:k + 1], base.group_probs[k:k + 1], base.person_probs[k:k + 1])
+           for k in range(3)]
+    ws = kway_workloads(domain, 2)
+    plan = AnswerPlan(domain, ws, device="cpu")
+    with torch.no_grad():
+        f = plan.split(plan.answers(mix))
+        parts = [plan.split(plan.answers(m)) for m in one]
+        sizes = torch.stack([m.expected_size() for m in one])
+    for i, wl in enumerate(ws):
+        if wl.level == "group":
+            ref = sum(w[k] * parts[k][i] for k in range(3))
+        else:  # expected matching persons / expected persons
+            ref = sum(w[k] * sizes[k] * parts[k][i] for k in range(3)) / (w * sizes).sum()
+        torch.testing.assert_close(f[i], ref, rtol=1e-5, atol=1e-6)
+    # component counts follow the weights: with point-mass TEN per component they are the TEN counts
+    g = base.group_probs.clone()
+    g[:, base.layout.group_slice("TEN")] = torch.eye(3)
+    marked = ProductMixture(base.layout, base.size_probs, g, base.person_probs, w)
+    counts = np.bincount(sample_households(marked, 1001, seed=2).group[:, domain.group_index("TEN")], minlength=3)
+    assert np.all(np.abs(counts - 1001 * w.numpy()) <= 1)
+    syn = sample_households(mix, 60_000, seed=5)
+    ex = exact_normalised_answers(syn, ws)
+    assert max(float(np.abs(a.numpy() - b).max()) for a, b in zip(f, ex)) < 0.012

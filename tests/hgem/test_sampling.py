@@ -47,3 +47,68 @@ def test_slots_follow_their_own_heads(domain):
     assert (data.group[:, 0] == 2).all()
     assert abs((data.sizes == 3).mean() - 0.5) < 0.05
     assert abs(data.group[:, 2].mean() - 0.5) < 0.05
+
+
+def test_components_are_allocated_in_balance(domain):
+    """Component k puts all mass on TEN = k: the TEN counts are the component counts, which must
+    differ by at most one (a multinomial allocation would spread them by about √(n/B))."""
+    lay = MixtureLayout.from_domain(domain)
+    M = domain.max_size
+    B = 3
+    c = torch.full((B, M), 1.0 / M)
+    g = torch.zeros(B, lay.group_width)
+    g[:, lay.group_slice("TEN")] = torch.eye(3)
+    g[:, lay.group_slice("BLD")] = 0.5
+    p = torch.zeros(B, M, lay.person_width)
+    for name in lay.person_names:
+        p[:, :, lay.person_slice(name)] = 1.0 / (lay.person_slice(name).stop - lay.person_slice(name).start)
+    mix = ProductMixture(lay, c, g, p)
+    ten = domain.group_index("TEN")
+    spreads = []
+    for seed in range(20):
+        data = sample_households(mix, 1001, seed=seed)
+        counts = np.bincount(data.group[:, ten], minlength=3)
+        assert counts.sum() == 1001 and counts.max() - counts.min() <= 1
+        spreads.append(counts)
+    # the remainder goes to different components in different draws, and the order is shuffled
+    assert len({tuple(s) for s in spreads}) > 1
+    assert not np.all(np.diff(data.group[:, ten].astype(int)) >= 0)
+
+
+def test_stratified_uniforms_cover_every_stratum_and_are_marginally_uniform():
+    from scipy import stats
+
+    from engine.hgem.sampling import stratified_uniforms
+
+    labels = torch.tensor([3, 0, 3, 1, 3, 0, 3, 3, 1, 0, 2])
+    gen = torch.Generator().manual_seed(0)
+    firsts = []
+    for _ in range(2000):
+        u = stratified_uniforms(labels, gen)
+        assert ((u >= 0) & (u < 1)).all()
+        for lab in labels.unique():
+            v = u[labels == lab]
+            assert sorted((v * len(v)).floor().long().tolist()) == list(range(len(v)))
+        firsts.append(float(u[0]))
+    # the stratum each row lands in is random, so every row is U(0, 1)
+    assert stats.kstest(firsts, "uniform").pvalue > 1e-3
+
+
+def test_each_household_is_a_draw_from_the_mixture(domain):
+    """Low-variance sampling changes only the dependence between households: household 0 of a
+    small sample, over many seeds, follows the mixture's marginals (chi-square)."""
+    from scipy import stats
+
+    G = HGEMGenerator(domain, batch_size=2, z_dim=4, hidden=(8,), seed=5, device="cpu")
+    with torch.no_grad():
+        mix = G()
+    lay = mix.layout
+    ten = domain.group_index("TEN")
+    expected_ten = mix.group_probs[:, lay.group_slice("TEN")].double().mean(0).numpy()
+    expected_size = mix.size_probs.double().mean(0).numpy()
+    expected_ten, expected_size = expected_ten / expected_ten.sum(), expected_size / expected_size.sum()
+    draws = [sample_households(mix, 3, seed=s) for s in range(3000)]
+    got_ten = np.bincount([d.group[0, ten] for d in draws], minlength=3)
+    got_size = np.bincount([d.sizes[0] - 1 for d in draws], minlength=domain.max_size)
+    assert stats.chisquare(got_ten, expected_ten * len(draws)).pvalue > 1e-3
+    assert stats.chisquare(got_size, expected_size * len(draws)).pvalue > 1e-3
