@@ -348,6 +348,9 @@ def save_results(rows: list[dict], out_dir: Path, name: str) -> None:
                 continue
             ax.plot(eps, [np.mean([r[stat] for r in sel if r["epsilon"] == e]) for e in eps], "o-", label=m)
         ax.set_xscale("log")
+        ticks = sorted({r["epsilon"] for r in rows if r["epsilon"] != "-"})
+        ax.set_xticks(ticks, [f"{e:g}" for e in ticks])
+        ax.minorticks_off()
         ax.set_title(f"{level} {stat} error")
         ax.set_xlabel("ε")
     axes[0].legend(fontsize=7)
