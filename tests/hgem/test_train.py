@@ -152,9 +152,9 @@ def test_cell_sensitivity_bound_holds_on_neighbours(domain, data):
             assert np.abs(answer(data, w) - answer(nb, w)).max() <= cell_sensitivity(w, domain, "household")
 
 
-def test_map_update_with_public_anchor_improves_on_public_start(domain, data):
+def test_map_update_with_public_prior_improves_on_public_start(domain, data):
     """update="map": warm start from the public fit, weighted likelihood of all measurements plus
-    the anchor to the public answers; with exact measurements it must not lose to its start."""
+    the relative entropy to the public fit; with exact measurements it must not lose to its start."""
     public = synthetic_data(domain, 2000, seed=7)
     ws = kway_workloads(domain, 2)
     true = exact_normalised_answers(data, ws)
