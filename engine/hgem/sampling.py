@@ -1,8 +1,8 @@
 """Two-stage sampling of synthetic households from a product mixture (H-GEM paper §4.2, "Sampling").
 
 For each household: pick a mixture component k (by its weight; the B sub-populations of GEM
-appendix B.1 are equally weighted until the private update moves the weights), draw the group attributes from F_G(z_k) and the size m ~ F_c(z_k),
-then draw m persons, the j-th from the slot distribution F_I,j(z_k) ("the first row is sampled
+appendix B.1 are equally weighted until the private update moves the weights), draw the group
+attributes from F_G(z_k) and the size m ~ F_c(z_k), then draw m persons, the j-th from the slot distribution F_I,j(z_k) ("the first row is sampled
 from F_I,1(z_k), the second from F_I,2(z_k), etc."). Slot 1 is the householder (person row 0 of the
 household in HierarchicalData). No special handling of a relationship attribute: whatever the
 slot-1 head learnt is what the householder gets.
@@ -21,10 +21,10 @@ dependence *between* households changes, to cut the sampling noise of every rele
   attribute, so the attributes of one household stay independent given its component.
 
 Measured on the public-pretrained ACS Vermont mixture (B = 1000, 2,714 households, 3-way
-workloads, 5 draws): mean |sampled − model| answer 0.00085 (group) / 0.00065 (person), against 0.00135 /
-0.00102 for i.i.d. draws.
+workloads, 5 draws): mean |sampled − model| answer 0.00085 (group) / 0.00065 (person), against
+0.00135 / 0.00102 for i.i.d. draws.
 
-Vectorised: every draw is one ``torch.multinomial`` over all households (persons for all M slots
+Vectorised: every attribute is one inverse-CDF draw over all households (persons for all M slots
 are drawn and the slots beyond m are dropped by a mask), with a seeded ``torch.Generator``.
 """
 
