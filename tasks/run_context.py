@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.privacy.file_lock import write_atomic
+
 
 class RunRefused(RuntimeError):
     """The run cannot start: the release exists already or another run holds the lock."""
@@ -114,21 +116,10 @@ class RunLock:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    payload = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+    write_atomic(path, lambda f: f.write(payload))
 
 
 def save_npz_atomic(path: Path, save) -> None:
-    """Write an .npz via ``save(file_object)`` atomically (tmp + fsync + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.npz")
-    with open(tmp, "wb") as f:
-        save(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write an .npz via ``save(file_object)`` atomically (``engine.privacy.file_lock.write_atomic``)."""
+    write_atomic(path, save)

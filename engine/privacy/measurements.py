@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from engine.privacy import mechanisms
-from engine.privacy.file_lock import exclusive_lock
+from engine.privacy.file_lock import exclusive_lock, write_atomic
 from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, pure_dp_rho
 from engine.privacy.ledger import PrivacyLedger, node_id
 
@@ -88,14 +88,6 @@ def _vector_sha256(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class MeasurementStore:
     """A directory of measurements (``<stem>.npz`` + ``<stem>.json`` per key)."""
 
@@ -123,15 +115,6 @@ class MeasurementStore:
             yield
 
     # -- persistence ---------------------------------------------------------------------------------
-    def _write_atomic(self, path: Path, write) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
-
     def _load_vector(self, npz: Path, key: str) -> np.ndarray:
         with np.load(npz, allow_pickle=False) as z:
             stored_key = bytes(z["key"]).decode()
@@ -248,7 +231,7 @@ class MeasurementStore:
                 noisy, drawn_scale = draw()
                 if drawn_scale != scale:
                     raise RuntimeError(f"noise scale changed while drawing: {drawn_scale} != {scale}")
-                self._write_atomic(
+                write_atomic(
                     npz,
                     lambda f: np.savez(f, noisy=noisy, key=np.frombuffer(key.encode(), dtype=np.uint8)),
                 )
@@ -268,7 +251,7 @@ class MeasurementStore:
                 timestamp=time.time(),
             )
             payload = json.dumps(m.metadata(), sort_keys=True, indent=1).encode()
-            self._write_atomic(meta_path, lambda f: f.write(payload))
+            write_atomic(meta_path, lambda f: f.write(payload))
             return m
 
     def measure(
