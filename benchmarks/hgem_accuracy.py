@@ -110,8 +110,7 @@ def _hgem_answers(G, plan) -> list[np.ndarray]:
         return [x.cpu().numpy().astype(np.float64) for x in plan.split(plan.answers(G()))]
 
 
-def _run_hgem(private, public, workloads, true, eps, delta, cfg, pretrain_steps, unit, seed, device, pub_state=None,
-              prior_strength=0.1):
+def _run_hgem(private, workloads, true, eps, delta, cfg, unit, seed, device, pub_state=None, prior_strength=0.1):
     """With a public fit (``pub_state``): the MAP update with the relative-entropy prior to it
     (α = prior_strength × N_G, the measurements' σ known). Without public data there is no prior
     to stay close to, and H-GEM is the paper's: H-GEM-Update (Algorithm 4) with the EMA output."""
@@ -130,7 +129,7 @@ def _run_hgem(private, public, workloads, true, eps, delta, cfg, pretrain_steps,
     if pub_state is not None:
         G.load_state_dict(pub_state)
     sens = score_sensitivity(workloads, dom, unit, private.n_households, private.n_persons)
-    return train_hgem(dom, workloads, true, select, measure, sens, cfg, generator=G, measurement_sigma=sigma).generator
+    return train_hgem(dom, workloads, true, select, measure, sens, cfg, generator=G, measurement_sigma=sigma)
 
 
 def run_accuracy(
@@ -194,8 +193,7 @@ def run_accuracy(
                 hg = "hgem" if name == "full" else "hgem_small"
                 if hg in methods:
                     t0 = time.perf_counter()
-                    G = _run_hgem(priv, pub, ws, true, eps, delta, cfg, pretrain_steps, unit, run, device,
-                                  pub_states.get(run))
+                    G = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, device, pub_states.get(run)).generator
                     add(hg, eps, run, level_errors(ws, _hgem_answers(G, plan), true), time.perf_counter() - t0)
                 if name == "small" and "mwem_small" in methods:
                     t0 = time.perf_counter()
@@ -308,22 +306,10 @@ def run_real(
                     score(synth, "prior_update", eps, run, time.perf_counter() - t0)
                 if "hgem" in methods:
                     t0 = time.perf_counter()
-                    budget = gem_budget(rho, cfg.rounds, alpha=0.5)
-                    select, meas = make_oracles(priv, ws, true, budget, unit)
-                    l2 = {w: measurement_l2_sensitivity(w, dom, unit, priv.n_households, priv.n_persons) for w in ws}
-                    sigma = lambda w: l2[w] / np.sqrt(2.0 * budget.rho_measure)  # noqa: E731
-                    cfg_run = replace(cfg, seed=run, prior_households=prior_strength * n_g)
-                    G = make_generator(dom, cfg_run, "cpu")
-                    G.load_state_dict(pub_state)
-                    sens = score_sensitivity(ws, dom, unit, priv.n_households, priv.n_persons)
-                    out = train_hgem(dom, ws, true, select, meas, sens, cfg_run, generator=G,
-                                     measurement_sigma=sigma)
+                    out = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, "cpu", pub_state, prior_strength)
                     synth = hgem_sample(out.mixture(), n_g, seed=run, geo=tuple(int(x) for x in priv.geo[0]))
-                    with torch.no_grad():
-                        plan = AnswerPlan(dom, ws, device="cpu")
-                        model = level_errors(ws, [x.numpy().astype(float) for x in plan.split(plan.answers(out.generator()))], true)
-                    score(synth, "hgem", eps, run, time.perf_counter() - t0,
-                          {"model": model})
+                    model = level_errors(ws, _hgem_answers(out.generator, AnswerPlan(dom, ws, device="cpu")), true)
+                    score(synth, "hgem", eps, run, time.perf_counter() - t0, {"model": model})
     return rows
 
 

@@ -58,6 +58,7 @@ of the public data on the workloads, which costs no privacy.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -254,9 +255,7 @@ def train_hgem(
         with torch.no_grad():
             start = G().detach()  # the public fit (no privacy cost)
             anchor = plan_all.answers(start).detach()
-
-        def prior_term(mix: ProductMixture) -> torch.Tensor:
-            return n0 * mixture_kl_bound(mix, start)
+        prior_term = functools.partial(_kl_prior, reference=start, strength=n0)
     measured: list[Workload] = []
     sig2: list[float] = []
     meas: list[np.ndarray] = []
@@ -291,32 +290,8 @@ def train_hgem(
                 torch.as_tensor([0.5 / v for v in sig2], dtype=tgt_m.dtype, device=dev),
                 torch.as_tensor(np.diff(plan_m.offsets), device=dev))
             steps, gamma, max_err = _map_update(G, opt, cfg, plan_m, tgt_m, w_m, prior_term)
-            if t > ema_start:
-                ema = _ema_update(ema, G, cfg.ema_beta)
-            rec = RoundRecord(t, w.id, float(scores[idx]), gamma, steps, max_err, time.perf_counter() - t0)
-            history.append(rec)
-            if callback is not None:
-                callback(rec, G)
-            continue
-        # -- H-GEM-Update (Algorithm 4) ------------------------------------------------
-        steps = 0
-        gamma = 0.0
-        max_err = float("nan")
-        for i in range(cfg.max_update_steps + 1):
-            ans = plan_m.answers(G())
-            err = plan_m.max_abs_error(ans.detach(), tgt_m)
-            max_err = float(err.max())
-            if i == 0:
-                gamma_ema = max_err if gamma_ema is None else cfg.gamma_beta * gamma_ema + (1 - cfg.gamma_beta) * max_err
-                gamma = cfg.gamma_scale * gamma_ema
-            if max_err < gamma or i == cfg.max_update_steps:
-                break
-            mask = err >= gamma
-            loss = plan_m.l2_error(ans, tgt_m)[mask].sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            steps += 1
+        else:
+            steps, gamma_ema, gamma, max_err = _gem_update(G, opt, cfg, plan_m, tgt_m, gamma_ema)
         if t > ema_start:
             ema = _ema_update(ema, G, cfg.ema_beta)
         rec = RoundRecord(t, w.id, float(scores[idx]), gamma, steps, max_err, time.perf_counter() - t0)
@@ -329,6 +304,33 @@ def train_hgem(
             for k, v in out.named_parameters():
                 v.copy_(ema[k])
     return HGEMResult(out, G, measured, meas, history)
+
+
+def _kl_prior(mix: ProductMixture, reference: ProductMixture, strength: float) -> torch.Tensor:
+    """The "map" rule's prior term: n₀ × the relative-entropy bound to the public fit."""
+    return strength * mixture_kl_bound(mix, reference)
+
+
+def _gem_update(G, opt, cfg, plan_m, tgt_m, gamma_ema) -> tuple[int, float, float, float]:
+    """One round of H-GEM-Update (Algorithm 4): γ = gamma_scale × EMA of the max errors; Adam on the
+    ℓ2 errors of the measurements still above γ, until none is or ``max_update_steps``.
+    Returns (steps, new γ EMA, γ, max err)."""
+    steps, gamma, max_err = 0, 0.0, float("nan")
+    for i in range(cfg.max_update_steps + 1):
+        ans = plan_m.answers(G())
+        err = plan_m.max_abs_error(ans.detach(), tgt_m)
+        max_err = float(err.max())
+        if i == 0:
+            gamma_ema = max_err if gamma_ema is None else cfg.gamma_beta * gamma_ema + (1 - cfg.gamma_beta) * max_err
+            gamma = cfg.gamma_scale * gamma_ema
+        if max_err < gamma or i == cfg.max_update_steps:
+            break
+        loss = plan_m.l2_error(ans, tgt_m)[err >= gamma].sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        steps += 1
+    return steps, gamma_ema, gamma, max_err
 
 
 def _map_update(G, opt, cfg, plan_m, tgt_m, w_m, prior_term) -> tuple[int, float, float]:
