@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.hierarchical_data import HierarchicalData  # noqa: E402
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers  # noqa: E402
+from engine.hgem.mixture import default_device  # noqa: E402
 from engine.hgem.mwem import MWEMConfig, reduce_data, train_mwem  # noqa: E402
 from engine.hgem.privacy import (  # noqa: E402
     RoundBudget,
@@ -219,6 +220,7 @@ def run_real(
     unit: str = "household",
     prior_strength: float = 0.1,
     pretrained_cache: Path | None = None,
+    device: str | None = None,
     log=_log,
 ) -> list[dict]:
     """Released-data comparison per private state: every method outputs N_G synthetic households
@@ -234,6 +236,7 @@ def run_real(
     public        the public empirical distribution resampled (same sampler) to N_G households.
     Noise: benchmark-only numpy Gaussian / exponential mechanism (``make_oracles`` uses
     engine.privacy.mechanisms for H-GEM; the prior update uses a seeded numpy Gaussian).
+    device: where H-GEM trains and samples (None → cuda when visible, else cpu).
     """
     from fractions import Fraction
 
@@ -246,6 +249,9 @@ def run_real(
     from engine.workload_selection import select_workloads
 
     cfg = hgem_config or HGEMConfig()
+    device = str(torch.device(device) if device else default_device())
+    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
+    log(f"H-GEM on {device} ({name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads)")
     rows: list[dict] = []
     support = Support.from_data(public)
     sel = select_workloads(public)
@@ -274,11 +280,11 @@ def run_real(
             cache = Path(pretrained_cache) / (f"ST{int(st[0])}_B{cfg.batch_size}_h{'-'.join(map(str, cfg.hidden))}"
                                               f"_z{cfg.z_dim}_lr{cfg.lr}_s{pretrain_steps}_k{per_group_count}.pt")
         if "hgem" in methods and cache is not None and cache.exists():
-            pub_state = torch.load(cache)
+            pub_state = torch.load(cache, map_location=device)
             log(f"ST={st[0]} public fit read from {cache}")
         elif "hgem" in methods:
             t0 = time.perf_counter()
-            G = make_generator(dom, cfg, "cpu")
+            G = make_generator(dom, cfg, device)
             hist = pretrain_public(G, public, ws, steps=pretrain_steps, lr=cfg.lr)
             pub_state = {k: v.clone() for k, v in G.state_dict().items()}
             log(f"ST={st[0]} pretraining: {len(hist)} steps, final loss {hist[-1]:.4g} ({time.perf_counter() - t0:.1f}s)")
@@ -306,9 +312,9 @@ def run_real(
                     score(synth, "prior_update", eps, run, time.perf_counter() - t0)
                 if "hgem" in methods:
                     t0 = time.perf_counter()
-                    out = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, "cpu", pub_state, prior_strength)
+                    out = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, device, pub_state, prior_strength)
                     synth = hgem_sample(out.mixture(), n_g, seed=run, geo=tuple(int(x) for x in priv.geo[0]))
-                    model = level_errors(ws, _hgem_answers(out.generator, AnswerPlan(dom, ws, device="cpu")), true)
+                    model = level_errors(ws, _hgem_answers(out.generator, AnswerPlan(dom, ws, device=device)), true)
                     score(synth, "hgem", eps, run, time.perf_counter() - t0, {"model": model})
     return rows
 
@@ -374,6 +380,8 @@ def main(argv=None) -> int:
     ap.add_argument("--real", action="store_true",
                     help="released-data comparison (hgem vs prior_update vs public, query_errors at ST); "
                          "--private/--public take comma-separated state files")
+    ap.add_argument("--results-dir", default=str(Path(__file__).resolve().parent / "results"),
+                    help="--real: where hgem_accuracy_real.{json,png} go")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--pretrained-cache", default=None,
                     help="--real: directory for the public fits (reused across invocations; public data only)")
@@ -389,9 +397,10 @@ def main(argv=None) -> int:
         rows = run_real(private, public, [float(e) for e in args.epsilons.split(",")], args.runs, cfg,
                         args.pretrain_steps, args.per_group_count,
                         [m for m in args.methods.split(",") if m in ("hgem", "prior_update", "public")],
-                        pretrained_cache=Path(args.pretrained_cache) if args.pretrained_cache else None)
+                        pretrained_cache=Path(args.pretrained_cache) if args.pretrained_cache else None,
+                        device=args.device)
         print(summarise(rows))
-        save_results(rows, Path(__file__).resolve().parent / "results", "hgem_accuracy_real")
+        save_results(rows, Path(args.results_dir), "hgem_accuracy_real")
         return 0
     private = load_state(args.private)
     public = load_state(args.public) if args.public else None

@@ -4,10 +4,12 @@ Configuration (H-GEM paper A.1.2 / A.2.2 scale): B = 1000 mixture components, a 
 with hidden layers (256, 512), all 3-way workloads plus random 4-way ones until ≥ 100 000 queries
 (cells), T_max update steps per round forced (H-GEM-Update with γ = 0) so that every round does the same work.
 Noise-free oracles are used (argmax selection, exact measurement): privacy does not change the
-cost of a round. Records the device names; on a machine without a GPU it reports CPU only and
-says so.
+cost of a round. Each configuration runs one untimed warm-up round first. On a GPU it times the
+default CUDA-graph steps (``cuda``) and plain eager steps (``cuda-eager``), and the CPU with all its
+cores, in the same run; it records the device names. On a machine without a GPU it reports CPU only
+and says so.
 
-    python benchmarks/hgem_speed.py [--rounds 5] [--tmax 20] [--min-queries 100000] [--synthetic]
+    python benchmarks/hgem_speed.py [--rounds 10] [--tmax 20] [--min-queries 100000] [--synthetic]
 """
 
 from __future__ import annotations
@@ -55,9 +57,12 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def time_rounds(data, workloads, device: str, rounds: int, tmax: int, batch_size: int) -> dict:
+def time_rounds(data, workloads, device: str, rounds: int, tmax: int, batch_size: int, cuda_graphs: bool = True) -> dict:
+    """Seconds per round over ``rounds`` timed rounds after one untimed warm-up round (CUDA context,
+    cuBLAS handles, the first graph captures; reported as ``first_round_seconds``)."""
     true = exact_normalised_answers(data, workloads)
-    cfg = HGEMConfig(rounds=rounds, max_update_steps=tmax, batch_size=batch_size, update="gem", gamma_scale=0.0, seed=0)
+    cfg = HGEMConfig(rounds=rounds + 1, max_update_steps=tmax, batch_size=batch_size, update="gem", gamma_scale=0.0,
+                     seed=0, cuda_graphs=cuda_graphs)
     G = make_generator(data.domain, cfg, device)
     times: list[float] = []
 
@@ -71,17 +76,20 @@ def time_rounds(data, workloads, device: str, rounds: int, tmax: int, batch_size
     t0 = time.perf_counter()
     res = train_hgem(data.domain, workloads, true, sel, meas, 1.0, cfg, generator=G, callback=cb)
     per = np.diff([t0] + times)
+    timed_steps = int(sum(r.steps for r in res.history[1:]))
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else _cpu_name()
     return {
         "device": device,
         "device_name": name,
+        "cuda_graphs": bool(cuda_graphs and device.startswith("cuda")),
         "threads": torch.get_num_threads(),
         "rounds": rounds,
         "tmax": tmax,
-        "steps": int(sum(r.steps for r in res.history)),
-        "seconds_per_round_mean": float(per.mean()),
-        "seconds_per_round_excl_first": float(per[1:].mean()) if len(per) > 1 else float(per[0]),
-        "seconds_per_step": float(per.sum() / max(1, sum(r.steps for r in res.history))),
+        "steps": timed_steps,
+        "first_round_seconds": float(per[0]),
+        "seconds_per_round_mean": float(per[1:].mean()),
+        "seconds_per_round_median": float(np.median(per[1:])),
+        "seconds_per_step": float(per[1:].sum() / max(1, timed_steps)),
     }
 
 
@@ -103,32 +111,37 @@ def synthetic_like(domain_source=None, n: int = 5000, seed: int = 0):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--state-file", default="csv_pvt.zip")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--tmax", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--min-queries", type=int, default=100_000)
-    ap.add_argument("--devices", default="auto", help="comma list (cpu,cuda) or auto")
+    ap.add_argument("--devices", default="auto",
+                    help="comma list of cuda (CUDA graphs), cuda-eager (no graphs), cpu; auto = cuda,cuda-eager,cpu")
     ap.add_argument("--out", default=None, help="write the JSON result here")
     args = ap.parse_args(argv)
     from benchmarks.hgem_accuracy import load_state
 
     data = load_state(args.state_file)
     ws, n_q = workloads_with_min_queries(data.domain, args.min_queries)
-    devices = ["cuda", "cpu"] if args.devices == "auto" else args.devices.split(",")
+    devices = ["cuda", "cuda-eager", "cpu"] if args.devices == "auto" else args.devices.split(",")
     notes = []
-    if "cuda" in devices and not torch.cuda.is_available():
-        devices = [d for d in devices if d != "cuda"]
+    if any(d.startswith("cuda") for d in devices) and not torch.cuda.is_available():
+        devices = [d for d in devices if not d.startswith("cuda")]
         notes.append("no CUDA device on this machine: CPU only")
     results = {"workloads": len(ws), "queries": n_q, "households": data.n_households, "B": args.batch_size,
                "torch": torch.__version__, "notes": notes, "runs": []}
     for dev in devices:
-        r = time_rounds(data, ws, dev, args.rounds, args.tmax, args.batch_size)
+        r = time_rounds(data, ws, dev.split("-")[0], args.rounds, args.tmax, args.batch_size, cuda_graphs=dev != "cuda-eager")
+        r["label"] = dev
         results["runs"].append(r)
-        print(f"{dev:5s} {r['device_name']:30s} {r['seconds_per_round_mean']:8.3f} s/round "
-              f"({r['seconds_per_step']:.4f} s/step, T_max={args.tmax}, threads={r['threads']})", flush=True)
-    if len(results["runs"]) == 2:
-        results["speedup"] = results["runs"][1]["seconds_per_round_mean"] / results["runs"][0]["seconds_per_round_mean"]
-        print(f"GPU speed-up: {results['speedup']:.1f}x")
+        print(f"{dev:10s} {r['device_name']:24s} {r['seconds_per_round_mean']:8.4f} s/round "
+              f"({r['seconds_per_step'] * 1e3:.2f} ms/step, T_max={args.tmax}, threads={r['threads']}, "
+              f"first round {r['first_round_seconds']:.2f} s)", flush=True)
+    by = {r["label"]: r["seconds_per_round_mean"] for r in results["runs"]}
+    if "cpu" in by:
+        results["speedup_vs_cpu"] = {k: by["cpu"] / v for k, v in by.items() if k != "cpu"}
+        for k, v in results["speedup_vs_cpu"].items():
+            print(f"{k} vs cpu: {v:.1f}x faster per round")
     for n in notes:
         print("NOTE:", n)
     print(f"{len(ws)} workloads, {n_q} queries, B={args.batch_size}")

@@ -33,11 +33,39 @@ class ResidualBlock(nn.Module):
         return torch.cat([self.act(self.fc(x)), x], dim=1)
 
 
-def _segment_softmax(logits: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
-    """Softmax over each consecutive segment of the last axis (one segment per attribute)."""
-    if not sizes:
-        return logits
-    return torch.cat([torch.softmax(part, dim=-1) for part in torch.split(logits, list(sizes), dim=-1)], dim=-1)
+class SegmentSoftmax(nn.Module):
+    """Softmax over each consecutive segment of the last axis (one segment per attribute).
+
+    One padded softmax for all segments: the logits are gathered into (…, n_segments, widest)
+    with −inf in the padding, soft-maxed along the last axis and gathered back. Equal to a softmax
+    per segment, in a fixed handful of kernels whatever the number of attributes (the per-segment
+    loop launched three per attribute, forward and backward, and H-GEM's GPU steps are launch-bound).
+    """
+
+    def __init__(self, sizes: tuple[int, ...]) -> None:
+        super().__init__()
+        self.sizes = tuple(int(s) for s in sizes)
+        width, n, pad = sum(self.sizes), len(self.sizes), max(self.sizes, default=1)
+        gather = torch.zeros(n, pad, dtype=torch.long)
+        valid = torch.zeros(n, pad, dtype=torch.bool)
+        back = torch.zeros(width, dtype=torch.long)
+        start = 0
+        for i, s in enumerate(self.sizes):
+            gather[i, :s] = torch.arange(start, start + s)
+            valid[i, :s] = True
+            back[start : start + s] = i * pad + torch.arange(s)
+            start += s
+        self.register_buffer("gather", gather.reshape(-1), persistent=False)
+        self.register_buffer("padding", ~valid, persistent=False)
+        self.register_buffer("back", back, persistent=False)
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.sizes:
+            return logits
+        lead = logits.shape[:-1]
+        padded = logits.index_select(-1, self.gather).view(*lead, *self.padding.shape)
+        probs = torch.softmax(padded.masked_fill(self.padding, float("-inf")), dim=-1)
+        return probs.flatten(-2).index_select(-1, self.back)
 
 
 class HGEMGenerator(nn.Module):
@@ -84,6 +112,8 @@ class HGEMGenerator(nn.Module):
             self.head_size = nn.Linear(dim, M)  # F_c
             self.head_group = nn.Linear(dim, max(self.layout.group_width, 1))  # F_G
             self.head_person = nn.Linear(dim, M * self.layout.person_width)  # F_I,1..F_I,M
+        self.group_softmax = SegmentSoftmax(self.layout.group_sizes)
+        self.person_softmax = SegmentSoftmax(self.layout.person_sizes)
         # component weights w = softmax(component_logits): uniform (the paper's mixture) until the
         # private MAP update moves them (see engine.hgem.train); public pretraining keeps them uniform
         self.component_logits = nn.Parameter(torch.zeros(self.batch_size))
@@ -102,9 +132,9 @@ class HGEMGenerator(nn.Module):
         lay = self.layout
         size_probs = torch.softmax(self.head_size(h), dim=-1)
         group_logits = self.head_group(h)[:, : lay.group_width]
-        group_probs = _segment_softmax(group_logits, lay.group_sizes)
+        group_probs = self.group_softmax(group_logits)
         person_logits = self.head_person(h).view(B, lay.max_size, lay.person_width)
-        person_probs = _segment_softmax(person_logits, lay.person_sizes)
+        person_probs = self.person_softmax(person_logits)
         weights = torch.softmax(self.component_logits, dim=0) if B == self.batch_size else None
         return ProductMixture(lay, size_probs, group_probs, person_probs, weights)
 

@@ -50,6 +50,10 @@ output is the last iterate (the MAP estimate given all measurements), ``output="
 GEM's EMA.
 Pretraining runs to convergence (``pretrain_public``: plateau stopping, learning-rate decay).
 
+On a GPU every update step (and every round's scoring of all candidates) is a CUDA-graph replay
+(``engine.hgem.steps``; ``cuda_graphs=False`` runs them eagerly): the steps are launch-bound, and
+the replays make a round 5× faster than eager GPU steps (``benchmarks/hgem_speed.py``).
+
 z is a fixed batch held by the generator (GEM B.2: fixing z converges faster).
 Public pretraining (GEM^Pub, GEM paper §5): before the private rounds, fit F to the exact answers
 of the public data on the workloads, which costs no privacy.
@@ -71,6 +75,7 @@ from engine.hierarchical_data import HierarchicalData
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import ProductMixture, mixture_kl_bound, resolve_device
+from engine.hgem.steps import AdamSteps, GraphedEval, make_adam, set_lr, use_cuda_graphs
 from engine.queries import Workload
 
 SelectFn = Callable[[np.ndarray, float], int]
@@ -96,6 +101,7 @@ class HGEMConfig:
     prior_households: float = 300.0  # n₀: strength (households) of the KL prior to the public fit ("map"); 0 = off
     update_tol: float = 1e-3  # "map": stop a round when the loss improves by < update_tol (relative) over 10 steps
     output: str = "auto"  # "ema" | "last" | "auto" (= "last" for update="map", "ema" for "gem")
+    cuda_graphs: bool = True  # on a GPU, replay each step as one CUDA graph (engine.hgem.steps)
 
 
 @dataclass
@@ -142,45 +148,45 @@ def fit_answers(
     steps: int,
     lr: float = 1e-3,
     tol: float = 0.0,
-    optimizer: torch.optim.Optimizer | None = None,
     rel_tol: float = 0.0,
     window: int = 50,
     decay: bool = False,
+    cuda_graphs: bool = True,
 ) -> list[float]:
     """Minimise Σ_w ‖target_w − f_w(F(z))‖₂ over all ``workloads`` for at most ``steps`` Adam steps.
 
     Stops early when every workload's max error is below ``tol``, or (``rel_tol`` > 0) when the
     best loss of the last ``window`` steps improved by less than ``rel_tol`` (relative) on the best
     loss before it. ``decay``: cosine learning-rate decay to lr/20 over ``steps``. Returns the
-    loss history.
+    loss history. On a GPU the steps are CUDA-graph replays (``cuda_graphs``, engine.hgem.steps).
     """
     plan = AnswerPlan(generator.domain, workloads, device=generator.device)
     tgt = plan.concat_targets(targets)
-    opt = optimizer or torch.optim.Adam(generator.parameters(), lr=lr)
-    base_lr = [g["lr"] for g in opt.param_groups]
+    opt = make_adam(generator.parameters(), lr, generator.device)
+    runner = AdamSteps(opt, use_cuda_graphs(generator.device, cuda_graphs))
     hist: list[float] = []
     best_before = float("inf")
-    for i in range(int(steps)):
-        if decay:
-            f = 0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * i / max(int(steps), 1)))
-            for g, b in zip(opt.param_groups, base_lr):
-                g["lr"] = b * f
+
+    def evaluate():
         ans = plan.answers(generator())
-        if tol > 0 and float(plan.max_abs_error(ans.detach(), tgt).max()) < tol:
-            break
         loss = plan.l2_error(ans, tgt).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        hist.append(float(loss.detach()))
-        if rel_tol > 0 and len(hist) % window == 0:
+        return loss, torch.stack([loss.detach(), plan.max_abs_error(ans.detach(), tgt).max()])
+
+    def stop(i: int, stats: np.ndarray) -> bool:
+        nonlocal best_before
+        if rel_tol > 0 and hist and len(hist) % window == 0:  # after the step that filled a window
             best_now = min(hist[-window:])
             if best_now > best_before * (1 - rel_tol):
-                break
+                return True
             best_before = min(best_before, best_now)
-    if decay:
-        for g, b in zip(opt.param_groups, base_lr):
-            g["lr"] = b
+        if (tol > 0 and stats[1] < tol) or i == steps:
+            return True
+        if decay:  # the learning rate of step i
+            set_lr(opt, lr * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * i / max(int(steps), 1)))))
+        hist.append(float(stats[0]))
+        return False
+
+    runner.run(evaluate, lambda loss: loss, stop, int(steps))
     return hist
 
 
@@ -244,7 +250,9 @@ def train_hgem(
     dev = G.device
     plan_all = AnswerPlan(domain, workloads, device=dev, max_elements=cfg.max_elements)
     target_all = plan_all.concat_targets(true_answers)
-    opt = torch.optim.Adam(G.parameters(), lr=cfg.lr)
+    graphs = use_cuda_graphs(dev, cfg.cuda_graphs)
+    runner = AdamSteps(make_adam(G.parameters(), cfg.lr, dev), graphs)
+    scores_of = GraphedEval(lambda: plan_all.max_abs_error(plan_all.answers(G()), target_all), graphs)
     use_map = cfg.update == "map"
     if cfg.update not in ("map", "gem"):
         raise ValueError(f"unknown update {cfg.update!r}")
@@ -265,9 +273,7 @@ def train_hgem(
     ema_start = cfg.rounds // 2
     for t in range(1, cfg.rounds + 1):
         t0 = time.perf_counter()
-        with torch.no_grad():
-            scores_t = plan_all.max_abs_error(plan_all.answers(G()), target_all)
-        scores = scores_t.cpu().numpy().astype(np.float64)
+        scores = scores_of().cpu().numpy().astype(np.float64)
         idx = int(select(scores, float(score_sensitivity)))
         w = workloads[idx]
         m = np.asarray(measure(w), dtype=np.float64).reshape(-1)
@@ -289,9 +295,9 @@ def train_hgem(
             w_m = torch.repeat_interleave(
                 torch.as_tensor([0.5 / v for v in sig2], dtype=tgt_m.dtype, device=dev),
                 torch.as_tensor(np.diff(plan_m.offsets), device=dev))
-            steps, gamma, max_err = _map_update(G, opt, cfg, plan_m, tgt_m, w_m, prior_term)
+            steps, gamma, max_err = _map_update(G, runner, cfg, plan_m, tgt_m, w_m, prior_term)
         else:
-            steps, gamma_ema, gamma, max_err = _gem_update(G, opt, cfg, plan_m, tgt_m, gamma_ema)
+            steps, gamma_ema, gamma, max_err = _gem_update(G, runner, cfg, plan_m, tgt_m, gamma_ema)
         if t > ema_start:
             ema = _ema_update(ema, G, cfg.ema_beta)
         rec = RoundRecord(t, w.id, float(scores[idx]), gamma, steps, max_err, time.perf_counter() - t0)
@@ -311,53 +317,63 @@ def _kl_prior(mix: ProductMixture, reference: ProductMixture, strength: float) -
     return strength * mixture_kl_bound(mix, reference)
 
 
-def _gem_update(G, opt, cfg, plan_m, tgt_m, gamma_ema) -> tuple[int, float, float, float]:
+def _gem_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, gamma_ema) -> tuple[int, float, float, float]:
     """One round of H-GEM-Update (Algorithm 4): γ = gamma_scale × EMA of the max errors; Adam on the
     ℓ2 errors of the measurements still above γ, until none is or ``max_update_steps``.
     Returns (steps, new γ EMA, γ, max err)."""
-    steps, gamma, max_err = 0, 0.0, float("nan")
-    for i in range(cfg.max_update_steps + 1):
+    gamma_t = torch.zeros((), device=tgt_m.device, dtype=tgt_m.dtype)  # read by the captured loss
+    gamma, max_err = 0.0, float("nan")
+
+    def evaluate():
         ans = plan_m.answers(G())
         err = plan_m.max_abs_error(ans.detach(), tgt_m)
-        max_err = float(err.max())
+        return (ans, err), err.max().reshape(1)
+
+    def loss_of(state):
+        ans, err = state
+        return (plan_m.l2_error(ans, tgt_m) * (err >= gamma_t)).sum()  # measurements above γ only
+
+    def stop(i: int, stats: np.ndarray) -> bool:
+        nonlocal gamma_ema, gamma, max_err
+        max_err = float(stats[0])
         if i == 0:
             gamma_ema = max_err if gamma_ema is None else cfg.gamma_beta * gamma_ema + (1 - cfg.gamma_beta) * max_err
             gamma = cfg.gamma_scale * gamma_ema
-        if max_err < gamma or i == cfg.max_update_steps:
-            break
-        loss = plan_m.l2_error(ans, tgt_m)[err >= gamma].sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        steps += 1
+            gamma_t.fill_(gamma)
+        return max_err < gamma
+
+    steps = runner.run(evaluate, loss_of, stop, cfg.max_update_steps)
     return steps, gamma_ema, gamma, max_err
 
 
-def _map_update(G, opt, cfg, plan_m, tgt_m, w_m, prior_term) -> tuple[int, float, float]:
+def _map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term) -> tuple[int, float, float]:
     """One round of the ``update="map"`` rule: Adam on the weighted likelihood of all past
     measurements plus the prior term ``prior_term(mixture)`` (None: none), warm-started, until the
-    loss stops improving (relative change < ``update_tol`` over 10 steps) or ``max_update_steps``. Returns (steps, γ = 0 (unused), max err)."""
-    steps, best_prev, hist = 0, float("inf"), []
+    loss stops improving (relative change < ``update_tol`` over 10 steps) or ``max_update_steps``.
+    Returns (steps, γ = 0 (unused), max err)."""
+    best_prev, hist = float("inf"), []
     max_err = float("nan")
-    for i in range(cfg.max_update_steps + 1):
+
+    def evaluate():
         mix = G()
         ans_m = plan_m.answers(mix)
         loss = (w_m * (ans_m - tgt_m) ** 2).sum()
         if prior_term is not None:
             loss = loss + prior_term(mix)
-        max_err = float(plan_m.max_abs_error(ans_m.detach(), tgt_m).max())
-        hist.append(float(loss.detach()))
-        if i == cfg.max_update_steps:
-            break
-        if len(hist) % 10 == 0:
+        return loss, torch.stack([loss.detach(), plan_m.max_abs_error(ans_m.detach(), tgt_m).max()])
+
+    def stop(i: int, stats: np.ndarray) -> bool:
+        nonlocal best_prev, max_err
+        hist.append(float(stats[0]))
+        max_err = float(stats[1])
+        if len(hist) % 10 == 0 and i < cfg.max_update_steps:
             best_now = min(hist[-10:])
             if best_now > best_prev * (1 - cfg.update_tol):
-                break
+                return True
             best_prev = min(best_prev, best_now)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        steps += 1
+        return False
+
+    steps = runner.run(evaluate, lambda loss: loss, stop, cfg.max_update_steps)
     return steps, 0.0, max_err
 
 
