@@ -45,7 +45,7 @@ from engine.hgem.privacy import (  # noqa: E402
     rho_from_epsilon,
     score_sensitivity,
 )
-from engine.hgem.train import HGEMConfig, make_generator, pretrain_public, train_hgem  # noqa: E402
+from engine.hgem.train import HGEMConfig, make_generator, pretrain_households, pretrain_public, train_hgem  # noqa: E402
 from engine.hgem.workloads import kway_workloads  # noqa: E402
 from engine.queries import PrivacyUnit, Workload  # noqa: E402
 
@@ -221,6 +221,7 @@ def run_real(
     prior_strength: float = 0.1,
     pretrained_cache: Path | None = None,
     device: str | None = None,
+    public_fit: str = "answers",
     log=_log,
 ) -> list[dict]:
     """Released-data comparison per private state: every method outputs N_G synthetic households
@@ -237,6 +238,9 @@ def run_real(
     Noise: benchmark-only numpy Gaussian / exponential mechanism (``make_oracles`` uses
     engine.privacy.mechanisms for H-GEM; the prior update uses a seeded numpy Gaussian).
     device: where H-GEM trains and samples (None → cuda when visible, else cpu).
+    public_fit: "answers" — GEM^Pub, the generator fitted to the public answers of the candidate
+    workloads (``pretrain_public``, B from ``hgem_config``); "households" — one component per public
+    household, fitted to it (``pretrain_households``, B = the public household count).
     """
     from fractions import Fraction
 
@@ -249,6 +253,10 @@ def run_real(
     from engine.workload_selection import select_workloads
 
     cfg = hgem_config or HGEMConfig()
+    if public_fit == "households":
+        cfg = replace(cfg, batch_size=public.n_households)
+    elif public_fit != "answers":
+        raise ValueError(f"unknown public_fit {public_fit!r}")
     device = str(torch.device(device) if device else default_device())
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
     log(f"H-GEM on {device} ({name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads)")
@@ -278,14 +286,18 @@ def run_real(
         cache = None
         if pretrained_cache is not None:  # the public fit depends only on public data and settings
             cache = Path(pretrained_cache) / (f"ST{int(st[0])}_B{cfg.batch_size}_h{'-'.join(map(str, cfg.hidden))}"
-                                              f"_z{cfg.z_dim}_lr{cfg.lr}_s{pretrain_steps}_k{per_group_count}.pt")
+                                              f"_z{cfg.z_dim}_lr{cfg.lr}_s{pretrain_steps}_k{per_group_count}"
+                                              f"{'_households' if public_fit == 'households' else ''}.pt")
         if "hgem" in methods and cache is not None and cache.exists():
             pub_state = torch.load(cache, map_location=device)
             log(f"ST={st[0]} public fit read from {cache}")
         elif "hgem" in methods:
             t0 = time.perf_counter()
             G = make_generator(dom, cfg, device)
-            hist = pretrain_public(G, public, ws, steps=pretrain_steps, lr=cfg.lr)
+            if public_fit == "households":
+                hist = pretrain_households(G, public, steps=pretrain_steps, lr=cfg.lr)
+            else:
+                hist = pretrain_public(G, public, ws, steps=pretrain_steps, lr=cfg.lr)
             pub_state = {k: v.clone() for k, v in G.state_dict().items()}
             log(f"ST={st[0]} pretraining: {len(hist)} steps, final loss {hist[-1]:.4g} ({time.perf_counter() - t0:.1f}s)")
             if cache is not None:
@@ -382,6 +394,10 @@ def main(argv=None) -> int:
                          "--private/--public take comma-separated state files")
     ap.add_argument("--results-dir", default=str(Path(__file__).resolve().parent / "results"),
                     help="--real: where hgem_accuracy_real.{json,png} go")
+    ap.add_argument("--public-fit", choices=("answers", "households"), default="answers",
+                    help="--real: H-GEM's public pretraining (run_real's public_fit)")
+    ap.add_argument("--network-lr-scale", type=float, default=1.0,
+                    help="--real: private rounds' network learning rate = lr × this (0: only component weights move)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--pretrained-cache", default=None,
                     help="--real: directory for the public fits (reused across invocations; public data only)")
@@ -392,13 +408,14 @@ def main(argv=None) -> int:
         private = HD.concat([load_state(f) for f in args.private.split(",")])
         public = HD.concat([load_state(f) for f in args.public.split(",")])
         cfg = HGEMConfig(rounds=args.rounds, max_update_steps=args.tmax, batch_size=args.batch_size, lr=args.lr,
-                         hidden=tuple(int(h) for h in args.hidden.split(",")), z_dim=32)
+                         hidden=tuple(int(h) for h in args.hidden.split(",")), z_dim=32,
+                         network_lr_scale=args.network_lr_scale)
         torch.manual_seed(0)
         rows = run_real(private, public, [float(e) for e in args.epsilons.split(",")], args.runs, cfg,
                         args.pretrain_steps, args.per_group_count,
                         [m for m in args.methods.split(",") if m in ("hgem", "prior_update", "public")],
                         pretrained_cache=Path(args.pretrained_cache) if args.pretrained_cache else None,
-                        device=args.device)
+                        device=args.device, public_fit=args.public_fit)
         print(summarise(rows))
         save_results(rows, Path(args.results_dir), "hgem_accuracy_real")
         return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.domain import Domain
@@ -177,3 +178,48 @@ def mixture_kl_bound(p: ProductMixture, q: ProductMixture, floor: float = 1e-12)
     wp, wq = p.component_weights, q.component_weights.detach()
     kl_w = (wp * (torch.log(wp.clamp_min(floor)) - torch.log(wq.clamp_min(floor)))).sum()
     return kl_w + (wp * component_kl(p, q, floor)).sum()
+
+
+class HouseholdCells:
+    """Where each household of a HierarchicalData sits in a mixture's layout: for household k the
+    size index m_k − 1, the columns of its group values in ``group_probs`` and, for each of its
+    person slots, the columns of its person values in ``person_probs`` (``slot_mask``: the slots
+    j < m_k that hold a person). Built once, vectorised; tensors on ``device``."""
+
+    def __init__(self, layout: MixtureLayout, data, device: torch.device | str) -> None:
+        dom = layout.domain
+        if data.domain != dom:
+            raise ValueError("data and mixture have different domains")
+        n, M = data.n_households, layout.max_size
+        gcols = [layout.group_offsets[i] + data.group[:, dom.group_index(a)].astype("int64")
+                 for i, a in enumerate(layout.group_names)]
+        pcols = torch.zeros(n, M, len(layout.person_names), dtype=torch.long)
+        hh = torch.as_tensor(data.person_household)
+        slot = torch.as_tensor(data.person_slot)
+        for j, a in enumerate(layout.person_names):
+            pcols[hh, slot, j] = torch.as_tensor(layout.person_offsets[j] + data.person[:, dom.person_index(a)].astype("int64"))
+        mask = torch.zeros(n, M, dtype=torch.bool)
+        mask[hh, slot] = True
+        self.n_households = n
+        self.size_index = torch.as_tensor(data.sizes - 1, dtype=torch.long).to(device)
+        self.group_columns = (torch.as_tensor(np.stack(gcols, 1)) if gcols
+                              else torch.zeros(n, 0, dtype=torch.long)).to(device)
+        self.person_columns = pcols.to(device)
+        self.slot_mask = mask.to(device)
+        # factors of each household's probability: its size, its group values, its persons' values
+        self.n_factors = int(n * (1 + len(layout.group_names)) + int(mask.sum()) * len(layout.person_names))
+
+
+def household_log_likelihood(mix: ProductMixture, cells: HouseholdCells, floor: float = 1e-30) -> torch.Tensor:
+    """log P_k(household k) for every component k: (B,), with B = the households of ``cells``.
+
+    Component k is a product distribution over households, so the probability of household k
+    (size m_k, group values, and the person in each slot j < m_k) is
+    P_k(size = m_k) · Π_a F_G(z_k)_a[y_a] · Π_{j<m_k} Π_a F_I,j(z_k)_a[y_ja]. Differentiable."""
+    if mix.n_components != cells.n_households:
+        raise ValueError(f"{mix.n_components} components for {cells.n_households} households")
+    log = lambda p: torch.log(p.clamp_min(floor))  # noqa: E731
+    ll = log(mix.size_probs.gather(1, cells.size_index[:, None])).squeeze(1)
+    ll = ll + log(mix.group_probs.gather(1, cells.group_columns)).sum(1)
+    persons = log(mix.person_probs.gather(2, cells.person_columns)).sum(2)  # (B, M)
+    return ll + torch.where(cells.slot_mask, persons, torch.zeros((), device=persons.device)).sum(1)

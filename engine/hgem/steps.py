@@ -23,7 +23,7 @@ run on a side stream as PyTorch's documentation prescribes ("whole-network captu
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -40,11 +40,16 @@ def use_cuda_graphs(device: torch.device, enabled: bool = True) -> bool:
     return bool(enabled) and torch.device(device).type == "cuda"
 
 
-def make_adam(params: Iterable[torch.nn.Parameter], lr: float, device: torch.device) -> torch.optim.Adam:
-    """Adam whose state lives on ``device``; capturable (graph-safe) on CUDA. The learning rate is
-    a tensor on ``device`` so that :func:`set_lr` reaches steps that are graph replays."""
+def make_adam(params, lr: float, device: torch.device) -> torch.optim.Adam:
+    """Adam whose state lives on ``device``; capturable (graph-safe) on CUDA. ``params``: parameters,
+    or parameter groups (dicts, each with an optional float "lr" of its own; default ``lr``). Every
+    learning rate becomes a tensor on ``device``, so that :func:`set_lr` reaches graph replays."""
     device = torch.device(device)
-    return torch.optim.Adam(params, lr=torch.tensor(float(lr), device=device), capturable=device.type == "cuda")
+    lr_t = lambda v: torch.tensor(float(v), device=device)  # noqa: E731
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        params = [{**g, "lr": lr_t(g.get("lr", lr))} for g in params]
+    return torch.optim.Adam(params, lr=lr_t(lr), capturable=device.type == "cuda")
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
