@@ -112,3 +112,35 @@ def test_each_household_is_a_draw_from_the_mixture(domain):
     got_size = np.bincount([d.sizes[0] - 1 for d in draws], minlength=domain.max_size)
     assert stats.chisquare(got_ten, expected_ten * len(draws)).pvalue > 1e-3
     assert stats.chisquare(got_size, expected_size * len(draws)).pvalue > 1e-3
+
+
+def test_extra_households_follow_the_sorted_components(domain):
+    """60 near point-mass components (size × TEN), 40 households: every component gets 0 or 1, and
+    the systematic draw along component_order keeps each modal size, and each (size, TEN), within
+    one of its expected count in every draw (a random order spreads them hypergeometrically)."""
+    from engine.hgem.sampling import component_order
+
+    lay = MixtureLayout.from_domain(domain)
+    M = domain.max_size
+    rng = np.random.default_rng(0)
+    size = np.repeat(np.arange(M), 60 // M)
+    ten = np.tile(np.arange(3), 60 // 3)
+    rng.shuffle(size)
+    c = torch.full((60, M), 1e-7)
+    c[torch.arange(60), torch.as_tensor(size)] = 1.0
+    c = c / c.sum(1, keepdim=True)
+    g = torch.full((60, lay.group_width), 0.5)
+    g[:, lay.group_slice("TEN")] = 1e-7
+    g[torch.arange(60), lay.group_slice("TEN").start + torch.as_tensor(ten)] = 1.0 - 2e-7
+    p = torch.zeros(60, M, lay.person_width)
+    for name in lay.person_names:
+        sl = lay.person_slice(name)
+        p[:, :, sl] = 1.0 / (sl.stop - sl.start)
+    mix = ProductMixture(lay, c, g, p)
+    order = component_order(mix).numpy()
+    keys = list(zip(size[order], ten[order]))
+    assert keys == sorted(keys)  # lexicographic: size first, then TEN
+    for seed in range(30):
+        data = sample_households(mix, 40, seed=seed)
+        n_size = np.bincount(data.sizes - 1, minlength=M)
+        assert np.all(np.abs(n_size - 40 / M) < 1), n_size
