@@ -272,6 +272,7 @@ def run_real(
         wg = [w for w in ws if w.level == "group"]
         wp = [w for w in ws if w.level == "person"]
         true = exact_normalised_answers(priv, ws)
+        plan = AnswerPlan(dom, ws, device=device)  # the model's own answers, per H-GEM run
 
         def score(synth, method, eps, run, secs, extra=None):
             for level, wl in (("group", wg), ("person", wp)):
@@ -326,7 +327,7 @@ def run_real(
                     t0 = time.perf_counter()
                     out = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, device, pub_state, prior_strength)
                     synth = hgem_sample(out.mixture(), n_g, seed=run, geo=tuple(int(x) for x in priv.geo[0]))
-                    model = level_errors(ws, _hgem_answers(out.generator, AnswerPlan(dom, ws, device=device)), true)
+                    model = level_errors(ws, _hgem_answers(out.generator, plan), true)
                     score(synth, "hgem", eps, run, time.perf_counter() - t0, {"model": model})
     return rows
 

@@ -57,13 +57,14 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def time_rounds(data, workloads, device: str, rounds: int, tmax: int, batch_size: int, cuda_graphs: bool = True) -> dict:
+def time_rounds(domain, workloads, true, device: str, rounds: int, tmax: int, batch_size: int,
+                cuda_graphs: bool = True) -> dict:
     """Seconds per round over ``rounds`` timed rounds after one untimed warm-up round (CUDA context,
-    cuBLAS handles, the first graph captures; reported as ``first_round_seconds``)."""
-    true = exact_normalised_answers(data, workloads)
+    cuBLAS handles, the first graph captures; reported as ``first_round_seconds``). ``true``: the
+    exact answers of ``workloads`` (the noise-free oracles)."""
     cfg = HGEMConfig(rounds=rounds + 1, max_update_steps=tmax, batch_size=batch_size, update="gem", gamma_scale=0.0,
                      seed=0, cuda_graphs=cuda_graphs)
-    G = make_generator(data.domain, cfg, device)
+    G = make_generator(domain, cfg, device)
     times: list[float] = []
 
     def cb(rec, _G):
@@ -74,7 +75,7 @@ def time_rounds(data, workloads, device: str, rounds: int, tmax: int, batch_size
     sel = lambda s, e: int(np.argmax(s))  # noqa: E731
     meas = lambda w: true[workloads.index(w)]  # noqa: E731
     t0 = time.perf_counter()
-    res = train_hgem(data.domain, workloads, true, sel, meas, 1.0, cfg, generator=G, callback=cb)
+    res = train_hgem(domain, workloads, true, sel, meas, 1.0, cfg, generator=G, callback=cb)
     per = np.diff([t0] + times)
     timed_steps = int(sum(r.steps for r in res.history[1:]))
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else _cpu_name()
@@ -130,8 +131,10 @@ def main(argv=None) -> int:
         notes.append("no CUDA device on this machine: CPU only")
     results = {"workloads": len(ws), "queries": n_q, "households": data.n_households, "B": args.batch_size,
                "torch": torch.__version__, "notes": notes, "runs": []}
+    true = exact_normalised_answers(data, ws)
     for dev in devices:
-        r = time_rounds(data, ws, dev.split("-")[0], args.rounds, args.tmax, args.batch_size, cuda_graphs=dev != "cuda-eager")
+        r = time_rounds(data.domain, ws, true, dev.split("-")[0], args.rounds, args.tmax, args.batch_size,
+                        cuda_graphs=dev != "cuda-eager")
         r["label"] = dev
         results["runs"].append(r)
         print(f"{dev:10s} {r['device_name']:24s} {r['seconds_per_round_mean']:8.4f} s/round "

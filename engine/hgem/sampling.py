@@ -87,12 +87,10 @@ def component_order(mix: ProductMixture) -> torch.Tensor:
     return order
 
 
-def balanced_components(
-    n: int, weights: torch.Tensor, generator: torch.Generator, order: torch.Tensor | None = None
-) -> torch.Tensor:
+def balanced_components(n: int, weights: torch.Tensor, generator: torch.Generator, order: torch.Tensor) -> torch.Tensor:
     """Component of each of ``n`` households: component k gets ⌊n w_k⌋ or ⌈n w_k⌉ households (the
     fractional parts n w_k − ⌊n w_k⌋ decide, by systematic sampling along ``order`` — a permutation
-    of the components, default a random one — which components get one more), in random order
+    of the components, :func:`component_order` — which components get one more), in random order
     (module doc). Each household's component is marginally distributed as w."""
     dev = weights.device
     B = int(weights.shape[0])
@@ -102,7 +100,7 @@ def balanced_components(
     rest = int(n) - int(base.sum().item())
     counts = base.to(torch.long)
     if rest > 0:
-        perm = torch.randperm(B, generator=generator, device=dev) if order is None else order.to(dev)
+        perm = order.to(dev)
         cdf = torch.cumsum((expected - base)[perm], 0)
         u = torch.rand(1, generator=generator, device=dev, dtype=torch.float64) + torch.arange(rest, device=dev)
         picked = perm[torch.searchsorted(cdf, u.clamp_max(cdf[-1] - 1e-9), right=True).clamp_max(B - 1)]

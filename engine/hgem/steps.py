@@ -81,33 +81,31 @@ class AdamSteps:
 
     def run(self, evaluate: EvaluateFn, loss_of: LossFn, stop: StopFn, max_steps: int) -> int:
         """Steps i = 0, 1, …: stop when ``stop(i, stats)`` or i = ``max_steps``; returns the steps taken."""
+        max_steps = int(max_steps)
         if not self.graphs:
-            steps = 0
-            for i in range(int(max_steps) + 1):
-                state, stats = evaluate()
-                if stop(i, _host(stats)) or i == max_steps:
-                    break
-                self._step(loss_of(state))
-                steps += 1
-            return steps
-        return self._run_graphed(evaluate, loss_of, stop, int(max_steps))
-
-    def _run_graphed(self, evaluate: EvaluateFn, loss_of: LossFn, stop: StopFn, max_steps: int) -> int:
-        i = 0
+            return self._eager(evaluate, loss_of, stop, max_steps)[0]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # eager warm-up steps (real steps) until the state is built
-            while True:
-                state, stats = evaluate()
-                if stop(i, _host(stats)) or i == max_steps:
-                    torch.cuda.current_stream().wait_stream(side)
-                    return i
-                if self._eager_steps >= WARMUP_STEPS:
-                    break
-                self._step(loss_of(state))
-                i += 1
-            del state, stats
+            i, done = self._eager(evaluate, loss_of, stop, max_steps, until=WARMUP_STEPS)
         torch.cuda.current_stream().wait_stream(side)
+        return i if done else self._replay(evaluate, loss_of, stop, max_steps, i)
+
+    def _eager(self, evaluate, loss_of, stop, max_steps: int, until: int | None = None) -> tuple[int, bool]:
+        """Eager steps from i = 0: (i, True) once stopped; with ``until``, (i, False) as soon as this
+        instance has taken ``until`` eager steps in all (step i is then left to the graph)."""
+        i = 0
+        while True:
+            state, stats = evaluate()
+            if stop(i, _host(stats)) or i == max_steps:
+                return i, True
+            if until is not None and self._eager_steps >= until:
+                return i, False
+            self._step(loss_of(state))
+            i += 1
+
+    def _replay(self, evaluate, loss_of, stop, max_steps: int, i: int) -> int:
+        """Capture step i (and the statistics after it) as one CUDA graph; replay it until stopped."""
         graph = torch.cuda.CUDAGraph()
         self.opt.zero_grad(set_to_none=True)  # grads are allocated inside the graph's pool
         with torch.cuda.graph(graph):

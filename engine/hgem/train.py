@@ -218,12 +218,9 @@ def pretrain_public(
     if public.domain != generator.domain:
         raise ValueError("public data and generator have different domains")
     # the paper's uniform mixture: component weights stay fixed (they are a private-phase freedom)
-    generator.component_logits.requires_grad_(False)
-    try:
+    with _frozen([generator.component_logits], True):
         return fit_answers(generator, workloads, exact_normalised_answers(public, workloads), steps, lr, tol,
                            rel_tol=rel_tol, decay=True)
-    finally:
-        generator.component_logits.requires_grad_(True)
 
 
 def pretrain_households(
@@ -266,11 +263,8 @@ def pretrain_households(
         hist.append(-float(stats[0]) / n)
         return bool(stats[0] >= goal)
 
-    generator.component_logits.requires_grad_(False)
-    try:
+    with _frozen([generator.component_logits], True):  # equally weighted public households
         runner.run(evaluate, lambda loss: loss, stop, int(steps))
-    finally:
-        generator.component_logits.requires_grad_(True)
     return hist
 
 
