@@ -44,8 +44,16 @@ from engine.hgem.privacy import (  # noqa: E402
     measurement_l2_sensitivity,
     rho_from_epsilon,
     score_sensitivity,
+    split_initial,
 )
-from engine.hgem.train import HGEMConfig, make_generator, pretrain_households, pretrain_public, train_hgem  # noqa: E402
+from engine.hgem.train import (  # noqa: E402
+    HGEMConfig,
+    InitialMeasurement,
+    make_generator,
+    pretrain_households,
+    pretrain_public,
+    train_hgem,
+)
 from engine.hgem.workloads import kway_workloads  # noqa: E402
 from engine.queries import PrivacyUnit, Workload  # noqa: E402
 
@@ -111,12 +119,35 @@ def _hgem_answers(G, plan) -> list[np.ndarray]:
         return [x.cpu().numpy().astype(np.float64) for x in plan.split(plan.answers(G()))]
 
 
-def _run_hgem(private, workloads, true, eps, delta, cfg, unit, seed, device, pub_state=None, prior_strength=0.1):
+def initial_measurements(private: HierarchicalData, workloads: Sequence[Workload], rho_each: float,
+                         unit: PrivacyUnit = "household") -> list[InitialMeasurement]:
+    """Gaussian measurements (engine.privacy.mechanisms) of ``workloads`` at ρ_each each, in
+    H-GEM's normalised units, with their σ: the measurements taken before the rounds."""
+    from engine.privacy import mechanisms
+
+    dom, out = private.domain, []
+    for w, a in zip(workloads, exact_normalised_answers(private, workloads)):
+        l2 = measurement_l2_sensitivity(w, dom, unit, private.n_households, private.n_persons)
+        noisy, sigma = mechanisms.gaussian(a, l2, rho_each)
+        out.append(InitialMeasurement(w, np.asarray(noisy, dtype=float), float(sigma)))
+    return out
+
+
+def _run_hgem(private, workloads, true, eps, delta, cfg, unit, seed, device, pub_state=None, prior_strength=0.1,
+              initial_workloads: Sequence[Workload] = (), initial_share: float = 0.0):
     """With a public fit (``pub_state``): the MAP update with the relative-entropy prior to it
     (α = prior_strength × N_G, the measurements' σ known). Without public data there is no prior
-    to stay close to, and H-GEM is the paper's: H-GEM-Update (Algorithm 4) with the EMA output."""
+    to stay close to, and H-GEM is the paper's: H-GEM-Update (Algorithm 4) with the EMA output.
+    ``initial_share`` of ρ first measures ``initial_workloads`` evenly (no selection), the
+    ``cfg.rounds`` adaptive rounds split the rest (``engine.hgem.privacy.split_initial``)."""
     rho = rho_from_epsilon(eps, delta)
-    budget = gem_budget(rho, cfg.rounds, alpha=0.5)
+    rho_each, rho_rounds = split_initial(rho, initial_share, len(initial_workloads))
+    initial = initial_measurements(private, initial_workloads, rho_each, unit) if rho_each > 0 else []
+    if rho_rounds <= 1e-12 * rho or cfg.rounds == 0:
+        if rho_rounds > 1e-12 * rho:
+            raise ValueError("rounds = 0 needs initial_share = 1")
+        cfg, rho_rounds = replace(cfg, rounds=0), rho  # no rounds: the budget below is never spent
+    budget = gem_budget(rho_rounds, max(cfg.rounds, 1), alpha=0.5)
     select, measure = make_oracles(private, workloads, true, budget, unit)
     dom = private.domain
     if pub_state is None:
@@ -130,7 +161,8 @@ def _run_hgem(private, workloads, true, eps, delta, cfg, unit, seed, device, pub
     if pub_state is not None:
         G.load_state_dict(pub_state)
     sens = score_sensitivity(workloads, dom, unit, private.n_households, private.n_persons)
-    return train_hgem(dom, workloads, true, select, measure, sens, cfg, generator=G, measurement_sigma=sigma)
+    return train_hgem(dom, workloads, true, select, measure, sens, cfg, generator=G, measurement_sigma=sigma,
+                      initial=initial)
 
 
 def run_accuracy(
@@ -222,6 +254,7 @@ def run_real(
     pretrained_cache: Path | None = None,
     device: str | None = None,
     public_fit: str = "answers",
+    initial_share: float = 0.0,
     log=_log,
 ) -> list[dict]:
     """Released-data comparison per private state: every method outputs N_G synthetic households
@@ -241,6 +274,9 @@ def run_real(
     public_fit: "answers" — GEM^Pub, the generator fitted to the public answers of the candidate
     workloads (``pretrain_public``, B from ``hgem_config``); "households" — one component per public
     household, fitted to it (``pretrain_households``, B = the public household count).
+    initial_share: the share of H-GEM's ρ that first measures the prior update's own state
+    workloads (``select_workloads(public).state``, evenly, no selection); the adaptive rounds
+    (``hgem_config.rounds``) spend the rest. 0: all adaptive (the paper's H-GEM).
     """
     from fractions import Fraction
 
@@ -325,10 +361,12 @@ def run_real(
                     score(synth, "prior_update", eps, run, time.perf_counter() - t0)
                 if "hgem" in methods:
                     t0 = time.perf_counter()
-                    out = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, device, pub_state, prior_strength)
+                    out = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, device, pub_state, prior_strength,
+                                    sel.state, initial_share)
                     synth = hgem_sample(out.mixture(), n_g, seed=run, geo=tuple(int(x) for x in priv.geo[0]))
                     model = level_errors(ws, _hgem_answers(out.generator, plan), true)
-                    score(synth, "hgem", eps, run, time.perf_counter() - t0, {"model": model})
+                    score(synth, "hgem", eps, run, time.perf_counter() - t0,
+                          {"model": model, "initial_share": initial_share, "rounds": cfg.rounds})
     return rows
 
 
@@ -394,11 +432,15 @@ def main(argv=None) -> int:
                     help="released-data comparison (hgem vs prior_update vs public, query_errors at ST); "
                          "--private/--public take comma-separated state files")
     ap.add_argument("--results-dir", default=str(Path(__file__).resolve().parent / "results"),
-                    help="--real: where hgem_accuracy_real.{json,png} go")
+                    help="--real: where <name>.{json,png} go")
+    ap.add_argument("--name", default="hgem_accuracy_real", help="--real: file name stem of the results")
     ap.add_argument("--public-fit", choices=("answers", "households"), default="answers",
                     help="--real: H-GEM's public pretraining (run_real's public_fit)")
     ap.add_argument("--network-lr-scale", type=float, default=1.0,
                     help="--real: private rounds' network learning rate = lr × this (0: only component weights move)")
+    ap.add_argument("--initial-share", type=float, default=0.0,
+                    help="--real: share of H-GEM's rho that first measures the prior update's public-selected "
+                         "state workloads (no selection); the --rounds adaptive rounds spend the rest")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--pretrained-cache", default=None,
                     help="--real: directory for the public fits (reused across invocations; public data only)")
@@ -416,9 +458,9 @@ def main(argv=None) -> int:
                         args.pretrain_steps, args.per_group_count,
                         [m for m in args.methods.split(",") if m in ("hgem", "prior_update", "public")],
                         pretrained_cache=Path(args.pretrained_cache) if args.pretrained_cache else None,
-                        device=args.device, public_fit=args.public_fit)
+                        device=args.device, public_fit=args.public_fit, initial_share=args.initial_share)
         print(summarise(rows))
-        save_results(rows, Path(args.results_dir), "hgem_accuracy_real")
+        save_results(rows, Path(args.results_dir), args.name)
         return 0
     private = load_state(args.private)
     public = load_state(args.public) if args.public else None

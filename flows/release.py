@@ -168,11 +168,13 @@ def state_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_np
 
 
 @flow(name="hgem-states")
-def hgem_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, address: str, seed: int) -> dict[int, str]:
-    """H-GEM per state; on a cluster with GPU workers the tasks ask for a GPU resource."""
+def hgem_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, address: str, seed: int, workload: dict) -> dict[int, str]:
+    """H-GEM per state (the public-selected state workloads measured first); on a cluster with GPU
+    workers the tasks ask for a GPU resource."""
     states, counts = np.unique(HierarchicalData.from_npz(private_npz).geo[:, 0], return_counts=True)
     with dask.annotate(resources=gpu_resources(address)):
-        futures = [hgem_state_task.submit(cfg, paths, public_npz, private_npz, int(st), SUPPORT_PER_HOUSEHOLD * int(g), seed) for st, g in zip(states, counts)]
+        futures = [hgem_state_task.submit(cfg, paths, public_npz, private_npz, int(st), SUPPORT_PER_HOUSEHOLD * int(g), seed, workload["state"])
+                   for st, g in zip(states, counts)]
     return dict(zip((int(s) for s in states), wait_all(futures, get_run_logger(), "H-GEM states")))
 
 
@@ -296,7 +298,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         if cfg.synthesizer == "prior_update":
             posteriors = stage("state_synthesis", state_stage, cfg, paths, public_npz, private_npz, workload)
         elif cfg.synthesizer == "hgem":
-            supports = stage("hgem", hgem_stage, cfg, paths, public_npz, private_npz, address, seed)
+            supports = stage("hgem", hgem_stage, cfg, paths, public_npz, private_npz, address, seed, workload)
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
         node_files = stage("puma_synthesis", puma_stage, cfg, paths, public_npz, private_npz, workload, posteriors, coc_path, seed, supports)
         release_dir = publish_stage(cfg, paths, reports, node_files, stages, workload, coc_path)

@@ -7,10 +7,17 @@ samples synthetic households from it:
    ``KWAY_PER_GROUP_COUNT`` attribute sets per number of group attributes, i.e. at most
    2 × 4 × KWAY_PER_GROUP_COUNT workloads);
 2. GEM^Pub: pretraining on the PUBLIC data's answers (no privacy cost);
-3. ``ROUNDS`` adaptive rounds (``engine.hgem.train.train_hgem``). Stage ``"hgem"``, level
+3. initial measurements: the state workloads that the select-workload stage chose from the public
+   data (``initial_workload_ids``, the prior update's own state workloads) are measured first,
+   ``INITIAL_SHARE`` × ρ_node evenly over them, with no selection (they were chosen without the
+   private data). Keys ``hgem/<node>/initial/<workload id>``, discrete Gaussian through the
+   ``MeasurementStore`` (persisted before use, reused on a rerun). ``train_hgem`` fits them in its
+   round 0, before the first selection (``engine.hgem.train.InitialMeasurement``);
+4. ``ROUNDS`` adaptive rounds (``engine.hgem.train.train_hgem``). Stage ``"hgem"``, level
    ``"state"``, node ``node_key((state,))`` (``"ST=50"``); ρ_node = ``budget_plan(cfg).allocation(
-   "hgem", "state")`` is split as in GEM (``engine.hgem.privacy.gem_budget``, α = ``ALPHA``), in
-   exact fractions: ρ_round = ρ_node / T, ρ_sel = α ρ_round, ρ_meas = ρ_round − ρ_sel.
+   "hgem", "state")``; what the initial measurements leave, ρ_rounds, is split as in GEM
+   (``engine.hgem.privacy.gem_budget``, α = ``ALPHA``), in
+   exact fractions: ρ_round = ρ_rounds / T, ρ_sel = α ρ_round, ρ_meas = ρ_round − ρ_sel.
 
    * select: exponential mechanism (``engine.privacy.mechanisms.exponential_mechanism``) with the
      largest float ε₀ such that ε₀²/8 ≤ ρ_sel exactly. The ledger is charged ε₀²/8 (key
@@ -34,15 +41,15 @@ samples synthetic households from it:
        when the state's mean size differs from the public data's.
    The update is the MAP rule of ``engine.hgem.train`` with the relative-entropy prior to the public
    fit at strength ``synthesis.prior_strength`` × N_G households (the prior update's α).
-4. ``n_samples`` households are drawn from the output generator (``engine.hgem.sampling``, balanced
+5. ``n_samples`` households are drawn from the output generator (``engine.hgem.sampling``, balanced
    components and stratified draws) with geo
    (state, 0, ...) placeholders and saved atomically to ``nodes/hgem_support/ST<xx>.npz``; a
    ``.json`` sidecar keeps the per-round diagnostics (no true errors, only DP-derived values).
 
 Resume: if the output exists the task returns it at once. Otherwise every round's selection and
 measurement already on disk is reused, so a rerun after a crash charges exactly what one clean
-run charges. The per-round budget must match the first run (same ROUNDS/ALPHA, same allocation),
-or the ledger refuses the differently-parameterised charge keys.
+run charges. The budget split must match the first run (same ROUNDS/ALPHA/INITIAL_SHARE, same
+initial workloads, same allocation), or the ledger refuses the differently-parameterised charges.
 
 Device: ``engine.hgem.mixture.default_device()`` (cuda when visible). On a Dask cluster with GPU
 workers, submit with ``dask.annotate(resources=gpu_resources(address))`` (see
@@ -65,7 +72,7 @@ from prefect import task
 from engine.hgem.mixture import default_device
 from engine.hgem.privacy import gem_budget, score_sensitivity
 from engine.hgem.sampling import sample_households
-from engine.hgem.train import HGEMConfig, make_generator, pretrain_public, train_hgem
+from engine.hgem.train import HGEMConfig, InitialMeasurement, make_generator, pretrain_public, train_hgem
 from engine.hgem.workloads import kway_workloads
 from engine.privacy.accountant import exponential_mechanism_rho
 from engine.privacy.ledger import BudgetExceededError
@@ -83,8 +90,9 @@ LEVEL = "state"
 KWAY = 3  # attributes per workload (H-GEM appendix A.1.2: |S| = 3)
 KWAY_PER_GROUP_COUNT = 8  # attribute sets per |S_G| ∈ {0..3}; ×2 levels → ≤ 64 candidates
 WORKLOAD_SEED = 0
-ROUNDS = 8  # T
+ROUNDS = 4  # T (adaptive rounds after the initial measurements)
 ALPHA = Fraction(1, 2)  # selection share of each round (GEM: 1/2)
+INITIAL_SHARE = Fraction(4, 5)  # share of the node's rho for the public-selected state workloads (before the rounds)
 BATCH_SIZE = 200  # B mixture components
 Z_DIM = 32
 HIDDEN: tuple[int, ...] = (128, 128)
@@ -127,20 +135,35 @@ def selection_epsilon(rho_select: Fraction) -> float:
     return eps
 
 
-def round_budget(rho_node: Fraction, rounds: int | None = None, alpha: Fraction | None = None) -> dict:
-    """Exact per-round split of ρ_node (the GEM split of ``gem_budget``, in Fractions)."""
+def round_budget(rho_node: Fraction, rounds: int | None = None, alpha: Fraction | None = None,
+                 initial_share: Fraction | None = None, n_initial: int = 0) -> dict:
+    """Exact split of ρ_node: ``initial_share`` × ρ_node evenly over the ``n_initial`` initial
+    workloads (``rho_initial`` each; no initial workloads: share 0), the rest over the rounds by the
+    GEM split of ``gem_budget`` (in Fractions). ``rounds`` = 0 needs the whole ρ_node initial."""
     rounds = ROUNDS if rounds is None else int(rounds)
     alpha = ALPHA if alpha is None else Fraction(alpha)
+    share = (INITIAL_SHARE if initial_share is None else Fraction(initial_share)) if n_initial > 0 else Fraction(0)
+    if not 0 <= share <= 1 or rounds < 0:
+        raise ValueError(f"need 0 <= initial share <= 1 and rounds >= 0, got {share} and {rounds}")
     rho_node = Fraction(rho_node)
-    rho_round = rho_node / rounds
+    rho_initial = share * rho_node / n_initial if n_initial > 0 else Fraction(0)
+    rho_rounds = rho_node - share * rho_node
+    out = {"rounds": rounds, "n_initial": int(n_initial), "rho_initial": rho_initial, "rho_rounds": rho_rounds}
+    if rounds == 0:
+        if rho_rounds != 0:
+            raise ValueError("no adaptive rounds: the initial workloads must take the whole node budget")
+        return {**out, "rho_round": Fraction(0), "rho_select": Fraction(0), "rho_measure": Fraction(0), "epsilon0": 0.0}
+    if rho_rounds <= 0:
+        raise ValueError("adaptive rounds without budget: lower the initial share or set the rounds to 0")
+    rho_round = rho_rounds / rounds
     rho_sel_planned = alpha * rho_round
     eps0 = selection_epsilon(rho_sel_planned)
     rho_sel = exponential_mechanism_rho(eps0)  # ε₀²/8 exactly, ≤ the planned share
     rho_meas = rho_round - rho_sel_planned
-    ref = gem_budget(float(rho_node), rounds, float(alpha))  # the documented float split
+    ref = gem_budget(float(rho_rounds), rounds, float(alpha))  # the documented float split
     assert math.isclose(ref.rho_measure, float(rho_meas), rel_tol=1e-9) and math.isclose(ref.epsilon0, eps0, rel_tol=1e-9)
-    assert rounds * (rho_sel + rho_meas) <= rho_node
-    return {"rounds": rounds, "rho_round": rho_round, "rho_select": rho_sel, "rho_measure": rho_meas, "epsilon0": eps0}
+    assert n_initial * rho_initial + rounds * (rho_sel + rho_meas) <= rho_node
+    return {**out, "rho_round": rho_round, "rho_select": rho_sel, "rho_measure": rho_meas, "epsilon0": eps0}
 
 
 def _seeds(base: int, state: int) -> tuple[int, int]:
@@ -162,11 +185,15 @@ def hgem_state_task(
     state: int,
     n_samples: int,
     seed: int | None = None,
+    initial_workload_ids: list[str] | None = None,
 ) -> str:
     """Train H-GEM on one state and sample ``n_samples`` households; returns the .npz path.
 
     ``seed``: post-processing seed (generator initialisation and sampling); default
     ``cfg.sampling_seed`` or 0. Noise never uses seeds (OpenDP samplers, OS entropy).
+    ``initial_workload_ids``: the state workloads chosen from public data (the select-workload
+    stage's ``state`` list), measured first with ``INITIAL_SHARE`` of the node's ρ; None or empty:
+    every round adaptive.
     """
     node = node_key((int(state),))
     out = paths.node_path("hgem_support", node)
@@ -176,13 +203,14 @@ def hgem_state_task(
     if TORCH_THREADS is not None and default_device().type == "cpu":
         torch.set_num_threads(int(TORCH_THREADS))
     try:
-        return _run_state(cfg, paths, public_npz, private_npz, int(state), int(n_samples), seed, node, out)
+        return _run_state(cfg, paths, public_npz, private_npz, int(state), int(n_samples), seed, node, out,
+                          [Workload.from_id(i) for i in (initial_workload_ids or [])])
     finally:
         torch.set_num_threads(threads)
 
 
 def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, state: int, n_samples: int,
-               seed: int | None, node: str, out: Path) -> str:
+               seed: int | None, node: str, out: Path, initial_ws: list[Workload]) -> str:
     log = _logger()
     t_start = time.perf_counter()
     public = cached_data(public_npz)
@@ -209,21 +237,24 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
 
     # -- budget and privacy objects ---------------------------------------------------------
     rho_node = budget_plan(cfg).allocation(STAGE, LEVEL)
-    rb = round_budget(rho_node)
-    eps0, rho_sel, rho_meas = rb["epsilon0"], rb["rho_select"], rb["rho_measure"]
+    rb = round_budget(rho_node, n_initial=len(initial_ws))
+    eps0, rho_sel, rho_meas, rho_init = rb["epsilon0"], rb["rho_select"], rb["rho_measure"], rb["rho_initial"]
+    if rb["n_initial"] == 0:
+        initial_ws = []
     ledger, store = open_ledger(cfg, paths), measurement_store(paths)
     sel_key = lambda r: f"{STAGE}/{node}/round-{r}/select"  # noqa: E731
+    init_key = lambda w: f"{STAGE}/{node}/initial/{w.id}"  # noqa: E731
 
-    # Fail before spending anything when the remaining budget cannot pay for the missing rounds.
+    # Fail before spending anything when the remaining budget cannot pay for the missing charges.
     charged = set(_charged_keys(ledger, node))
-    missing = Fraction(0)
+    missing = sum((rho_init for w in initial_ws if init_key(w) not in charged), Fraction(0))
     for r in range(1, ROUNDS + 1):
         missing += 0 if sel_key(r) in charged else rho_sel
         measured = any(k.startswith(f"{STAGE}/{node}/round-{r}/") and k != sel_key(r) for k in charged)
         missing += 0 if measured else rho_meas
     if missing > ledger.remaining(STAGE, LEVEL, node):
         raise BudgetExceededError(
-            f"hgem {node}: {ROUNDS} rounds still need rho={missing} (≈{float(missing):.6g}) but the node has "
+            f"hgem {node}: {len(initial_ws)} initial workloads and {ROUNDS} rounds still need rho={missing} (≈{float(missing):.6g}) but the node has "
             f"{ledger.remaining(STAGE, LEVEL, node)} left of its allocation {rho_node}"
         )
 
@@ -261,12 +292,23 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         )
         return m.noisy_answer.astype(np.float64) / norm(w)
 
+    def measure_initial(w: Workload) -> InitialMeasurement:
+        """A public-selected state workload at ρ_initial, persisted before use (no selection)."""
+        l2 = w.sensitivity(domain, cfg.privacy_unit)[1]
+        m = store.measure(
+            key=init_key(w), ledger=ledger, stage=STAGE, level=LEVEL, node=node, workload_id=w.id,
+            true_answer=np.rint(answer(mine, w)).astype(np.int64), l2_sensitivity=l2, rho=rho_init,
+        )
+        return InitialMeasurement(w, m.noisy_answer.astype(np.float64) / norm(w), float(m.scale) / norm(w))
+
+    initial = [measure_initial(w) for w in initial_ws]
     base = seed if seed is not None else (cfg.sampling_seed or 0)
     gen_seed, sample_seed = _seeds(base, state)
     hcfg = hgem_config(gen_seed, prior_households=cfg.synthesis.prior_strength * n_g)
     device = default_device()
-    log.info(f"hgem {node}: {mine.n_households} households, {len(workloads)} candidate workloads, "
-             f"{ROUNDS} rounds, rho={float(rho_node):.6g} (eps0={eps0:.4g}, rho_meas/round={float(rho_meas):.4g}), device {device}")
+    log.info(f"hgem {node}: {mine.n_households} households, {len(initial)} initial workloads "
+             f"(rho {float(rho_init):.4g} each), {len(workloads)} candidate workloads, {ROUNDS} rounds, "
+             f"rho={float(rho_node):.6g} (eps0={eps0:.4g}, rho_meas/round={float(rho_meas):.4g}), device {device}")
     G = make_generator(domain, hcfg, device)
     if PRETRAIN_STEPS > 0:
         pretrain_public(G, public, workloads, steps=PRETRAIN_STEPS, lr=LR)
@@ -281,7 +323,8 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         for this workload's L2 sensitivity and the per-round ρ, divided by the normaliser)."""
         return discrete_gaussian_sigma(w.sensitivity(domain, cfg.privacy_unit)[1], rho_meas) / norm(w)
 
-    res = train_hgem(domain, workloads, true_norm, select, measure, delta_score, hcfg, generator=G, callback=progress, measurement_sigma=measurement_sigma)
+    res = train_hgem(domain, workloads, true_norm, select, measure, delta_score, hcfg, generator=G, callback=progress,
+                     measurement_sigma=measurement_sigma, initial=initial)
     synth = sample_households(res.mixture(), int(n_samples), seed=sample_seed,
                               geo=(int(state),) + (0,) * (len(domain.geography) - 1))
     save_npz_atomic(out, synth.to_npz)
@@ -291,7 +334,9 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         "candidates": len(workloads),
         "settings": {**hcfg.__dict__, "hidden": list(hcfg.hidden), "pretrain_steps": PRETRAIN_STEPS,
                      "kway": KWAY, "per_group_count": KWAY_PER_GROUP_COUNT, "device": str(device)},
-        "budget": {"rho_node": str(rho_node), "rho_select": str(rho_sel), "rho_measure": str(rho_meas), "epsilon0": eps0,
+        "initial_workloads": [w.id for w in initial_ws],
+        "budget": {"rho_node": str(rho_node), "rho_initial": str(rho_init), "rho_select": str(rho_sel),
+                   "rho_measure": str(rho_meas), "epsilon0": eps0,
                    "score_sensitivity": delta_score, "person_normaliser": "N_G x public mean household size"},
         "rounds": [{"round": h.round, "workload": h.workload, "gamma": h.gamma, "steps": h.steps,
                     "max_measured_error": h.max_measured_error, "seconds": h.seconds} for h in res.history],

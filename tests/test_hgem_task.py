@@ -218,3 +218,53 @@ def test_uniform_prior_for_the_puma_update(first_run):
         w = z["weights"]
     assert w.shape == (N_SAMPLES,) and np.allclose(w, 1 / N_SAMPLES)
     assert uniform_prior(paths, STATE, out) == p
+
+
+INITIAL_IDS = ["group:NP,R18|", "person:HHLDR_SEX|SEX", "group:HHLDR_HISP_ORIGIN|HISP_ORIGIN"]
+
+
+def test_initial_workloads_are_measured_first_and_paid_from_the_node(tmp_path, inputs, tiny):
+    """The public-selected state workloads are measured once each at INITIAL_SHARE × ρ_node / n
+    (keys hgem/<node>/initial/<id>, no selection), the rounds spend the rest, the whole allocation
+    is used, and a rerun after a lost output charges nothing new."""
+    from tasks.privacy import budget_plan, measurement_store
+    from tasks.run_context import prepare
+    from tasks.synthesize import node_key
+
+    cfg = make_config()
+    paths = prepare(tmp_path / "work", tmp_path / "rel")
+    out = tiny.hgem_state_task.fn(cfg, paths, inputs["public"], inputs["private"], STATE, 200, None, INITIAL_IDS)
+    alloc = budget_plan(cfg).allocation("hgem", "state")
+    charges = hgem_charges(cfg, paths)
+    initial = [c for c in charges if "/initial/" in c.key]
+    assert [c.key for c in initial] == [f"hgem/ST=50/initial/{i}" for i in INITIAL_IDS]
+    assert all(c.mechanism == "discrete_gaussian" and c.rho == tiny.INITIAL_SHARE * alloc / 3 for c in initial)
+    assert charges[:3] == initial  # measured before the first selection
+    T = tiny.ROUNDS
+    assert len(charges) == 3 + 2 * T
+    rb = tiny.round_budget(alloc, n_initial=3)
+    assert sum((c.rho for c in charges if "/round-" in c.key), Fraction(0)) == T * (rb["rho_select"] + rb["rho_measure"])
+    assert float(sum((c.rho for c in charges), Fraction(0))) == pytest.approx(float(alloc), rel=1e-9)
+    meta = json.loads(paths.node_path("hgem_support", node_key((STATE,))).with_suffix(".json").read_text())
+    assert meta["initial_workloads"] == INITIAL_IDS
+    assert [r["round"] for r in meta["rounds"]] == list(range(T + 1))
+    before = [c.to_json() for c in charges]
+    meas = {m.key: m.sha256 for m in measurement_store(paths).all()}
+    os.remove(out)
+    tiny.hgem_state_task.fn(cfg, paths, inputs["public"], inputs["private"], STATE, 200, None, INITIAL_IDS)
+    assert [c.to_json() for c in hgem_charges(cfg, paths)] == before
+    assert {m.key: m.sha256 for m in measurement_store(paths).all()} == meas
+
+
+def test_round_budget_with_initial_workloads(tiny):
+    rho = Fraction(3, 7)
+    for share, T, n in ((Fraction(1, 2), 8, 17), (Fraction(3, 4), 3, 5), (Fraction(1), 0, 4)):
+        rb = tiny.round_budget(rho, T, initial_share=share, n_initial=n)
+        assert rb["rho_initial"] == share * rho / n and rb["rho_rounds"] == rho - share * rho
+        spent = n * rb["rho_initial"] + T * (rb["rho_select"] + rb["rho_measure"])
+        assert spent <= rho and float(spent) == pytest.approx(float(rho), rel=1e-9)
+    assert tiny.round_budget(rho, 3, initial_share=Fraction(1, 2), n_initial=0)["rho_rounds"] == rho  # nothing to measure first
+    with pytest.raises(ValueError):
+        tiny.round_budget(rho, 0, initial_share=Fraction(1, 2), n_initial=4)  # budget left but no rounds
+    with pytest.raises(ValueError):
+        tiny.round_budget(rho, 3, initial_share=Fraction(1), n_initial=4)  # rounds without budget

@@ -11,7 +11,9 @@ with a weight α. This module states the accounting used here, per the design do
 * measurement: a Gaussian mechanism with L2 sensitivity Δ and noise σ costs ρ_meas = Δ²/(2σ²),
   so σ = Δ / √(2 ρ_meas);
 * per round ρ_round = ρ / T, ρ_sel = α ρ_round, ρ_meas = (1 − α) ρ_round (GEM: α = 1/2);
-  sequential composition over T rounds sums to ρ.
+  sequential composition over T rounds sums to ρ;
+* optionally a share of ρ first measures workloads chosen from public data, evenly, with no
+  selection (``split_initial``), and the rounds split the rest.
 
 The privacy mechanisms themselves are injected by the caller (``engine/privacy``); these helpers
 only compute parameters and sensitivities.
@@ -58,6 +60,23 @@ def gem_budget(
     rr = rho / rounds
     rs, rm = alpha * rr, (1.0 - alpha) * rr
     return RoundBudget(float(rho), int(rounds), float(alpha), rr, rs, rm, math.sqrt(per[selection] * rs))
+
+
+def split_initial(rho: float, initial_share: float, n_initial: int) -> tuple[float, float]:
+    """Split ``rho`` between ``n_initial`` measurements taken before the rounds (workloads chosen from
+    public data, no selection cost) and the adaptive rounds: returns (ρ per initial measurement,
+    ρ left for the rounds). The initial share is spent evenly over its workloads (as the prior
+    update spends a node's ρ, ``engine.synthesis.measure_node``); the rounds then split what is left
+    with :func:`gem_budget`. Sequential composition: n_initial · ρ_each + ρ_rounds = ρ.
+    """
+    if rho <= 0 or not 0.0 <= initial_share <= 1.0:
+        raise ValueError("need rho > 0 and 0 <= initial_share <= 1")
+    if initial_share > 0 and n_initial < 1:
+        raise ValueError("an initial share needs at least one initial workload")
+    if initial_share == 0:
+        return 0.0, float(rho)
+    rho_initial = float(rho) * float(initial_share)
+    return rho_initial / int(n_initial), float(rho) - rho_initial
 
 
 def rho_from_epsilon(epsilon: float, delta: float) -> float:

@@ -45,9 +45,21 @@ and evaluated all candidates at every step; at ε = 0.5 it was 5× slower per ru
 with uniform component weights, for the same error. At ε = 1, freeing the weights cut the model's
 mean 3-way error from 0.00167 to 0.00140 (group) and from 0.00111 to 0.00094 (person).
 
-Each round warm-starts from the previous weights and stops when the loss stops improving; the
-output is the last iterate (the MAP estimate given all measurements), ``output="ema"`` restores
-GEM's EMA.
+Each round warm-starts from the previous weights and stops when the loss stops improving; it
+keeps its best iterate (a step that made the loss worse is undone at the end of the round: Adam's
+normalised steps can overshoot on saturated softmax heads, which is how household-pretrained runs
+with a free network failed). The output is the last round's result (the MAP estimate given all
+measurements), ``output="ema"`` restores GEM's EMA.
+
+Initial measurements (``initial``: :class:`InitialMeasurement`): workloads chosen from public data
+(the prior update's state workloads, ``engine.workload_selection``) measured before the rounds
+with a share of ρ and no selection cost (``engine.hgem.privacy.split_initial``). Round 0 fits them
+all at once (at most ``initial_update_steps``); the adaptive rounds, if any, spend the rest and
+select against the model that already reflects them. This is how the prior update spends its
+budget: measured on Vermont (benchmarks/results/hgem_accuracy_real*.txt), the paper's all-adaptive
+split (α = 1/2 of every round on selection, 30 rounds) leaves each measured workload about ρ/60,
+against ρ/17 for the prior update's workloads, and that thinner budget, not the model, was
+H-GEM's gap to the prior update at ε ≥ 0.5.
 Pretraining runs to convergence (``pretrain_public``: plateau stopping, learning-rate decay).
 
 On a GPU every update step (and every round's scoring of all candidates) is a CUDA-graph replay
@@ -96,6 +108,7 @@ class HGEMConfig:
 
     rounds: int = 50  # T
     max_update_steps: int = 100  # T_max per round
+    initial_update_steps: int = 500  # round 0 (the update on all initial measurements at once): at most this many
     lr: float = 1e-3
     batch_size: int = 1000  # B (GEM appendix B.1)
     z_dim: int = 64
@@ -113,9 +126,24 @@ class HGEMConfig:
     network_lr_scale: float = 1.0  # rounds: the network's learning rate is lr × this (component weights: lr); 0 = frozen
 
 
+@dataclass(frozen=True)
+class InitialMeasurement:
+    """A measurement taken before the adaptive rounds, of a workload chosen without looking at the
+    private data (e.g. from public data: ``engine.workload_selection``), so it costs no selection.
+
+    answers  the noisy normalised answers (the units of ``engine.hgem.answers``), cells in
+             ``engine.queries`` order
+    sigma    the noise standard deviation per cell in the same units
+    """
+
+    workload: Workload
+    answers: np.ndarray
+    sigma: float
+
+
 @dataclass
 class RoundRecord:
-    round: int
+    round: int  # 0: the update on the initial measurements (no selection)
     workload: str
     score: float  # true max error of the selected workload before the update (internal QA only)
     gamma: float
@@ -280,6 +308,7 @@ def train_hgem(
     device: str | torch.device | None = None,
     callback: Callable[[RoundRecord, HGEMGenerator], None] | None = None,
     measurement_sigma: Callable[[Workload], float] | None = None,
+    initial: Sequence[InitialMeasurement] = (),
 ) -> HGEMResult:
     """Run T adaptive-measurement rounds (H-GEM Algorithm 3) and return the EMA generator.
 
@@ -293,6 +322,11 @@ def train_hgem(
     callback           called after every round with (record, current generator).
     measurement_sigma  ``measurement_sigma(workload)``: std of the measurement noise per cell in
                        normalised units (``update="map"``); None → estimated (module doc).
+    initial            measurements taken before the rounds (``InitialMeasurement``: workloads
+                       chosen from public data, no selection cost). They join the past
+                       measurements from the start, and round 0 updates F on them alone before the
+                       first selection, so the first score already reflects them. ``config.rounds``
+                       may then be 0 (no adaptive rounds).
     """
     cfg = config or HGEMConfig()
     G = generator if generator is not None else make_generator(domain, cfg, device)
@@ -319,14 +353,47 @@ def train_hgem(
             start = G().detach()  # the public fit (no privacy cost)
             anchor = plan_all.answers(start).detach()
         prior_term = functools.partial(_kl_prior, reference=start, strength=n0)
+    if cfg.rounds < (0 if initial else 1):
+        raise ValueError("need rounds >= 1, or initial measurements with rounds >= 0")
     measured: list[Workload] = []
     sig2: list[float] = []
     meas: list[np.ndarray] = []
+    for im in initial:
+        m = np.asarray(im.answers, dtype=np.float64).reshape(-1)
+        if m.shape[0] != im.workload.n_cells(domain):
+            raise ValueError(f"initial measurement of {im.workload.id}: {m.shape[0]} values for "
+                             f"{im.workload.n_cells(domain)} cells")
+        if not float(im.sigma) > 0:
+            raise ValueError(f"initial measurement of {im.workload.id}: sigma must be > 0")
+        measured.append(im.workload)
+        meas.append(m)
+        sig2.append(float(im.sigma) ** 2)
     history: list[RoundRecord] = []
     gamma_ema: float | None = None
     ema: dict[str, torch.Tensor] | None = None
     ema_start = cfg.rounds // 2
+
+    def update(max_steps: int) -> tuple[int, float, float]:
+        nonlocal gamma_ema
+        plan_m = AnswerPlan(domain, measured, device=dev, max_elements=cfg.max_elements)
+        tgt_m = plan_m.concat_targets(meas)
+        if not use_map:
+            steps, gamma_ema, gamma, max_err = _gem_update(G, runner, cfg, plan_m, tgt_m, gamma_ema, max_steps)
+            return steps, gamma, max_err
+        w_m = torch.repeat_interleave(
+            torch.as_tensor([0.5 / max(v, 1e-10) for v in sig2], dtype=tgt_m.dtype, device=dev),
+            torch.as_tensor(np.diff(plan_m.offsets), device=dev))
+        return _map_update(G, runner, cfg, plan_m, tgt_m, w_m, prior_term, max_steps)
+
     with _frozen(network, cfg.network_lr_scale <= 0):
+        if initial:  # round 0: the measurements that needed no selection
+            t0 = time.perf_counter()
+            steps, gamma, max_err = update(cfg.initial_update_steps)
+            rec = RoundRecord(0, f"initial ({len(initial)} workloads)", float("nan"), gamma, steps, max_err,
+                              time.perf_counter() - t0)
+            history.append(rec)
+            if callback is not None:
+                callback(rec, G)
         for t in range(1, cfg.rounds + 1):
             t0 = time.perf_counter()
             scores = scores_of().cpu().numpy().astype(np.float64)
@@ -337,23 +404,15 @@ def train_hgem(
                 raise ValueError(f"measure returned {m.shape[0]} values for {w.id} with {w.n_cells(domain)} cells")
             measured.append(w)
             meas.append(m)
-            plan_m = AnswerPlan(domain, measured, device=dev, max_elements=cfg.max_elements)
-            tgt_m = plan_m.concat_targets(meas)
-            if use_map:
-                if measurement_sigma is not None:
-                    s2 = float(measurement_sigma(w)) ** 2
-                elif anchor is not None:
-                    a_w = plan_all.split(anchor)[idx].cpu().numpy()
-                    s2 = float(np.mean((m - a_w) ** 2))
-                else:
-                    s2 = float(np.mean((m - np.mean(m)) ** 2))
-                sig2.append(max(s2, 1e-10))
-                w_m = torch.repeat_interleave(
-                    torch.as_tensor([0.5 / v for v in sig2], dtype=tgt_m.dtype, device=dev),
-                    torch.as_tensor(np.diff(plan_m.offsets), device=dev))
-                steps, gamma, max_err = _map_update(G, runner, cfg, plan_m, tgt_m, w_m, prior_term)
+            if measurement_sigma is not None:
+                s2 = float(measurement_sigma(w)) ** 2
+            elif anchor is not None:
+                a_w = plan_all.split(anchor)[idx].cpu().numpy()
+                s2 = float(np.mean((m - a_w) ** 2))
             else:
-                steps, gamma_ema, gamma, max_err = _gem_update(G, runner, cfg, plan_m, tgt_m, gamma_ema)
+                s2 = float(np.mean((m - np.mean(m)) ** 2))
+            sig2.append(s2)
+            steps, gamma, max_err = update(cfg.max_update_steps)
             if t > ema_start:
                 ema = _ema_update(ema, G, cfg.ema_beta)
             rec = RoundRecord(t, w.id, float(scores[idx]), gamma, steps, max_err, time.perf_counter() - t0)
@@ -389,9 +448,9 @@ def _kl_prior(mix: ProductMixture, reference: ProductMixture, strength: float) -
     return strength * mixture_kl_bound(mix, reference)
 
 
-def _gem_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, gamma_ema) -> tuple[int, float, float, float]:
+def _gem_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, gamma_ema, max_steps) -> tuple[int, float, float, float]:
     """One round of H-GEM-Update (Algorithm 4): γ = gamma_scale × EMA of the max errors; Adam on the
-    ℓ2 errors of the measurements still above γ, until none is or ``max_update_steps``.
+    ℓ2 errors of the measurements still above γ, until none is or ``max_steps`` (T_max).
     Returns (steps, new γ EMA, γ, max err)."""
     gamma_t = torch.zeros((), device=tgt_m.device, dtype=tgt_m.dtype)  # read by the captured loss
     gamma, max_err = 0.0, float("nan")
@@ -414,17 +473,21 @@ def _gem_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, gamma_ema) -> tuple[in
             gamma_t.fill_(gamma)
         return max_err < gamma
 
-    steps = runner.run(evaluate, loss_of, stop, cfg.max_update_steps)
+    steps = runner.run(evaluate, loss_of, stop, max_steps)
     return steps, gamma_ema, gamma, max_err
 
 
-def _map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term) -> tuple[int, float, float]:
+def _map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term, max_steps) -> tuple[int, float, float]:
     """One round of the ``update="map"`` rule: Adam on the weighted likelihood of all past
     measurements plus the prior term ``prior_term(mixture)`` (None: none), warm-started, until the
-    loss stops improving (relative change < ``update_tol`` over 10 steps) or ``max_update_steps``.
-    Returns (steps, γ = 0 (unused), max err)."""
+    loss stops improving (relative change < ``update_tol`` over 10 steps) or ``max_steps``.
+    The round keeps its best iterate: when a later step made the loss worse (Adam's normalised steps
+    can overshoot on saturated softmax heads), the parameters of the lowest loss seen are restored,
+    so a round never ends above its own best. Returns (steps, γ = 0 (unused), max err)."""
     best_prev, hist = float("inf"), []
-    max_err = float("nan")
+    params = [p for p in G.parameters() if p.requires_grad]
+    best = {"loss": float("inf"), "max_err": float("nan"), "params": [torch.empty_like(p) for p in params]}
+    last = {"loss": float("inf")}
 
     def evaluate():
         mix = G()
@@ -435,18 +498,27 @@ def _map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term) -> tu
         return loss, torch.stack([loss.detach(), plan_m.max_abs_error(ans_m.detach(), tgt_m).max()])
 
     def stop(i: int, stats: np.ndarray) -> bool:
-        nonlocal best_prev, max_err
+        nonlocal best_prev
         hist.append(float(stats[0]))
-        max_err = float(stats[1])
-        if len(hist) % 10 == 0 and i < cfg.max_update_steps:
+        last["loss"] = float(stats[0])
+        if float(stats[0]) < best["loss"]:  # stats describe the current parameters (before step i)
+            best["loss"], best["max_err"] = float(stats[0]), float(stats[1])
+            with torch.no_grad():
+                for b, p in zip(best["params"], params):
+                    b.copy_(p)
+        if len(hist) % 10 == 0 and i < max_steps:
             best_now = min(hist[-10:])
             if best_now > best_prev * (1 - cfg.update_tol):
                 return True
             best_prev = min(best_prev, best_now)
         return False
 
-    steps = runner.run(evaluate, lambda loss: loss, stop, cfg.max_update_steps)
-    return steps, 0.0, max_err
+    steps = runner.run(evaluate, lambda loss: loss, stop, max_steps)
+    if np.isfinite(best["loss"]) and not last["loss"] <= best["loss"]:  # worse, or NaN
+        with torch.no_grad():  # in place: CUDA graphs of later rounds read the same tensors
+            for b, p in zip(best["params"], params):
+                p.copy_(b)
+    return steps, 0.0, best["max_err"]
 
 
 def fit_hgem(

@@ -15,8 +15,9 @@ from engine.hgem.privacy import (
     measurement_l2_sensitivity,
     rho_from_epsilon,
     score_sensitivity,
+    split_initial,
 )
-from engine.hgem.train import HGEMConfig, fit_hgem, make_generator, pretrain_public, train_hgem
+from engine.hgem.train import HGEMConfig, InitialMeasurement, fit_hgem, make_generator, pretrain_public, train_hgem
 from engine.hgem.workloads import kway_workloads
 from engine.queries import Workload
 
@@ -197,3 +198,118 @@ def test_map_prior_is_on_the_distribution_so_unmeasured_workloads_follow(domain,
     assert res.measured == [measured] * 3
     after = _errors(res.generator, plan, tgt)
     assert after[1] < 0.2 * start[1] and after[0] < 0.3 * start[0]
+
+
+def _no_rounds(*_):
+    raise AssertionError("rounds = 0: nothing may be selected or measured")
+
+
+def test_initial_measurements_alone_fit_their_workloads(domain, data):
+    """rounds = 0: round 0 updates on the initial measurements only (no selection, no measure
+    call); the initial workloads' error drops from the public start, and so does the error of the
+    correlated candidates that were never measured (the prior acts on the distribution)."""
+    public = synthetic_data(domain, 2000, seed=7)
+    ws = kway_workloads(domain, 2)
+    true = exact_normalised_answers(data, ws)
+    init_ws = [Workload("group", ("TEN",), ()), Workload("person", (), ("AGE",)), Workload("group", ("TEN",), ("AGE",))]
+    init_true = exact_normalised_answers(data, init_ws)
+    cfg = HGEMConfig(rounds=0, **{**CFG, "update": "map", "prior_households": 100.0, "initial_update_steps": 300})
+    G = make_generator(domain, cfg, "cpu")
+    pretrain_public(G, public, ws, steps=300)
+    plan_i = AnswerPlan(domain, init_ws, device="cpu")
+    tgt_i = plan_i.concat_targets(init_true)
+    start = _errors(G, plan_i, tgt_i)
+    initial = [InitialMeasurement(w, a, 1e-3) for w, a in zip(init_ws, init_true)]
+    res = train_hgem(domain, ws, true, _no_rounds, _no_rounds, 1e-3, cfg, generator=G, initial=initial)
+    assert res.measured == init_ws and len(res.measurements) == 3
+    assert [r.round for r in res.history] == [0] and 0 < res.history[0].steps <= 300
+    after = _errors(res.generator, plan_i, tgt_i)
+    assert after[1] < 0.3 * start[1] and after[0] < 0.5 * start[0]
+
+
+def test_first_selection_sees_the_initial_update(domain, data):
+    """The first round's scores are taken after round 0: a workload measured exactly beforehand
+    scores far lower than on the public start, and the rounds then add to the initial list."""
+    public = synthetic_data(domain, 2000, seed=7)
+    ws = kway_workloads(domain, 2)
+    true = exact_normalised_answers(data, ws)
+    k = next(i for i, w in enumerate(ws) if w.level == "group")
+    cfg = HGEMConfig(rounds=2, **{**CFG, "update": "map", "prior_households": 100.0})
+    G = make_generator(domain, cfg, "cpu")
+    pretrain_public(G, public, ws, steps=300)
+    plan = AnswerPlan(domain, ws, device="cpu")
+    with torch.no_grad():
+        start_scores = plan.max_abs_error(plan.answers(G()), plan.concat_targets(true)).numpy()
+    seen = []
+
+    def select(scores, sens):
+        seen.append(np.asarray(scores).copy())
+        return int(np.argmax(scores))
+
+    res = train_hgem(domain, ws, true, select, lambda w: true[ws.index(w)], 1e-3, cfg, generator=G,
+                     measurement_sigma=lambda w: 1e-3, initial=[InitialMeasurement(ws[k], true[k], 1e-3)])
+    assert len(seen) == 2 and [r.round for r in res.history] == [0, 1, 2]
+    assert seen[0][k] < 0.5 * start_scores[k]
+    assert res.measured[0] == ws[k] and len(res.measured) == 3
+
+
+def test_initial_measurements_are_checked(domain, data):
+    ws = [Workload("group", ("TEN",))]
+    true = exact_normalised_answers(data, ws)
+    cfg = HGEMConfig(rounds=0, **CFG)
+    with pytest.raises(ValueError, match="rounds"):
+        train_hgem(domain, ws, true, _no_rounds, _no_rounds, 1e-3, cfg, device="cpu")
+    with pytest.raises(ValueError, match="cells"):
+        train_hgem(domain, ws, true, _no_rounds, _no_rounds, 1e-3, cfg, device="cpu",
+                   initial=[InitialMeasurement(ws[0], np.zeros(len(true[0]) + 1), 1e-3)])
+    with pytest.raises(ValueError, match="sigma"):
+        train_hgem(domain, ws, true, _no_rounds, _no_rounds, 1e-3, cfg, device="cpu",
+                   initial=[InitialMeasurement(ws[0], true[0], 0.0)])
+
+
+def test_split_initial_composes_to_rho():
+    each, rest = split_initial(0.3, 0.75, 17)
+    assert 17 * each + rest == pytest.approx(0.3) and rest == pytest.approx(0.075)
+    assert split_initial(0.3, 0.0, 0) == (0.0, 0.3)
+    each, rest = split_initial(0.3, 1.0, 4)
+    assert each == pytest.approx(0.075) and rest == pytest.approx(0.0, abs=1e-15)
+    for bad in [(0.3, 1.5, 3), (0.3, -0.1, 3), (0.0, 0.5, 3), (0.3, 0.5, 0)]:
+        with pytest.raises(ValueError):
+            split_initial(*bad)
+
+
+def test_map_round_keeps_its_best_iterate(domain, data):
+    """A learning rate far too large makes Adam overshoot: the round must still end at the lowest
+    loss it saw (never above its start), with the max error of that iterate."""
+    from engine.hgem.steps import AdamSteps, make_adam
+    from engine.hgem.train import _map_update
+
+    ws = kway_workloads(domain, 2)[:6]
+    true = exact_normalised_answers(data, ws)
+    cfg = HGEMConfig(rounds=1, **{**CFG, "update": "map", "update_tol": 0.0})
+    G = make_generator(domain, cfg, "cpu")
+    plan = AnswerPlan(domain, ws, device="cpu")
+    tgt = plan.concat_targets(true)
+    w_m = torch.full_like(tgt, 0.5 / 1e-3**2)
+
+    def loss_now():
+        with torch.no_grad():
+            return float((w_m * (plan.answers(G()) - tgt) ** 2).sum())
+
+    start = loss_now()
+    losses = []
+    runner = AdamSteps(make_adam(G.parameters(), 3.0, G.device), False)  # lr 3: wild steps
+    orig = runner.run
+
+    def spy(evaluate, loss_of, stop, max_steps):
+        def stop_spy(i, stats):
+            losses.append(float(stats[0]))
+            return stop(i, stats)
+        return orig(evaluate, loss_of, stop_spy, max_steps)
+
+    runner.run = spy
+    steps, _, max_err = _map_update(G, runner, cfg, plan, tgt, w_m, None, 30)
+    assert steps == len(losses) - 1 and losses[-1] > min(losses)  # the last iterate is not the best one
+    assert loss_now() == pytest.approx(min(losses), rel=1e-6) and loss_now() <= start
+    with torch.no_grad():
+        assert max_err == pytest.approx(float(plan.max_abs_error(plan.answers(G()), tgt).max()), rel=1e-6)
