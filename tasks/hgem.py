@@ -239,8 +239,6 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
     rho_node = budget_plan(cfg).allocation(STAGE, LEVEL)
     rb = round_budget(rho_node, n_initial=len(initial_ws))
     eps0, rho_sel, rho_meas, rho_init = rb["epsilon0"], rb["rho_select"], rb["rho_measure"], rb["rho_initial"]
-    if rb["n_initial"] == 0:
-        initial_ws = []
     ledger, store = open_ledger(cfg, paths), measurement_store(paths)
     sel_key = lambda r: f"{STAGE}/{node}/round-{r}/select"  # noqa: E731
     init_key = lambda w: f"{STAGE}/{node}/initial/{w.id}"  # noqa: E731
