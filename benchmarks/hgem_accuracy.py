@@ -87,17 +87,25 @@ def make_oracles(
 
     index = {w: i for i, w in enumerate(workloads)}
     sel = getattr(mechanisms, selection)
-    dom = private.domain
 
     def select(scores: np.ndarray, sensitivity: float) -> int:
         return int(sel(np.asarray(scores, dtype=float), sensitivity, budget.epsilon0))
 
     def measure(w: Workload) -> np.ndarray:
-        l2 = measurement_l2_sensitivity(w, dom, unit, private.n_households, private.n_persons)
-        noisy, _ = mechanisms.gaussian(np.asarray(true_answers[index[w]], dtype=float), l2, budget.rho_measure)
-        return np.asarray(noisy, dtype=float)
+        return gaussian_measurement(private, w, true_answers[index[w]], budget.rho_measure, unit).answers
 
     return select, measure
+
+
+def gaussian_measurement(private: HierarchicalData, w: Workload, answers: np.ndarray, rho: float,
+                         unit: PrivacyUnit = "household") -> InitialMeasurement:
+    """Gaussian noise (engine.privacy.mechanisms) at cost ρ on ``w``'s normalised ``answers``, with
+    the normalised L2 sensitivity (count L2 from Workload.sensitivity / N_G or N_I), and its σ."""
+    from engine.privacy import mechanisms
+
+    l2 = measurement_l2_sensitivity(w, private.domain, unit, private.n_households, private.n_persons)
+    noisy, sigma = mechanisms.gaussian(np.asarray(answers, dtype=float), l2, rho)
+    return InitialMeasurement(w, np.asarray(noisy, dtype=float), float(sigma))
 
 
 EPSILONS = (0.125, 0.25, 0.5, 1.0)
@@ -119,20 +127,6 @@ def _hgem_answers(G, plan) -> list[np.ndarray]:
         return [x.cpu().numpy().astype(np.float64) for x in plan.split(plan.answers(G()))]
 
 
-def initial_measurements(private: HierarchicalData, workloads: Sequence[Workload], rho_each: float,
-                         unit: PrivacyUnit = "household") -> list[InitialMeasurement]:
-    """Gaussian measurements (engine.privacy.mechanisms) of ``workloads`` at ρ_each each, in
-    H-GEM's normalised units, with their σ: the measurements taken before the rounds."""
-    from engine.privacy import mechanisms
-
-    dom, out = private.domain, []
-    for w, a in zip(workloads, exact_normalised_answers(private, workloads)):
-        l2 = measurement_l2_sensitivity(w, dom, unit, private.n_households, private.n_persons)
-        noisy, sigma = mechanisms.gaussian(a, l2, rho_each)
-        out.append(InitialMeasurement(w, np.asarray(noisy, dtype=float), float(sigma)))
-    return out
-
-
 def _run_hgem(private, workloads, true, eps, delta, cfg, unit, seed, device, pub_state=None, prior_strength=0.1,
               initial_workloads: Sequence[Workload] = (), initial_share: float = 0.0):
     """With a public fit (``pub_state``): the MAP update with the relative-entropy prior to it
@@ -142,12 +136,14 @@ def _run_hgem(private, workloads, true, eps, delta, cfg, unit, seed, device, pub
     ``cfg.rounds`` adaptive rounds split the rest (``engine.hgem.privacy.split_initial``)."""
     rho = rho_from_epsilon(eps, delta)
     rho_each, rho_rounds = split_initial(rho, initial_share, len(initial_workloads))
-    initial = initial_measurements(private, initial_workloads, rho_each, unit) if rho_each > 0 else []
-    if rho_rounds <= 1e-12 * rho or cfg.rounds == 0:
-        if rho_rounds > 1e-12 * rho:
-            raise ValueError("rounds = 0 needs initial_share = 1")
-        cfg, rho_rounds = replace(cfg, rounds=0), rho  # no rounds: the budget below is never spent
-    budget = gem_budget(rho_rounds, max(cfg.rounds, 1), alpha=0.5)
+    initial = [gaussian_measurement(private, w, a, rho_each, unit)
+               for w, a in zip(initial_workloads, exact_normalised_answers(private, initial_workloads))] if rho_each else []
+    if rho_rounds <= 1e-12 * rho:  # the initial workloads take all of ρ: no adaptive rounds
+        cfg = replace(cfg, rounds=0)
+    elif cfg.rounds == 0:
+        raise ValueError("rounds = 0 needs initial_share = 1")
+    # without rounds the oracles are never called: their budget is a placeholder over the whole ρ
+    budget = gem_budget(rho_rounds if cfg.rounds else rho, max(cfg.rounds, 1), alpha=0.5)
     select, measure = make_oracles(private, workloads, true, budget, unit)
     dom = private.domain
     if pub_state is None:

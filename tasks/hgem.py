@@ -280,26 +280,23 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
                               "n_candidates": len(workloads), "epsilon0": eps0, "sensitivity": float(sensitivity)})
         return idx
 
-    def measure(w: Workload) -> np.ndarray:
-        r = current["round"]
-        counts = true_counts[workloads.index(w)]
+    def stored_measurement(key: str, w: Workload, counts: np.ndarray, rho: Fraction) -> InitialMeasurement:
+        """Discrete Gaussian on ``w``'s integer counts at ``rho`` through the MeasurementStore
+        (charged and persisted before use, read back on a rerun), in the normalised units
+        train_hgem sees: answers and σ divided by the workload's normaliser."""
         m = store.measure(
-            key=f"{STAGE}/{node}/round-{r}/{w.id}", ledger=ledger, stage=STAGE, level=LEVEL, node=node,
-            workload_id=w.id, true_answer=np.rint(counts).astype(np.int64),
-            l2_sensitivity=w.sensitivity(domain, cfg.privacy_unit)[1], rho=rho_meas,
-        )
-        return m.noisy_answer.astype(np.float64) / norm(w)
-
-    def measure_initial(w: Workload) -> InitialMeasurement:
-        """A public-selected state workload at ρ_initial, persisted before use (no selection)."""
-        l2 = w.sensitivity(domain, cfg.privacy_unit)[1]
-        m = store.measure(
-            key=init_key(w), ledger=ledger, stage=STAGE, level=LEVEL, node=node, workload_id=w.id,
-            true_answer=np.rint(answer(mine, w)).astype(np.int64), l2_sensitivity=l2, rho=rho_init,
+            key=key, ledger=ledger, stage=STAGE, level=LEVEL, node=node, workload_id=w.id,
+            true_answer=np.rint(counts).astype(np.int64), l2_sensitivity=w.sensitivity(domain, cfg.privacy_unit)[1],
+            rho=rho,
         )
         return InitialMeasurement(w, m.noisy_answer.astype(np.float64) / norm(w), float(m.scale) / norm(w))
 
-    initial = [measure_initial(w) for w in initial_ws]
+    def measure(w: Workload) -> np.ndarray:
+        key = f"{STAGE}/{node}/round-{current['round']}/{w.id}"
+        return stored_measurement(key, w, true_counts[workloads.index(w)], rho_meas).answers
+
+    # the public-selected state workloads at ρ_initial each (no selection)
+    initial = [stored_measurement(init_key(w), w, answer(mine, w), rho_init) for w in initial_ws]
     base = seed if seed is not None else (cfg.sampling_seed or 0)
     gen_seed, sample_seed = _seeds(base, state)
     hcfg = hgem_config(gen_seed, prior_households=cfg.synthesis.prior_strength * n_g)

@@ -136,8 +136,9 @@ def sample_households(
         size_idx = _categorical(mix.size_probs[comp], generator, comp)  # m - 1
         group = torch.empty(n, len(dom.group), dtype=torch.long, device=dev)
         group[:, dom.group_index(dom.size_attribute)] = size_idx
+        group_probs = mix.group_probs[comp]  # (n, D_G), gathered once for all attributes
         for name in lay.group_names:
-            group[:, dom.group_index(name)] = _categorical(mix.group_probs[comp][:, lay.group_slice(name)], generator, comp)
+            group[:, dom.group_index(name)] = _categorical(group_probs[:, lay.group_slice(name)], generator, comp)
         # persons: all M slots of every household, then keep slot < m (row-major → CSR order)
         slot_probs = mix.person_probs[comp]  # (n, M, D_I)
         person = torch.empty(n, M, len(dom.person), dtype=torch.long, device=dev)

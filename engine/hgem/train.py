@@ -361,10 +361,7 @@ def train_hgem(
     sig2: list[float] = []
     meas: list[np.ndarray] = []
     for im in initial:
-        m = np.asarray(im.answers, dtype=np.float64).reshape(-1)
-        if m.shape[0] != im.workload.n_cells(domain):
-            raise ValueError(f"initial measurement of {im.workload.id}: {m.shape[0]} values for "
-                             f"{im.workload.n_cells(domain)} cells")
+        m = _answer_vector(im.workload, im.answers, domain, "initial measurement")
         if not float(im.sigma) > 0:
             raise ValueError(f"initial measurement of {im.workload.id}: sigma must be > 0")
         measured.append(im.workload)
@@ -401,9 +398,7 @@ def train_hgem(
             scores = scores_of().cpu().numpy().astype(np.float64)
             idx = int(select(scores, float(score_sensitivity)))
             w = workloads[idx]
-            m = np.asarray(measure(w), dtype=np.float64).reshape(-1)
-            if m.shape[0] != w.n_cells(domain):
-                raise ValueError(f"measure returned {m.shape[0]} values for {w.id} with {w.n_cells(domain)} cells")
+            m = _answer_vector(w, measure(w), domain, "measure")
             measured.append(w)
             meas.append(m)
             if measurement_sigma is not None:
@@ -427,6 +422,14 @@ def train_hgem(
             for k, v in out.named_parameters():
                 v.copy_(ema[k])
     return HGEMResult(out, G, measured, meas, history)
+
+
+def _answer_vector(w: Workload, values, domain: Domain, what: str) -> np.ndarray:
+    """``values`` as a flat float64 vector with one entry per cell of ``w`` (else ValueError)."""
+    m = np.asarray(values, dtype=np.float64).reshape(-1)
+    if m.shape[0] != w.n_cells(domain):
+        raise ValueError(f"{what} of {w.id}: {m.shape[0]} values for {w.n_cells(domain)} cells")
+    return m
 
 
 @contextlib.contextmanager
