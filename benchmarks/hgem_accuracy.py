@@ -52,6 +52,7 @@ from engine.hgem.train import (  # noqa: E402
     make_generator,
     pretrain_households,
     pretrain_public,
+    score_select,
     train_hgem,
 )
 from engine.hgem.workloads import kway_workloads  # noqa: E402
@@ -157,7 +158,7 @@ def _run_hgem(private, workloads, true, eps, delta, cfg, unit, seed, device, pub
     if pub_state is not None:
         G.load_state_dict(pub_state)
     sens = score_sensitivity(workloads, dom, unit, private.n_households, private.n_persons)
-    return train_hgem(dom, workloads, true, select, measure, sens, cfg, generator=G, measurement_sigma=sigma,
+    return train_hgem(dom, workloads, score_select(true, select, sens), measure, cfg, generator=G, measurement_sigma=sigma,
                       initial=initial)
 
 
@@ -281,7 +282,7 @@ def run_real(
     from engine.prior_update import sample_households as support_sample
     from engine.privacy.accountant import sigma_for_rho
     from engine.support import Support
-    from engine.synthesis import synthesize_node
+    from engine.synthesis import local_measure, synthesize_node
     from engine.workload_selection import select_workloads
 
     cfg = hgem_config or HGEMConfig()
@@ -347,12 +348,12 @@ def run_real(
                 if "prior_update" in methods:
                     t0 = time.perf_counter()
 
-                    def measure(w, counts, l2, rho_w):
+                    def noise(counts, l2, rho_w):
                         sigma = sigma_for_rho(l2, rho_w)
                         return np.asarray(counts, float) + rng.normal(0.0, sigma, np.shape(counts)), sigma
 
-                    res = synthesize_node(support, support.weights, priv, sel.state, Fraction(rho).limit_denominator(10**12),
-                                          unit, measure, n_g, rule="map", prior_strength=0.1)
+                    res = synthesize_node(support, support.weights, sel.state, Fraction(rho).limit_denominator(10**12),
+                                          local_measure(priv, unit, noise), n_g, rule="map", prior_strength=0.1)
                     synth = support_sample(support, res.weights, n_g, rng, geo=tuple(int(x) for x in priv.geo[0]))
                     score(synth, "prior_update", eps, run, time.perf_counter() - t0)
                 if "hgem" in methods:

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.hgem.answers import exact_normalised_answers  # noqa: E402
-from engine.hgem.train import HGEMConfig, make_generator, train_hgem  # noqa: E402
+from engine.hgem.train import score_select, HGEMConfig, make_generator, train_hgem  # noqa: E402
 from engine.hgem.workloads import kway_workloads  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def time_rounds(domain, workloads, true, device: str, rounds: int, tmax: int, ba
     sel = lambda s, e: int(np.argmax(s))  # noqa: E731
     meas = lambda w: true[workloads.index(w)]  # noqa: E731
     t0 = time.perf_counter()
-    res = train_hgem(domain, workloads, true, sel, meas, 1.0, cfg, generator=G, callback=cb)
+    res = train_hgem(domain, workloads, score_select(true, sel, 1.0), meas, cfg, generator=G, callback=cb)
     per = np.diff([t0] + times)
     timed_steps = int(sum(r.steps for r in res.history[1:]))
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else _cpu_name()

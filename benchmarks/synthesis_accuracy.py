@@ -87,7 +87,7 @@ from engine.prior_update import pmw_pub, sample_households  # noqa: E402
 from engine.privacy.accountant import eps_delta_to_rho, sigma_for_rho  # noqa: E402
 from engine.queries import Workload, answer, household_cell_pairs  # noqa: E402
 from engine.support import Support  # noqa: E402
-from engine.synthesis import synthesize_node  # noqa: E402
+from engine.synthesis import local_measure, synthesize_node  # noqa: E402
 from engine.workload_selection import WorkloadSelection, select_workloads  # noqa: E402
 
 DATA_ROOT = Path(os.environ.get("DPRELEASE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -175,7 +175,7 @@ class NumpyNoise:
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
 
-    def measure(self, workload: Workload, counts: np.ndarray, l2: float, rho) -> tuple[np.ndarray, float]:
+    def noise(self, counts: np.ndarray, l2: float, rho) -> tuple[np.ndarray, float]:
         """Continuous Gaussian: counts + N(0, σ²), σ = Δ₂/√(2ρ)  (ρ-zCDP)."""
         sigma = sigma_for_rho(l2, rho)
         return np.asarray(counts, dtype=np.float64) + self.rng.normal(0.0, sigma, np.shape(counts)), sigma
@@ -225,7 +225,7 @@ def run_prior_update(ctx: Context, rho: float, rng: np.random.Generator, rule: s
         # A failed update (exception or non-finite weights — seen with rule="ide" at small ε) is
         # recorded in ctx.failures and the node keeps its prior, so the run can go on.
         try:
-            w = synthesize_node(ctx.support, prior, data, workloads, rho_n, UNIT, noise.measure, total, rule=rule, prior_strength=prior_strength, sweeps=3).weights
+            w = synthesize_node(ctx.support, prior, workloads, rho_n, local_measure(data, UNIT, noise.noise), total, rule=rule, prior_strength=prior_strength, sweeps=3).weights
             if np.all(np.isfinite(w)) and w.sum() > 0:
                 return w
             err = "non-finite weights"
@@ -271,7 +271,7 @@ def run_independent_marginals(ctx: Context, rho: float, rng: np.random.Generator
             dists = []
             for w in ws:
                 _, l2 = w.sensitivity(d, UNIT)
-                noisy, _ = noise.measure(w, answer(pu.data, w), l2, rho_w)
+                noisy, _ = noise.noise(answer(pu.data, w), l2, rho_w)
                 dists.append(_noisy_distribution(noisy))
             n = pu.n_households
             group = np.stack([rng.choice(a.size, size=n, p=dists[j]) for j, a in enumerate(d.group)], axis=1)
@@ -305,7 +305,7 @@ def run_mwem_uniform(ctx: Context, rho: float, rng: np.random.Generator) -> Hier
 
         def measure(w):
             _, l2 = w.sensitivity(d, UNIT)
-            return noise.measure(w, truth[index[w]], l2, rho_meas)[0]
+            return noise.noise(truth[index[w]], l2, rho_meas)[0]
 
         res = pmw_pub(ctx.support, workloads, truth, select, measure, total=node.n_households, T=T, prior=prior, rng=rng)
         return res.weights

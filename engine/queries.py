@@ -81,10 +81,14 @@ class Workload:
         person unit (add/remove one person of an existing household; the household's derived
         attributes — size, householder's attributes, presence of children … — may change):
           group, S_I = ∅: the household moves cell: 2 / √2;
-          group, S_I ≠ ∅: the household leaves up to c cells and enters up to c cells: 2c / √(2c),
-            with c = min(M, |dom S_I|);
+          group, S_I ≠ ∅: before the change the household had at most M−1 persons, so it leaves at
+            most a = min(M−1, |dom S_I|) cells and enters at most b = min(M, |dom S_I|) cells, each
+            by one: a+b / √(a+b) (2M−1 when |dom S_I| ≥ M; attained when a derived group attribute
+            such as NP moves the household);
           person: the m ≤ M−1 existing persons may all move from one cell to another and the added
             person joins one: L1 = 2(M−1)+1, L2 = √((M−1)² + M²).
+          The person that forms a new one-person household (or the removal of a household's only
+          person) changes each vector by one cell, within every bound above.
         """
         M = domain.max_size
         if self.level == "group":
@@ -92,7 +96,10 @@ class Workload:
                 return (1.0, 1.0) if unit == "household" else (2.0, math.sqrt(2.0))
             dom_i = int(np.prod([domain.person_attribute(a).size for a in self.person_attrs]))
             c = min(M, dom_i)
-            return (float(c), math.sqrt(c)) if unit == "household" else (2.0 * c, math.sqrt(2.0 * c))
+            if unit == "household":
+                return float(c), math.sqrt(c)
+            moved = min(M - 1, dom_i) + c
+            return float(moved), math.sqrt(moved)
         if unit == "household":
             return float(M), float(M)
         return float(2 * (M - 1) + 1), math.sqrt((M - 1) ** 2 + M**2)

@@ -2,11 +2,13 @@
 benchmarks.
 
 PRIOR_UPDATE(W, h, p): measure the node's workloads W on its private households h, normalise by the
-node's household total (public, or from the count-of-counts stage), and update the prior p (a
-distribution on the support of public households) into the node's posterior. Per state the prior is
-the public empirical distribution; per PUMA it is the state's posterior. The measurement is an
-injected callable so that the pipeline routes it through the privacy ledger and the measurement
-store, and benchmarks can use a local sampler.
+node's household total (a DP estimate from the count-of-counts or household-counts stage, or exact
+only under the ``puma_household_counts`` invariant), and update the prior p (a distribution on the
+support of public households) into the node's posterior. Per state the prior is the public empirical
+distribution; per PUMA it is the state's posterior. The measurement is an injected callable bound to
+the node's private households: the pipeline's comes from the private session (charged to the ledger,
+persisted in the store), so this module never sees the private data; benchmarks bind a local
+sampler.
 
 Two update rules:
 - ``"map"`` (default): the noise-aware MAP update of :mod:`engine.map_update` — relative entropy
@@ -33,8 +35,8 @@ from engine.prior_update import Measurement, normalise_counts, prior_update
 from engine.queries import PrivacyUnit, Workload, answer
 from engine.support import Support
 
-# measure(workload, exact integer counts, l2_sensitivity, rho) -> (noisy counts, sigma)
-MeasureFn = Callable[[Workload, np.ndarray, float, Fraction], tuple[np.ndarray, float]]
+# measure(workload, rho) -> (noisy counts of the node's households, noise sigma per cell)
+MeasureFn = Callable[[Workload, Fraction], tuple[np.ndarray, float]]
 UpdateRule = Literal["map", "ide"]
 
 
@@ -44,15 +46,25 @@ class NodeResult:
     diagnostics: dict
 
 
-def measure_node(private: HierarchicalData, workloads: Sequence[Workload], rho: Fraction, unit: PrivacyUnit, measure: MeasureFn, total: float) -> list[NoisyWorkload]:
+def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn, total: float) -> list[NoisyWorkload]:
     """Measure every workload of a node (even split of ρ) and normalise by the household total."""
     rho_w = Fraction(rho) / len(workloads)
     out = []
     for w in workloads:
-        _, l2 = w.sensitivity(private.domain, unit)
-        noisy, sigma = measure(w, np.rint(answer(private, w)).astype(np.int64), l2, rho_w)
+        noisy, sigma = measure(w, rho_w)
         out.append(NoisyWorkload(w, normalise_counts(noisy, total), float(sigma)))
     return out
+
+
+def local_measure(private: HierarchicalData, unit: PrivacyUnit, noise: Callable[[np.ndarray, float, Fraction], tuple[np.ndarray, float]]) -> MeasureFn:
+    """A :data:`MeasureFn` over in-memory data (benchmarks, notebooks): ``noise(counts, l2, rho)``
+    adds the noise (e.g. ``engine.privacy.mechanisms.discrete_gaussian``). Nothing is charged: the
+    pipeline measures through ``engine.privacy.session.PrivateSession`` instead."""
+
+    def measure(w: Workload, rho: Fraction) -> tuple[np.ndarray, float]:
+        return noise(np.rint(answer(private, w)).astype(np.int64), w.sensitivity(private.domain, unit)[1], rho)
+
+    return measure
 
 
 def update_node(support: Support, prior: np.ndarray, measurements: list[NoisyWorkload], total: float, rule: UpdateRule = "map", prior_strength: float = 0.1, sweeps: int = 3) -> NodeResult:
@@ -68,10 +80,8 @@ def update_node(support: Support, prior: np.ndarray, measurements: list[NoisyWor
 def synthesize_node(
     support: Support,
     prior: np.ndarray,
-    private: HierarchicalData,
     workloads: Sequence[Workload],
     rho: Fraction,
-    unit: PrivacyUnit,
     measure: MeasureFn,
     total: float,
     rule: UpdateRule = "map",
@@ -83,5 +93,5 @@ def synthesize_node(
     p = np.asarray(prior, dtype=np.float64)
     if rho <= 0 or not workloads:
         return NodeResult(p / p.sum(), {"measured": 0})
-    ms = measure_node(private, workloads, Fraction(rho), unit, measure, total)
+    ms = measure_node(workloads, Fraction(rho), measure, total)
     return update_node(support, p, ms, total, rule, prior_strength, sweeps)

@@ -1,18 +1,40 @@
-"""`dprelease plan`: the budget allocation of a config, without reading any data."""
+"""`dprelease plan`: the budget allocation of a config and what its (ε, δ) covers, without
+reading any data."""
 
 from __future__ import annotations
 
 from schemas.release_config import ReleaseConfig
-from tasks.privacy import budget_plan
+from tasks.context import budget_plan
+
+INVARIANT_TEXT = {
+    "puma_household_counts": "the number of households in every PUMA (and so in every state and the nation) is released exactly",
+}
+PUBLIC_STRUCTURE = "the geography (which states and PUMAs the private input covers) and the domain spec are public"
+
+
+def invariants_statement(cfg: ReleaseConfig) -> dict:
+    """What the guarantee covers, for the manifest and the plan: the (ε, δ) holds for every
+    released number except the declared invariants."""
+    return {
+        "declared": list(cfg.invariants),
+        "statement": ("the (epsilon, delta) guarantee holds for everything released"
+                      if not cfg.invariants else
+                      "the (epsilon, delta) guarantee holds for everything released except these invariants: "
+                      + "; ".join(f"{i} ({INVARIANT_TEXT[i]})" for i in cfg.invariants)),
+        "public_structure": PUBLIC_STRUCTURE,
+    }
 
 
 def render_plan(cfg: ReleaseConfig) -> str:
     plan = budget_plan(cfg)
     b = cfg.budget
     target = f"rho = {b.rho}" if b.rho is not None else f"(epsilon, delta) = ({b.epsilon}, {b.delta:g}) converted to rho by {b.conversion}"
+    inv = invariants_statement(cfg)
     head = [
         f"release {cfg.name}: privacy unit {cfg.privacy_unit}, synthesizer {cfg.synthesizer}",
         f"budget: {target}",
+        f"invariants: {', '.join(cfg.invariants) if cfg.invariants else 'none'}",
         "",
     ]
-    return "\n".join(head) + plan.render_table()
+    tail = ["", f"guarantee: {inv['statement']}; {inv['public_structure']}."]
+    return "\n".join(head) + plan.render_table() + "\n".join(tail)

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import dask
-import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
@@ -25,15 +24,15 @@ from engine.hierarchical_data import HierarchicalData
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
 from tasks.audit import AuditLog
+from tasks.context import RunContext
 from tasks.count_of_counts import as_table as coc_as_table
-from tasks.count_of_counts import count_of_counts_task, puma_sizes
-from tasks.hgem import SUPPORT_PER_HOUSEHOLD, gpu_resources, hgem_state_task, uniform_prior
+from tasks.count_of_counts import count_of_counts_task, has_histograms, household_counts_task, node_households, puma_sizes
 from tasks.ingest import ingest_input, read_report, validation_record, write_validation
-from tasks.privacy import budget_plan, open_ledger
-from tasks.publish import code_version, library_versions, sha256_file, write_release
+from tasks.publish import code_version, input_identity, library_versions, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
+from flows.plan import invariants_statement
 from tasks.synthesize import public_only_baseline, puma_task, select_workload_task, state_update_task
 
 
@@ -156,44 +155,60 @@ def select_workload_stage(paths: RunPaths, public_npz: str) -> dict:
 
 
 @flow(name="count-of-counts")
-def count_of_counts_stage(cfg: ReleaseConfig, paths: RunPaths, private_npz: str) -> str:
-    return count_of_counts_task.submit(cfg, paths, private_npz).result()
+def count_of_counts_stage(ctx: RunContext) -> str:
+    return count_of_counts_task.submit(ctx).result()
+
+
+@flow(name="household-counts")
+def household_counts_stage(ctx: RunContext) -> str:
+    return household_counts_task.submit(ctx).result()
+
+
+def nodes_at(counts_path: str, level: str) -> dict[tuple[int, ...], int]:
+    """{node: household count} of one level from the counts result (DP, or exact under the
+    declared invariant); the geography itself is public."""
+    from engine.geography import node_level, parse_node_key
+
+    out = {}
+    for key, g in node_households(counts_path).items():
+        node = parse_node_key(key)
+        if node_level(node) == level:
+            out[node] = g
+    return out
 
 
 @flow(name="synthesize-states")
-def state_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, workload: dict) -> dict[int, str]:
-    states = [int(s) for s in np.unique(HierarchicalData.from_npz(private_npz).geo[:, 0])]
-    futures = [state_update_task.submit(cfg, paths, public_npz, private_npz, st, workload["state"]) for st in states]
-    return dict(zip(states, wait_all(futures, get_run_logger(), "state posteriors")))
+def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, str]:
+    states = nodes_at(counts_path, "state")
+    futures = [state_update_task.submit(ctx, st[0], g, workload["state"]) for st, g in states.items()]
+    return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "state posteriors")))
 
 
 @flow(name="hgem-states")
-def hgem_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, address: str, seed: int, workload: dict) -> dict[int, str]:
+def hgem_stage(ctx: RunContext, counts_path: str, address: str, seed: int, workload: dict) -> dict[int, str]:
     """H-GEM per state (the public-selected state workloads measured first); on a cluster with GPU
     workers the tasks ask for a GPU resource."""
-    states, counts = np.unique(HierarchicalData.from_npz(private_npz).geo[:, 0], return_counts=True)
+    from tasks.hgem import SUPPORT_PER_HOUSEHOLD, gpu_resources, hgem_state_task
+
+    states = nodes_at(counts_path, "state")
     with dask.annotate(resources=gpu_resources(address)):
-        futures = [hgem_state_task.submit(cfg, paths, public_npz, private_npz, int(st), SUPPORT_PER_HOUSEHOLD * int(g), seed, workload["state"])
-                   for st, g in zip(states, counts)]
-    return dict(zip((int(s) for s in states), wait_all(futures, get_run_logger(), "H-GEM states")))
+        futures = [hgem_state_task.submit(ctx, st[0], g, SUPPORT_PER_HOUSEHOLD * g, seed, workload["state"]) for st, g in states.items()]
+    return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "H-GEM states")))
 
 
 @flow(name="synthesize-pumas")
-def puma_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, workload: dict | None, posteriors: dict[int, str] | None, coc_path: str | None, seed: int, supports: dict[int, str] | None = None) -> list[str]:
-    """Per PUMA in parallel. Household counts per PUMA are public (as the Census Bureau treats
-    housing-unit counts) unless the count-of-counts stage estimated them privately."""
-    private = HierarchicalData.from_npz(private_npz)
-    nodes, counts = np.unique(private.geo[:, :2], axis=0, return_counts=True)
-    sizes = puma_sizes(coc_path) if coc_path else {}
+def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteriors: dict[int, str] | None, seed: int, supports: dict[int, str] | None = None) -> list[str]:
+    """Per PUMA in parallel: the PUMA's DP household count (exact only under the declared
+    invariant), with the count-of-counts sizes when that stage ran."""
+    sizes = puma_sizes(counts_path) if has_histograms(counts_path) else {}
     futures = []
-    for node, g in zip(nodes, counts):
-        node_t = (int(node[0]), int(node[1]))
-        size_row = sizes.get(node_t)
-        n = int(size_row.sum()) if size_row is not None else int(g)
+    for node, g in nodes_at(counts_path, "puma").items():
+        size_row = sizes.get(node)
         futures.append(
             puma_task.submit(
-                cfg, paths, supports[node_t[0]] if supports else public_npz, private_npz, node_t, n, None if size_row is None else size_row.tolist(),
-                None if posteriors is None else posteriors[node_t[0]], [] if workload is None else workload["puma"], seed,
+                ctx, node, g, None if size_row is None else size_row.tolist(),
+                None if posteriors is None else posteriors[node[0]], [] if workload is None else workload["puma"], seed,
+                supports[node[0]] if supports else None,
             )
         )
     label = "PUMAs (public-only baseline)" if posteriors is None else "PUMA posteriors and samples"
@@ -201,24 +216,25 @@ def puma_stage(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
 
 
 @flow(name="publish")
-def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None) -> str:
+def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None) -> str:
     logger = get_run_logger()
+    cfg, paths = ctx.cfg, ctx.paths
     synth = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
-    ledger = open_ledger(cfg, paths)
     audit = AuditLog(paths.audit_path)
-    sync_charges(audit, ledger)
-    summary = ledger.summary()
+    sync_charges(audit, ctx.ledger)
+    summary = ctx.ledger.summary()
     manifest = {
         "release": cfg.name,
         "description": cfg.description,
         "config": cfg.model_dump(mode="json"),
-        "inputs": [{k: r[k] for k in ("role", "file", "sha256", "layout")} for r in reports],
+        "inputs": [input_identity(r, paths.run_dir) for r in reports],
         "code": code_version(),
         "libraries": library_versions(),
         "privacy_unit": cfg.privacy_unit,
+        "invariants": invariants_statement(cfg),
         "privacy": {
             "accounting": "rho-zCDP; sequential composition over stages and levels, parallel over disjoint nodes of one level",
-            "plan": budget_plan(cfg).to_dict(),
+            "plan": ctx.plan.to_dict(),
             "ledger": summary,
             "rho": summary["total"]["spent"],
             "epsilon_delta": {"epsilon": summary["total"]["epsilon_spent_cks"], "delta": summary["total"]["delta"], "conversion": "Canonne-Kamath-Steinke 2020"},
@@ -238,7 +254,8 @@ def publish_stage(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict], node
     coc_table = coc_as_table(coc_path) if coc_path else None
     manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, audit=audit)
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
-    logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir}")
+    logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
+                f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
 
 
@@ -263,6 +280,7 @@ SYNTHESIZER_DESCRIPTIONS = {
 def release_flow(config_path: str, dask_address: str | None = None, name: str | None = None) -> str:
     cfg = load_config(config_path, name=name)
     paths = prepare(cfg.run_dir(), cfg.release_dir())
+    ctx = RunContext(cfg, paths)
     with RunLock(paths), dask_scheduler(dask_address) as address:
         audit = AuditLog(paths.audit_path)
         resumed = bool(audit.events())
@@ -273,7 +291,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             code=code_version().get("git_commit"),
             synthesizer=cfg.synthesizer,
             privacy_unit=cfg.privacy_unit,
-            planned_rho=str(budget_plan(cfg).total_rho),
+            invariants=list(cfg.invariants),
+            planned_rho=str(ctx.plan.total_rho),
         )
         runner = DaskTaskRunner(address=address)
         stages = []
@@ -281,7 +300,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         def stage(name, fn, *args):
             audit.append("stage_start", stage=name)
             out = fn.with_options(task_runner=runner)(*args)
-            sync_charges(audit, open_ledger(cfg, paths))
+            sync_charges(audit, ctx.ledger)
             audit.append("stage_end", stage=name)
             stages.append(name)
             return out
@@ -289,32 +308,37 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         reports = stage("ingest", ingest_stage, cfg, paths)
         write_json_atomic(paths.summary_path, {"inputs": [read_report(r) for r in reports]})
         seed = sampling_seed(cfg, paths)
-        private_npz, public_npz = merged_inputs(paths, reports)
+        ctx = ctx.with_inputs(*merged_inputs(paths, reports))
         workload = posteriors = coc_path = supports = None
         if cfg.synthesizer != "public_baseline":
-            workload = stage("select_workload", select_workload_stage, paths, public_npz)
+            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz)
         if cfg.allocation.stages.get("count_of_counts", 0) > 0:
-            coc_path = stage("count_of_counts", count_of_counts_stage, cfg, paths, private_npz)
+            counts_path = coc_path = stage("count_of_counts", count_of_counts_stage, ctx)
+        else:
+            counts_path = stage("household_counts", household_counts_stage, ctx)
         if cfg.synthesizer == "prior_update":
-            posteriors = stage("state_synthesis", state_stage, cfg, paths, public_npz, private_npz, workload)
+            posteriors = stage("state_synthesis", state_stage, ctx, counts_path, workload)
         elif cfg.synthesizer == "hgem":
-            supports = stage("hgem", hgem_stage, cfg, paths, public_npz, private_npz, address, seed, workload)
+            from tasks.hgem import uniform_prior
+
+            supports = stage("hgem", hgem_stage, ctx, counts_path, address, seed, workload)
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
-        node_files = stage("puma_synthesis", puma_stage, cfg, paths, public_npz, private_npz, workload, posteriors, coc_path, seed, supports)
-        release_dir = publish_stage(cfg, paths, reports, node_files, stages, workload, coc_path)
-        report = internal_qa(cfg, paths, private_npz, public_npz, node_files, seed, coc_path)
+        node_files = stage("puma_synthesis", puma_stage, ctx, counts_path, workload, posteriors, seed, supports)
+        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path)
+        report = internal_qa(ctx, node_files, seed, coc_path)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir
 
 
 @task(name="internal-qa-report")
-def internal_qa(cfg: ReleaseConfig, paths: RunPaths, private_npz: str, public_npz: str, node_files: list[str], seed: int, coc_path: str | None) -> str:
-    """Accuracy of the release against the confidential data, written to the work directory only."""
-    private = HierarchicalData.from_npz(private_npz)
+def internal_qa(ctx: RunContext, node_files: list[str], seed: int, coc_path: str | None) -> str:
+    """Accuracy of the release against the confidential data, written to the work directory only
+    (QA is, with ingestion, the only reader of the private data outside the private session)."""
+    cfg, paths = ctx.cfg, ctx.paths
+    private = HierarchicalData.from_npz(ctx.private_npz)
     release = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
     baselines = {}
     if cfg.synthesizer != "public_baseline":
-        baselines["public-only baseline"] = public_only_baseline(HierarchicalData.from_npz(public_npz), private, seed)
-    summary = open_ledger(cfg, paths).summary()
+        baselines["public-only baseline"] = public_only_baseline(HierarchicalData.from_npz(ctx.public_npz), private, seed)
     coc_emd = coc_emd_by_level(coc_path, private) if coc_path else None
-    return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, summary, coc_emd))
+    return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, ctx.ledger.summary(), coc_emd))

@@ -99,12 +99,21 @@ class AttributesSpec(_Strict):
 
 
 class CountOfCountsSpec(_Strict):
-    """The count-of-counts stage (runs when the allocation gives it a share): Hc estimates per
-    node, made consistent top-down; household counts G_v public, or private (measured)."""
+    """The count-of-counts stage (runs when the allocation gives it a share): households of size
+    ≥ k measured per node, estimated (isotonic L1) and made consistent top-down. Household counts
+    come from the same measurements unless ``invariants`` holds them exact."""
 
     consistency: Literal["weighted", "average", "leaves"] = "weighted"
-    group_counts: Literal["public", "private"] = "public"
     mechanism: Literal["gaussian", "laplace"] = "gaussian"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, v):
+        if isinstance(v, dict) and "group_counts" in v:
+            raise ValueError(
+                "count_of_counts.group_counts was removed: household counts are private (measured) by default; "
+                "to hold PUMA household counts exact, declare `invariants: [puma_household_counts]` at the top level")
+        return v
 
 
 class SynthesisSpec(_Strict):
@@ -136,6 +145,9 @@ class ReleaseConfig(_Strict):
     output_dir: str = "releases"
     work_dir: str = "work"
     sampling_seed: int | None = None  # post-processing sampling only; noise never uses seeds
+    invariants: list[Literal["puma_household_counts"]] = Field(
+        default_factory=list,
+        description="exact statistics released without noise (the DP guarantee holds for everything except these)")
 
     @field_validator("name")
     @classmethod
@@ -158,11 +170,14 @@ class ReleaseConfig(_Strict):
             lv = self.allocation.levels.get("count_of_counts", {})
             if not all(lv.get(x, 0) > 0 for x in LEVELS):
                 raise ValueError("allocation.levels.count_of_counts needs a positive share for nation, state and puma (top-down needs every level measured)")
-        if self.count_of_counts.group_counts == "private":
-            if self.privacy_unit != "household":
-                raise ValueError("count_of_counts.group_counts: private needs privacy_unit household (household counts do not change when one person is added)")
-            if st.get("group_counts", 0) <= 0 or self.allocation.levels.get("group_counts", {}).get("puma", 0) <= 0:
-                raise ValueError("count_of_counts.group_counts: private needs a group_counts stage share with a puma level share")
+        if len(set(self.invariants)) != len(self.invariants):
+            raise ValueError("invariants: each invariant at most once")
+        if st.get("group_counts", 0) > 0 and self.allocation.levels.get("group_counts", {}).get("puma", 0) <= 0:
+            raise ValueError("allocation.levels.group_counts needs a positive puma share (the PUMA household counts are the leaves of the count hierarchy)")
+        if "puma_household_counts" not in self.invariants and st.get("count_of_counts", 0) <= 0 and st.get("group_counts", 0) <= 0:
+            raise ValueError(
+                "household counts are private: give the count_of_counts or the group_counts stage a share (they measure them), "
+                "or declare `invariants: [puma_household_counts]` to hold them exact")
         if self.synthesizer == "prior_update":
             for stage, level in (("state_synthesis", "state"), ("puma_synthesis", "puma")):
                 if st.get(stage, 0) <= 0 or self.allocation.levels.get(stage, {}).get(level, 0) <= 0:

@@ -1,9 +1,18 @@
-"""The count-of-counts stage: household-size histograms for nation, states and PUMAs, measured
-through the ledger and made consistent top-down (Kuo et al., VLDB 2018).
+"""Household counts and the count-of-counts stage (Kuo et al., VLDB 2018), through the private
+session: every number about the private households that leaves here is post-processing of
+charged measurements, unless the release declares ``invariants: [puma_household_counts]``.
 
-Noise: the discrete Gaussian by default (under zCDP its cost depends on the L2 sensitivity √(K−1)
-of Hc under the household unit, against L1 = K−1 for the paper's discrete Laplace: about 14× less
-variance at K = 8 for the same ρ), or the paper's discrete Laplace (``mechanism: laplace``).
+- ``count_of_counts_task``: per node of every level, the households of size ≥ k (k = 1..K;
+  entry 1 is the household count G) measured with the discrete Gaussian (default) or the paper's
+  discrete Laplace. The noisy G of every node (and of the ``group_counts`` stage, when it has a
+  share) are merged by inverse variance and made consistent (nonnegative integers, children
+  summing to their parent; exact integer least squares). Then Hc[i] = G − (households of size
+  ≥ i+1) is estimated per node (isotonic L1) and made consistent top-down.
+- ``household_counts_task``: without the count-of-counts stage, G per node from the
+  ``group_counts`` stage alone (or exact under the invariant).
+
+Both persist ``keys``, ``level`` and ``households`` (G per node); the count-of-counts result also
+``histograms``. Synthesis reads its node totals and PUMA sample sizes from there.
 """
 
 from __future__ import annotations
@@ -12,16 +21,17 @@ import numpy as np
 import pyarrow as pa
 from prefect import task
 
-from engine.count_of_counts import estimators
 from engine.count_of_counts.api import run_hierarchy
-from engine.count_of_counts.geography import geography_hierarchy, hc_l1_sensitivity, hc_l2_sensitivity, size_histograms
-from engine.hierarchical_data import HierarchicalData
-from schemas.release_config import ReleaseConfig
-from tasks.privacy import budget_plan, measurement_store, open_ledger
-from tasks.run_context import RunPaths, save_npz_atomic
+from engine.count_of_counts.geography import geography_hierarchy
+from engine.count_of_counts.group_counts import consistent_group_counts, inverse_variance_merge
+from engine.count_of_counts.hierarchy import Hierarchy
+from engine.geography import LEVELS, parse_node_key
+from engine.privacy.session import PrivateSession
+from tasks.context import RunContext
+from tasks.run_context import save_npz_atomic
 
-LEVEL_NAMES = ("nation", "state", "puma")
 STAGE = "count_of_counts"
+COUNTS_STAGE = "group_counts"
 
 
 def equivalent_epsilon(mechanism: str, scale: float) -> float:
@@ -30,72 +40,113 @@ def equivalent_epsilon(mechanism: str, scale: float) -> float:
     return 1.0 / scale if mechanism == "discrete_laplace" else float(np.sqrt(2.0) / scale)
 
 
-def _measure_group_counts(cfg: ReleaseConfig, paths: RunPaths, h, G_leaf: np.ndarray, leaves: np.ndarray) -> np.ndarray:
-    """Private household counts: discrete Laplace on every PUMA's count (Δ₁ = 1 under the
-    household unit), charged to the group_counts stage. Returns (N,) with NaN off the leaves."""
-    ledger, store = open_ledger(cfg, paths), measurement_store(paths)
-    rho = budget_plan(cfg).allocation("group_counts", "puma")
-    noisy = np.full(h.n_nodes, np.nan)
-    for i, g in zip(leaves, G_leaf):
-        key = h.keys[i]
-        m = store.measure_laplace(key=f"group_counts/puma/{key}/G", ledger=ledger, stage="group_counts", level="puma", node=key, workload_id="G", true_answer=np.array([g]), l1_sensitivity=1, rho=rho)
-        noisy[i] = float(m.noisy_answer[0])
-    return noisy
+def hierarchy_of(session: PrivateSession) -> Hierarchy:
+    """nation → states → PUMAs of the private input (geography codes are public)."""
+    return geography_hierarchy(np.array(session.nodes("puma"), dtype=np.int64).reshape(-1, 2))
 
 
-@task(name="count-of-counts")
-def count_of_counts_task(cfg: ReleaseConfig, paths: RunPaths, private_npz: str) -> str:
-    """Measure Hc of every node (one discrete Laplace measurement per node, ε per level from the
-    plan's ρ), estimate (isotonic L1), make consistent top-down; persist and return the result path."""
-    out = paths.node_path(STAGE, "hierarchy")
-    if out.exists():
-        return str(out)
-    data = HierarchicalData.from_npz(private_npz)
-    K = data.domain.max_size
-    h = geography_hierarchy(data.geo)
-    H = size_histograms(h, data.geo, data.sizes, K)
-    plan = budget_plan(cfg)
-    ledger, store = open_ledger(cfg, paths), measurement_store(paths)
-    mech = cfg.count_of_counts.mechanism
-    noisy, eps = {}, []
-    for lv, name in enumerate(LEVEL_NAMES):
-        ids = h.level_range(lv)
-        hc = estimators.hc_query(H[ids], K).values
-        rows = []
-        for i, row in zip(ids, hc):
-            common = dict(key=f"{STAGE}/{name}/{h.keys[i]}/Hc", ledger=ledger, stage=STAGE, level=name, node=h.keys[i], workload_id="Hc", true_answer=row.astype(np.int64), rho=plan.allocation(STAGE, name))
-            if mech == "laplace":  # the paper's double-geometric noise, ε-DP charged as ρ = ε²/2
-                m = store.measure_laplace(l1_sensitivity=hc_l1_sensitivity(K, cfg.privacy_unit), **common)
-            else:
-                m = store.measure(l2_sensitivity=hc_l2_sensitivity(K, cfg.privacy_unit), **common)
-            rows.append(m.noisy_answer)
-        noisy[lv] = np.stack(rows)
-        eps.append(equivalent_epsilon(m.mechanism, m.scale))
-    leaves = h.leaves()
-    kwargs = {}
-    if cfg.count_of_counts.group_counts == "private":
-        kwargs["noisy_group_counts"] = _measure_group_counts(cfg, paths, h, H[leaves].sum(axis=1), leaves)
-    else:
-        kwargs["group_counts"] = H[leaves].sum(axis=1)  # public, as the Census Bureau treats housing-unit counts
-    res = run_hierarchy(h, noisy, eps, K=K, method="hc", consistency=cfg.count_of_counts.consistency, **kwargs)
-    save_npz_atomic(out, lambda f: np.savez(f, keys=np.array(h.keys), level=h.level, histograms=res.histograms, K=K))
+def _group_count_measurements(ctx: RunContext, session: PrivateSession, h: Hierarchy) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The ``group_counts`` stage: a discrete Gaussian household count per node of every level
+    with a positive share. One (values, variances) pair per level, NaN off that level."""
+    out = []
+    shares = ctx.cfg.allocation.levels.get(COUNTS_STAGE, {}) if ctx.cfg.allocation.stages.get(COUNTS_STAGE, 0) > 0 else {}
+    for lv, name in enumerate(LEVELS):
+        if shares.get(name, 0) <= 0:
+            continue
+        vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
+        rho = ctx.allocation(COUNTS_STAGE, name)
+        for i in h.level_range(lv):
+            m = session.measure_household_count(COUNTS_STAGE, name, parse_node_key(h.keys[i]), rho)
+            vals[i], var[i] = float(m.noisy_answer[0]), m.variance
+        out.append((vals, var))
+    return out
+
+
+def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """G per node (N,): exact under the ``puma_household_counts`` invariant; otherwise the
+    nonnegative integer, consistent least-squares fit of every noisy count (inverse-variance
+    weights)."""
+    if "puma_household_counts" in session.invariants:
+        exact = session.invariant_household_counts()
+        leaf = np.zeros(h.n_nodes, dtype=np.int64)
+        for i in h.leaves():
+            leaf[i] = exact[parse_node_key(h.keys[i])]
+        return h.aggregate_up(leaf)
+    if not measured:
+        raise RuntimeError("no household-count measurement and no invariant (the config check should have refused this)")
+    noisy, var = inverse_variance_merge([v for v, _ in measured], [s for _, s in measured])
+    return consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
+
+
+def _save(ctx: RunContext, name: str, h: Hierarchy, G: np.ndarray, histograms: np.ndarray | None = None) -> str:
+    out = ctx.paths.node_path(name, "hierarchy")
+    arrays = dict(keys=np.array(h.keys), level=h.level, households=np.asarray(G, dtype=np.int64))
+    if histograms is not None:
+        arrays.update(histograms=histograms, K=histograms.shape[1] - 1)
+    save_npz_atomic(out, lambda f: np.savez(f, **arrays))
     return str(out)
 
 
+@task(name="count-of-counts")
+def count_of_counts_task(ctx: RunContext) -> str:
+    """Measure every node's size counts, fit G, estimate Hc and make it consistent top-down."""
+    out = ctx.paths.node_path(STAGE, "hierarchy")
+    if out.exists():
+        return str(out)
+    session = ctx.session()
+    K = session.domain.max_size
+    h = hierarchy_of(session)
+    mech = ctx.cfg.count_of_counts.mechanism
+    size_counts, eps, measured = {}, [], _group_count_measurements(ctx, session, h)
+    for lv, name in enumerate(LEVELS):
+        ids = h.level_range(lv)
+        ms = [session.measure_size_counts(STAGE, name, parse_node_key(h.keys[i]), K, ctx.allocation(STAGE, name), mech) for i in ids]
+        size_counts[lv] = np.stack([m.noisy_answer for m in ms]).astype(np.float64)
+        vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
+        vals[ids], var[ids] = size_counts[lv][:, 0], ms[0].variance
+        measured.append((vals, var))
+        eps.append(equivalent_epsilon(ms[0].mechanism, ms[0].scale))
+    G = household_counts(session, h, measured)
+    # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
+    hc = {lv: G[h.level_range(lv), None] - size_counts[lv] for lv in size_counts}
+    res = run_hierarchy(h, hc, eps, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G)
+    return _save(ctx, STAGE, h, G, res.histograms)
+
+
+@task(name="household-counts")
+def household_counts_task(ctx: RunContext) -> str:
+    """G per node without the count-of-counts stage: the ``group_counts`` stage's measurements
+    made consistent, or exact under the invariant."""
+    out = ctx.paths.node_path(COUNTS_STAGE, "hierarchy")
+    if out.exists():
+        return str(out)
+    session = ctx.session()
+    h = hierarchy_of(session)
+    return _save(ctx, COUNTS_STAGE, h, household_counts(session, h, _group_count_measurements(ctx, session, h)))
+
+
 def load_result(path: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(node keys, levels, histograms) of a count-of-counts result."""
     with np.load(path, allow_pickle=False) as z:
         return [str(k) for k in z["keys"]], z["level"], z["histograms"]
+
+
+def node_households(path: str) -> dict[str, int]:
+    """{node key: household count} of a count-of-counts or household-counts result (DP, or exact
+    only under the declared invariant)."""
+    with np.load(path, allow_pickle=False) as z:
+        return {str(k): int(g) for k, g in zip(z["keys"], z["households"])}
+
+
+def has_histograms(path: str) -> bool:
+    with np.load(path, allow_pickle=False) as z:
+        return "histograms" in z.files
 
 
 def puma_sizes(path: str) -> dict[tuple[int, int], np.ndarray]:
     """{(ST, PUMA): counts of households of size 1..K} from a count-of-counts result."""
     keys, level, H = load_result(path)
-    out = {}
-    for k, lv, row in zip(keys, level, H):
-        if lv == 2:
-            st, puma = k.split("/")
-            out[(int(st[3:]), int(puma[5:]))] = row[1:].astype(np.int64)
-    return out
+    return {parse_node_key(k): row[1:].astype(np.int64) for k, lv, row in zip(keys, level, H) if lv == 2}  # type: ignore[misc]
 
 
 def as_table(path: str) -> pa.Table:
@@ -105,7 +156,7 @@ def as_table(path: str) -> pa.Table:
     n = len(keys)
     return pa.table(
         {
-            "level": pa.array(np.repeat(np.array(LEVEL_NAMES)[level], K).tolist(), pa.string()),
+            "level": pa.array(np.repeat(np.array(LEVELS)[level], K).tolist(), pa.string()),
             "node": pa.array(np.repeat(np.array(keys), K).tolist(), pa.string()),
             "size": pa.array(np.tile(np.arange(1, K + 1), n).astype(np.int16)),
             "households": pa.array(H[:, 1:].reshape(-1).astype(np.int64)),

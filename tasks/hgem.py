@@ -19,23 +19,22 @@ samples synthetic households from it:
    (``engine.hgem.privacy.gem_budget``, α = ``ALPHA``), in
    exact fractions: ρ_round = ρ_rounds / T, ρ_sel = α ρ_round, ρ_meas = ρ_round − ρ_sel.
 
-   * select: exponential mechanism (``engine.privacy.mechanisms.exponential_mechanism``) with the
-     largest float ε₀ such that ε₀²/8 ≤ ρ_sel exactly. The ledger is charged ε₀²/8 (key
-     ``hgem/<node>/round-<r>/select``) BEFORE drawing; the drawn index is persisted to
-     ``nodes/hgem/<node>-round-<r>.json`` before it is used, and a rerun reuses it (no new draw,
-     no new charge). A crash between the charge and the persist loses a draw nobody saw; the
-     rerun redraws under the same, already-paid charge (the MeasurementStore's argument).
+   * select: the private session's exponential mechanism
+     (``PrivateSession.select_worst_workload``; the scores against the private answers are
+     computed inside the session) with the largest float ε₀ such that ε₀²/8 ≤ ρ_sel exactly. The
+     ledger is charged ε₀²/8 (key ``hgem/<node>/round-<r>/select``) BEFORE drawing; the drawn
+     index is persisted in the MeasurementStore before it is used, and a rerun reuses it (no new
+     draw, no new charge).
    * measure: the discrete Gaussian on the workload's integer counts through
-     ``MeasurementStore.measure(key="hgem/<node>/round-<r>/<workload id>", ...)`` with the
-     count-level L2 sensitivity (``Workload.sensitivity``) and ρ_meas; persisted before use,
-     read back on a rerun.
+     ``PrivateSession.measure_workload`` (key ``hgem/<node>/round-<r>/<workload id>``) with the
+     count-level L2 sensitivity and ρ_meas; persisted before use, read back on a rerun.
 
    Units (what ``train_hgem`` expects): normalised answers, group level = fraction of households,
    person level = fraction of persons (``engine.hgem.answers``). Both the score targets and the
-   noisy measurements are divided by PUBLIC constants, so that the score sensitivity
-   (``engine.hgem.privacy.score_sensitivity``) is exact:
-     - group level: N_G = the state's household count (treated as public, as the rest of the
-       pipeline treats household counts, e.g. the prior update's ``total``);
+   noisy measurements are divided by constants fixed before the rounds at no further privacy
+   cost, so that the score sensitivity (``engine.hgem.privacy.score_sensitivity``) is exact:
+     - group level: N_G = the state's DP household count (from the count-of-counts or
+       household-counts stage; exact only under the ``puma_household_counts`` invariant);
      - person level: N̂_I = N_G × the PUBLIC data's mean household size ("expected persons"). The
        state's true person count is never used, so it costs nothing; the price is a small bias
        when the state's mean size differs from the public data's.
@@ -58,7 +57,6 @@ workers, submit with ``dask.annotate(resources=gpu_resources(address))`` (see
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -69,6 +67,7 @@ import numpy as np
 import torch
 from prefect import task
 
+from engine.geography import node_key
 from engine.hgem.mixture import default_device
 from engine.hgem.privacy import gem_budget, score_sensitivity
 from engine.hgem.sampling import sample_households
@@ -76,12 +75,10 @@ from engine.hgem.train import HGEMConfig, InitialMeasurement, make_generator, pr
 from engine.hgem.workloads import kway_workloads
 from engine.privacy.accountant import exponential_mechanism_rho
 from engine.privacy.ledger import BudgetExceededError
-from engine.privacy.mechanisms import discrete_gaussian_sigma, exponential_mechanism
-from engine.queries import Workload, answer
-from schemas.release_config import ReleaseConfig
-from tasks.privacy import budget_plan, measurement_store, open_ledger
+from engine.privacy.mechanisms import discrete_gaussian_sigma
+from engine.queries import Workload
+from tasks.context import RunContext
 from tasks.run_context import RunPaths, save_npz_atomic, write_json_atomic
-from tasks.synthesize import cached_data, node_key
 
 STAGE = "hgem"
 LEVEL = "state"
@@ -172,58 +169,53 @@ def _seeds(base: int, state: int) -> tuple[int, int]:
     return int(s[0] >> 1), int(s[1] >> 1)
 
 
-def selection_path(paths: RunPaths, node: str, r: int) -> Path:
-    return paths.nodes_dir / STAGE / f"{node}-round-{r}.json"
-
-
 @task(name="hgem-state")
 def hgem_state_task(
-    cfg: ReleaseConfig,
-    paths: RunPaths,
-    public_npz: str,
-    private_npz: str,
+    ctx: RunContext,
     state: int,
+    households: int,
     n_samples: int,
     seed: int | None = None,
     initial_workload_ids: list[str] | None = None,
 ) -> str:
     """Train H-GEM on one state and sample ``n_samples`` households; returns the .npz path.
 
-    ``seed``: post-processing seed (generator initialisation and sampling); default
-    ``cfg.sampling_seed`` or 0. Noise never uses seeds (OpenDP samplers, OS entropy).
-    ``initial_workload_ids``: the state workloads chosen from public data (the select-workload
-    stage's ``state`` list), measured first with ``INITIAL_SHARE`` of the node's ρ; None or empty:
-    every round adaptive.
+    ``households``: the state's DP household count (the group-level normaliser N_G; the private
+    data are reached only through ``ctx.session()``). ``seed``: post-processing seed (generator
+    initialisation and sampling); default ``cfg.sampling_seed`` or 0. Noise never uses seeds
+    (OpenDP samplers, OS entropy). ``initial_workload_ids``: the state workloads chosen from public
+    data (the select-workload stage's ``state`` list), measured first with ``INITIAL_SHARE`` of the
+    node's ρ; None or empty: every round adaptive.
     """
     node = node_key((int(state),))
-    out = paths.node_path("hgem_support", node)
+    out = ctx.paths.node_path("hgem_support", node)
     if out.exists():
         return str(out)
     threads = torch.get_num_threads()
     if TORCH_THREADS is not None and default_device().type == "cpu":
         torch.set_num_threads(int(TORCH_THREADS))
     try:
-        return _run_state(cfg, paths, public_npz, private_npz, int(state), int(n_samples), seed, node, out,
+        return _run_state(ctx, int(state), int(households), int(n_samples), seed, out,
                           [Workload.from_id(i) for i in (initial_workload_ids or [])])
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, state: int, n_samples: int,
-               seed: int | None, node: str, out: Path, initial_ws: list[Workload]) -> str:
+def _run_state(ctx: RunContext, state: int, households: int, n_samples: int, seed: int | None, out: Path,
+               initial_ws: list[Workload]) -> str:
     log = _logger()
     t_start = time.perf_counter()
-    public = cached_data(public_npz)
-    private = cached_data(private_npz)
-    mine = private.select(private.geo[:, 0] == int(state))
-    if mine.n_households == 0:
-        raise ValueError(f"state {state} has no households in {private_npz}")
-    domain = mine.domain
+    cfg = ctx.cfg
+    node_t = (int(state),)
+    node = node_key(node_t)
+    public = ctx.public()
+    session = ctx.session()
+    domain = session.domain
     if public.domain != domain:
         raise ValueError("public and private data have different domains")
 
-    # -- public normalisers (see the module docstring) ------------------------------------
-    n_g = float(mine.n_households)
+    # -- normalisers fixed before the rounds (see the module docstring) ----------------------
+    n_g = float(max(households, 1))
     public_mean_size = public.n_persons / max(public.n_households, 1)
     n_i = n_g * public_mean_size
 
@@ -231,17 +223,15 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         return n_g if w.level == "group" else n_i
 
     workloads = candidate_workloads(domain)
-    true_counts = [answer(mine, w) for w in workloads]  # exact counts (float64 of integers)
-    true_norm = [c / norm(w) for c, w in zip(true_counts, workloads)]
     delta_score = score_sensitivity(workloads, domain, cfg.privacy_unit, n_g, n_i)
 
-    # -- budget and privacy objects ---------------------------------------------------------
-    rho_node = budget_plan(cfg).allocation(STAGE, LEVEL)
+    # -- budget ----------------------------------------------------------------------------------
+    rho_node = ctx.allocation(STAGE, LEVEL)
     rb = round_budget(rho_node, n_initial=len(initial_ws))
     eps0, rho_sel, rho_meas, rho_init = rb["epsilon0"], rb["rho_select"], rb["rho_measure"], rb["rho_initial"]
-    ledger, store = open_ledger(cfg, paths), measurement_store(paths)
-    sel_key = lambda r: f"{STAGE}/{node}/round-{r}/select"  # noqa: E731
-    init_key = lambda w: f"{STAGE}/{node}/initial/{w.id}"  # noqa: E731
+    ledger = session.ledger
+    sel_key = lambda r: session.key(STAGE, node_t, "select", f"round-{r}")  # noqa: E731
+    init_key = lambda w: session.key(STAGE, node_t, w.id, "initial")  # noqa: E731
 
     # Fail before spending anything when the remaining budget cannot pay for the missing charges.
     charged = set(_charged_keys(ledger, node))
@@ -257,51 +247,30 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         )
 
     current = {"round": 0}
+    normalisers = [norm(w) for w in workloads]
 
-    def select(scores: np.ndarray, sensitivity: float) -> int:
+    def select(model_answers: np.ndarray) -> int:
         current["round"] += 1
-        r = current["round"]
-        key = sel_key(r)
-        p = selection_path(paths, node, r)
-        if p.exists():  # the draw of an earlier run: reuse it (no new draw, no new charge)
-            rec = json.loads(p.read_text())
-            if ledger.get(key) is None:
-                raise RuntimeError(f"{p} exists but the ledger has no charge {key!r}")
-            idx = int(rec["index"])
-            if rec["key"] != key or not 0 <= idx < len(workloads) or rec["workload_id"] != workloads[idx].id:
-                raise RuntimeError(f"{p} does not match this run's candidate workloads (settings changed?)")
-            return idx
-        ledger.charge(
-            key=key, stage=STAGE, level=LEVEL, node=node, mechanism="exponential_mechanism",
-            sensitivity=float(sensitivity), noise_scale=2.0 * float(sensitivity) / eps0, rho=rho_sel,
-        )
-        idx = int(exponential_mechanism(scores, float(sensitivity), eps0))
-        write_json_atomic(p, {"key": key, "round": r, "index": idx, "workload_id": workloads[idx].id,
-                              "n_candidates": len(workloads), "epsilon0": eps0, "sensitivity": float(sensitivity)})
-        return idx
+        return session.select_worst_workload(STAGE, LEVEL, node_t, f"round-{current['round']}", workloads, normalisers,
+                                             model_answers, eps0, delta_score)
 
-    def stored_measurement(key: str, w: Workload, counts: np.ndarray, rho: Fraction) -> InitialMeasurement:
-        """Discrete Gaussian on ``w``'s integer counts at ``rho`` through the MeasurementStore
+    def stored_measurement(tag: str, w: Workload, rho: Fraction) -> InitialMeasurement:
+        """Discrete Gaussian on ``w``'s integer counts at ``rho`` through the private session
         (charged and persisted before use, read back on a rerun), in the normalised units
         train_hgem sees: answers and σ divided by the workload's normaliser."""
-        m = store.measure(
-            key=key, ledger=ledger, stage=STAGE, level=LEVEL, node=node, workload_id=w.id,
-            true_answer=np.rint(counts).astype(np.int64), l2_sensitivity=w.sensitivity(domain, cfg.privacy_unit)[1],
-            rho=rho,
-        )
+        m = session.measure_workload(STAGE, LEVEL, node_t, w, rho, tag=tag)
         return InitialMeasurement(w, m.noisy_answer.astype(np.float64) / norm(w), float(m.scale) / norm(w))
 
     def measure(w: Workload) -> np.ndarray:
-        key = f"{STAGE}/{node}/round-{current['round']}/{w.id}"
-        return stored_measurement(key, w, true_counts[workloads.index(w)], rho_meas).answers
+        return stored_measurement(f"round-{current['round']}", w, rho_meas).answers
 
     # the public-selected state workloads at ρ_initial each (no selection)
-    initial = [stored_measurement(init_key(w), w, answer(mine, w), rho_init) for w in initial_ws]
+    initial = [stored_measurement("initial", w, rho_init) for w in initial_ws]
     base = seed if seed is not None else (cfg.sampling_seed or 0)
     gen_seed, sample_seed = _seeds(base, state)
     hcfg = hgem_config(gen_seed, prior_households=cfg.synthesis.prior_strength * n_g)
     device = default_device()
-    log.info(f"hgem {node}: {mine.n_households} households, {len(initial)} initial workloads "
+    log.info(f"hgem {node}: {len(initial)} initial workloads "
              f"(rho {float(rho_init):.4g} each), {len(workloads)} candidate workloads, {ROUNDS} rounds, "
              f"rho={float(rho_node):.6g} (eps0={eps0:.4g}, rho_meas/round={float(rho_meas):.4g}), device {device}")
     G = make_generator(domain, hcfg, device)
@@ -318,7 +287,7 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         for this workload's L2 sensitivity and the per-round ρ, divided by the normaliser)."""
         return discrete_gaussian_sigma(w.sensitivity(domain, cfg.privacy_unit)[1], rho_meas) / norm(w)
 
-    res = train_hgem(domain, workloads, true_norm, select, measure, delta_score, hcfg, generator=G, callback=progress,
+    res = train_hgem(domain, workloads, select, measure, hcfg, generator=G, callback=progress,
                      measurement_sigma=measurement_sigma, initial=initial)
     synth = sample_households(res.mixture(), int(n_samples), seed=sample_seed,
                               geo=(int(state),) + (0,) * (len(domain.geography) - 1))
@@ -332,7 +301,8 @@ def _run_state(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz
         "initial_workloads": [w.id for w in initial_ws],
         "budget": {"rho_node": str(rho_node), "rho_initial": str(rho_init), "rho_select": str(rho_sel),
                    "rho_measure": str(rho_meas), "epsilon0": eps0,
-                   "score_sensitivity": delta_score, "person_normaliser": "N_G x public mean household size"},
+                   "score_sensitivity": delta_score, "household_normaliser": "the state's DP household count",
+                   "person_normaliser": "N_G x public mean household size"},
         "rounds": [{"round": h.round, "workload": h.workload, "gamma": h.gamma, "steps": h.steps,
                     "max_measured_error": h.max_measured_error, "seconds": h.seconds} for h in res.history],
         "seconds": time.perf_counter() - t_start,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,50 @@ def hash_tree(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
         rel = p.relative_to(root).as_posix()
         if p.is_file() and rel not in exclude:
             out[rel] = sha256_file(p)
+    return out
+
+
+HMAC_KEY_ENV = "DPRELEASE_INPUT_KEY_FILE"
+
+
+def input_key(run_dir: Path) -> bytes:
+    """The secret key of the inputs' keyed hashes: the file named by ``$DPRELEASE_INPUT_KEY_FILE``
+    (an agency key kept outside every release, so the same file hashes alike across releases),
+    else one drawn per run and kept in the owner-only work directory (``input_hmac.key``)."""
+    env = os.environ.get(HMAC_KEY_ENV)
+    if env:
+        key = Path(env).expanduser().read_bytes().strip()
+        if len(key) < 16:
+            raise ValueError(f"{env}: the input key must hold at least 16 bytes")
+        return key
+    p = run_dir / "input_hmac.key"
+    if not p.exists():
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_hex(32).encode())
+    return p.read_bytes().strip()
+
+
+def keyed_file_hash(path: Path, key: bytes) -> str:
+    """HMAC-SHA256 of a file's bytes: who holds the key can check that a given file was the
+    input; who does not cannot test a guess of the confidential file against it."""
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def input_identity(record: dict, run_dir: Path) -> dict:
+    """How the manifest names an input: public inputs by SHA-256; confidential (private) inputs by
+    HMAC-SHA256 under the secret input key (a bare hash would let anyone test a guess)."""
+    out = {k: record[k] for k in ("role", "file", "layout")}
+    if record["role"] == "public":
+        out["sha256"] = record["sha256"]
+    else:
+        key = input_key(run_dir)
+        out["hmac_sha256"] = keyed_file_hash(Path(record["path"]), key)
+        out["hmac_key_id"] = hashlib.sha256(b"dprelease-input-key-id:" + key).hexdigest()[:16]
     return out
 
 

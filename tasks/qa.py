@@ -103,30 +103,48 @@ def _plots(qa_dir: Path, true: HierarchicalData, release: HierarchicalData, rows
 
 
 def coc_emd_by_level(coc_path: str, true: HierarchicalData) -> dict[str, float]:
-    """Mean EMD per node, per level, of the released count-of-counts against the true histograms."""
-    from engine.count_of_counts.forms import emd_batch
+    """Mean EMD per node, per level, of the released count-of-counts against the true histograms
+    (cumulative L1 when the totals differ)."""
     from engine.count_of_counts.geography import geography_hierarchy, size_histograms
-    from tasks.count_of_counts import LEVEL_NAMES, load_result
+    from engine.geography import LEVELS as LEVEL_NAMES
+    from tasks.count_of_counts import load_result
 
     keys, level, released = load_result(coc_path)
     K = released.shape[1] - 1
     h = geography_hierarchy(true.geo)
     exact = size_histograms(h, true.geo, true.sizes, K)
     order = np.array([h.index[k] for k in keys])
-    e = emd_batch(exact[order], released)
+    # The release's household counts are DP estimates: with unequal totals the earth mover's
+    # distance generalises to the L1 distance of the cumulative counts over sizes 0..K (equal to
+    # the EMD of forms.emd_batch when the totals agree), which also charges the households the
+    # release has too many or too few.
+    e = np.abs(np.cumsum(exact[order] - released, axis=1)).sum(axis=1)
     return {LEVEL_NAMES[lv]: float(e[level == lv].mean()) for lv in np.unique(level)}
+
+
+def household_count_errors(true: HierarchicalData, release: HierarchicalData) -> dict:
+    """Released against confidential household counts per PUMA (the release's are DP estimates
+    unless the invariant is declared): share of PUMAs that differ, mean and RMS difference."""
+    nodes, exact = np.unique(true.geo[:, :2], axis=0, return_counts=True)
+    rel_nodes, rel_counts = np.unique(release.geo[:, :2], axis=0, return_counts=True)
+    released = dict(zip(map(tuple, rel_nodes.tolist()), rel_counts.tolist()))
+    diff = np.array([released.get(tuple(n), 0) for n in nodes.tolist()], dtype=np.float64) - exact
+    return {"pumas": int(len(nodes)), "share_differing": float(np.mean(diff != 0)), "mean_difference": float(diff.mean()),
+            "mean_abs_difference": float(np.abs(diff).mean()), "rms_difference": float(np.sqrt(np.mean(diff ** 2)))}
 
 
 def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, release: HierarchicalData, baselines: dict[str, HierarchicalData], budget: dict, coc_emd: dict | None = None) -> Path:
     qa_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     rows = accuracy_table(true, {"release": release, **baselines})
     pngs = _plots(qa_dir, true, release, rows, budget, coc_emd)
-    metrics = {"release": release_name, "accuracy": rows, "count_of_counts_mean_emd": coc_emd, "budget": budget["total"]}
+    counts = household_count_errors(true, release)
+    metrics = {"release": release_name, "accuracy": rows, "count_of_counts_mean_emd": coc_emd, "household_counts": counts, "budget": budget["total"]}
     (qa_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     md = [f"# Internal QA report: {release_name}", "", "**Confidential: computed against the private data. Never publish.**", "", "| method | geography | metric | value |", "|---|---|---|---|"]
     md += [f"| {r['method']} | {r['geography']} | {r['metric']} | {r['value']:.4f} |" for r in rows]
     if coc_emd:
         md += ["", "| count-of-counts level | mean EMD per node |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in coc_emd.items()]
+    md += ["", "| PUMA household counts, released − confidential | value |", "|---|---|"] + [f"| {k} | {v:.4g} |" for k, v in counts.items()]
     md += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
     (qa_dir / "report.md").write_text("\n".join(md) + "\n")
     table = "".join(f"<tr><td>{html.escape(r['method'])}</td><td>{r['geography']}</td><td>{html.escape(r['metric'])}</td><td>{r['value']:.4f}</td></tr>" for r in rows)

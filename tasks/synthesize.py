@@ -1,32 +1,37 @@
 """Synthesis tasks, one geography node each; every result is persisted so a resumed run reuses it.
 
 - ``select_workload_task``: workloads from mutual information on the PUBLIC data (no privacy cost).
-- ``state_update_task``: per state, measure the state workload (discrete Gaussian through the
-  ledger) and update the public prior into the state posterior.
+- ``state_update_task``: per state, measure the state workload through the private session
+  (discrete Gaussian, charged and persisted) and update the public prior into the state posterior;
+  answers are normalised by the state's DP household count.
 - ``puma_task``: per PUMA, measure the PUMA workload and update the state posterior into the PUMA
   posterior (prior update), or keep the public prior (public-only baseline); then sample the PUMA's
-  households — exactly the count-of-counts numbers of each size when that stage ran.
+  households: the DP household count of the PUMA, with exactly the count-of-counts numbers of each
+  size when that stage ran.
+
+No task here reads the private data: only ``RunContext.session()`` measurements.
 """
 
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 from prefect import task
 
+from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.prior_update import sample_households
 from engine.queries import Workload
 from engine.support import Support
-from engine.synthesis import synthesize_node
+from engine.synthesis import MeasureFn, synthesize_node
 from engine.workload_selection import select_workloads
-from schemas.release_config import ReleaseConfig
-from tasks.privacy import budget_plan, measurement_store, open_ledger
-from tasks.run_context import RunPaths, save_npz_atomic, write_json_atomic
+from tasks.context import RunContext
+from tasks.run_context import save_npz_atomic, write_json_atomic
+
+__all__ = ["node_key", "node_rng", "select_workload_task", "state_update_task", "puma_task", "public_only_baseline"]
 
 
 def node_rng(seed: int, node: tuple[int, ...]) -> np.random.Generator:
@@ -44,22 +49,13 @@ def cached_support(public_npz: str) -> Support:
     return Support.from_data(HierarchicalData.from_npz(public_npz))
 
 
-@lru_cache(maxsize=2)
-def cached_data(npz: str) -> HierarchicalData:
-    return HierarchicalData.from_npz(npz)
-
-
-def node_key(node: tuple[int, ...]) -> str:
-    return f"ST={node[0]:02d}" if len(node) == 1 else f"ST={node[0]:02d}/PUMA={node[1]:05d}"
-
-
-def ledger_measure(cfg: ReleaseConfig, paths: RunPaths, stage: str, level: str, node: str):
-    """The measure callable of engine.synthesis, routed through the ledger and the store: every
+def session_measure(ctx: RunContext, stage: str, level: str, node: tuple[int, ...]) -> MeasureFn:
+    """The measure callable of engine.synthesis for one node, through the private session: every
     noisy answer is charged and persisted before it is used, and read back on a rerun."""
-    ledger, store = open_ledger(cfg, paths), measurement_store(paths)
+    session = ctx.session()
 
-    def measure(w: Workload, counts: np.ndarray, l2: float, rho: Fraction):
-        m = store.measure(key=f"{stage}/{node}/{w.id}", ledger=ledger, stage=stage, level=level, node=node, workload_id=w.id, true_answer=counts, l2_sensitivity=l2, rho=rho)
+    def measure(w: Workload, rho):
+        m = session.measure_workload(stage, level, node, w, rho)
         return m.noisy_answer, m.scale
 
     return measure
@@ -78,57 +74,51 @@ def select_workload_task(public_npz: str, out_path: str) -> dict:
 
 
 @task(name="synthesize-state")
-def state_update_task(cfg: ReleaseConfig, paths: RunPaths, public_npz: str, private_npz: str, state: int, workload_ids: list[str]) -> str:
-    node = node_key((state,))
-    out = paths.node_path("state_posterior", node)
+def state_update_task(ctx: RunContext, state: int, households: int, workload_ids: list[str]) -> str:
+    """``households``: the state's DP household count (the normaliser of its answers)."""
+    node = (int(state),)
+    out = ctx.paths.node_path("state_posterior", node_key(node))
     if out.exists():
         return str(out)
-    support = cached_support(public_npz)
-    private = cached_data(private_npz)
-    mine = private.select(private.node_mask((state,)))
-    s = cfg.synthesis
+    support = cached_support(ctx.public_npz)
+    s = ctx.cfg.synthesis
     res = synthesize_node(
-        support, support.weights, mine, [Workload.from_id(w) for w in workload_ids],
-        budget_plan(cfg).allocation("state_synthesis", "state"), cfg.privacy_unit,
-        ledger_measure(cfg, paths, "state_synthesis", "state", node), total=mine.n_households,
+        support, support.weights, [Workload.from_id(w) for w in workload_ids], ctx.allocation("state_synthesis", "state"),
+        session_measure(ctx, "state_synthesis", "state", node), total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
-    write_json_atomic(out.with_suffix(".json"), {"node": node, "diagnostics": res.diagnostics})
+    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics})
     return str(out)
 
 
 @task(name="synthesize-puma")
 def puma_task(
-    cfg: ReleaseConfig,
-    paths: RunPaths,
-    public_npz: str,
-    private_npz: str,
+    ctx: RunContext,
     node: tuple[int, int],
     n_households: int,
     sizes: list[int] | None,
     state_posterior: str | None,
     workload_ids: list[str],
     seed: int,
+    support_npz: str | None = None,
 ) -> str:
-    """One PUMA: posterior (or the public prior for the baseline), then sampled households."""
+    """One PUMA: posterior (or the public prior for the baseline), then ``n_households`` sampled
+    households (its DP count), with exactly ``sizes`` of each size when given."""
     key = node_key(node)
-    out = paths.node_path("synthesis", key)
+    out = ctx.paths.node_path("synthesis", key)
     if out.exists():
         return str(out)
-    support = cached_support(public_npz)
-    if state_posterior is None:  # public-only baseline (ε = 0): the public empirical distribution
+    support = cached_support(support_npz or ctx.public_npz)
+    if state_posterior is None:  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
         weights = support.weights
     else:
         with np.load(state_posterior) as z:
             prior = z["weights"]
-        private = cached_data(private_npz)
-        mine = private.select(private.node_mask(node))
-        s = cfg.synthesis
+        s = ctx.cfg.synthesis
         res = synthesize_node(
-            support, prior, mine, [Workload.from_id(w) for w in workload_ids],
-            budget_plan(cfg).allocation("puma_synthesis", "puma"), cfg.privacy_unit,
-            ledger_measure(cfg, paths, "puma_synthesis", "puma", key), total=n_households,
+            support, prior, [Workload.from_id(w) for w in workload_ids], ctx.allocation("puma_synthesis", "puma"),
+            session_measure(ctx, "puma_synthesis", "puma", node), total=n_households,
             rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         )
         weights = res.weights
@@ -140,7 +130,8 @@ def puma_task(
 
 
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:
-    """The ε = 0 baseline for every PUMA of ``private`` at once (for QA and benchmarks)."""
+    """The ε = 0 baseline for every PUMA of ``private`` at once (internal QA and benchmarks only:
+    it uses the exact PUMA household counts)."""
     nodes, counts = np.unique(private.geo, axis=0, return_counts=True)
     parts = [place(public.take(node_rng(seed + 1, tuple(n)).integers(0, public.n_households, g)), tuple(n)) for n, g in zip(nodes, counts)]
     return HierarchicalData.concat(parts)

@@ -18,7 +18,9 @@ Neighbouring relations (design/hierarchical_queries.md, "Privacy unit"):
   they are (the engine tests derive a HAS_CHILD attribute that way). Worst cases: a household of
   M−1 persons (all identical / all different as above) is added to the base data, and the neighbour
   has the same household with an M-th person (a copy, a "new" mixed-radix person, random persons).
-  Households of size M get no person added (the domain caps size at M), size-1 households lose none.
+  Households of size M get no person added (the domain caps size at M). A person may also arrive
+  alone and form a new one-person household, or a one-person household may lose its only person
+  and disappear: household counts are therefore not invariant under the person unit either.
 
 ``check_sensitivity`` returns the maximum observed (L1, L2) change so tests can also assert that a
 bound is attained. Randomness here only builds test data (a seeded numpy Generator is fine).
@@ -147,6 +149,15 @@ def neighbour_pairs(
         h = int(rng.integers(n))
         start, stop = int(data.person_offsets[h]), int(data.person_offsets[h + 1])
         persons = data.person[start:stop].astype(np.int64)
+        if rng.random() < 0.2:  # the person arrives alone (new household) or leaves a one-person one
+            if len(persons) == 1:
+                keep = np.ones(n, dtype=bool)
+                keep[h] = False
+                pairs.append((data, data.select(keep)))
+            else:
+                g, p = random_household(d, 1, rng, rederive)
+                pairs.append((data, _with(data, data.geo[h], g, p)))
+            continue
         can_add, can_remove = len(persons) < M, len(persons) >= 2
         if not (can_add or can_remove):
             continue

@@ -56,3 +56,51 @@ def test_unreadable_config(tmp_path):
     (tmp_path / "bad.yaml").write_text("name: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(tmp_path / "bad.yaml")
+
+
+def _no_count_of_counts(r):
+    r["allocation"] = {"stages": {"state_synthesis": 0.5, "puma_synthesis": 0.5},
+                       "levels": {"state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}}
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda r: r.update(count_of_counts={"group_counts": "public"}), "group_counts was removed.*invariants: \\[puma_household_counts\\]"),
+        (_no_count_of_counts, "household counts are private"),
+        (lambda r: r.update(invariants=["state_population"]), "invariants"),
+        (lambda r: r.update(invariants=["puma_household_counts", "puma_household_counts"]), "at most once"),
+    ],
+)
+def test_household_counts_need_a_measurement_or_a_declared_invariant(tmp_path, mutate, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(write(tmp_path, mutate))
+
+
+def test_default_declares_no_invariant_and_plan_says_so():
+    from flows.plan import render_plan
+
+    cfg = load_config(DEFAULT)
+    assert cfg.invariants == []
+    text = render_plan(cfg)
+    assert "invariants: none" in text and "holds for everything released" in text
+
+
+def test_declared_invariant_is_stated_beside_the_budget(tmp_path):
+    from flows.plan import render_plan
+
+    def mutate(r):
+        _no_count_of_counts(r)
+        r["invariants"] = ["puma_household_counts"]
+
+    text = render_plan(load_config(write(tmp_path, mutate)))
+    assert "invariants: puma_household_counts" in text
+    assert "except these invariants: puma_household_counts" in text
+
+
+def test_group_counts_stage_is_a_source_of_household_counts(tmp_path):
+    def mutate(r):
+        r["allocation"] = {"stages": {"group_counts": 0.1, "state_synthesis": 0.45, "puma_synthesis": 0.45},
+                           "levels": {"group_counts": {"state": 0.5, "puma": 0.5}, "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}}
+
+    assert load_config(write(tmp_path, mutate)).invariants == []

@@ -30,7 +30,8 @@ def make_config():
         "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
         "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
         "budget": {"rho": 1.0},
-        "allocation": {"stages": {"hgem": 0.5, "puma_synthesis": 0.5}, "levels": {"hgem": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}},
+        "allocation": {"stages": {"hgem": 0.5, "puma_synthesis": 0.4, "group_counts": 0.1},
+                       "levels": {"hgem": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}, "group_counts": {"puma": 1.0}}},
         "synthesizer": "hgem",
     })
 
@@ -60,8 +61,17 @@ def tiny():
         yield th
 
 
-def run_task(th, cfg, paths, inputs, n=N_SAMPLES):
-    return th.hgem_state_task.fn(cfg, paths, inputs["public"], inputs["private"], STATE, n)
+HOUSEHOLDS = 3000  # the state's household count as the flow passes it (a DP estimate there)
+
+
+def context(cfg, paths, inputs):
+    from tasks.context import RunContext
+
+    return RunContext(cfg, paths, inputs["private"], inputs["public"])
+
+
+def run_task(th, cfg, paths, inputs, n=N_SAMPLES, initial=None):
+    return th.hgem_state_task.fn(context(cfg, paths, inputs), STATE, HOUSEHOLDS, n, None, initial)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +86,20 @@ def first_run(tmp_path_factory, inputs, tiny):
 
 
 def hgem_charges(cfg, paths):
-    from tasks.privacy import open_ledger
+    from tasks.context import RunContext
 
-    return [c for c in open_ledger(cfg, paths).charges() if c.stage == "hgem"]
+    return [c for c in RunContext(cfg, paths).ledger.charges() if c.stage == "hgem"]
+
+
+def measurement_store(paths):
+    from engine.privacy.measurements import MeasurementStore
+
+    return MeasurementStore(paths.measurements_dir)
 
 
 def test_output_is_valid_hierarchical_data(first_run, inputs, tiny):
     cfg, paths, out = first_run
-    from tasks.synthesize import node_key
+    from engine.geography import node_key
 
     assert out == str(paths.node_path("hgem_support", node_key((STATE,))))
     synth = HierarchicalData.from_npz(out)
@@ -99,39 +115,40 @@ def test_output_is_valid_hierarchical_data(first_run, inputs, tiny):
     assert len(meta["rounds"]) == tiny.ROUNDS and "score" not in meta["rounds"][0]
 
 
-def test_every_cost_is_in_the_ledger_within_the_allocation(first_run, tiny):
+def test_every_cost_is_in_the_ledger_within_the_allocation(first_run, inputs, tiny):
     cfg, paths, _ = first_run
-    from tasks.privacy import budget_plan, measurement_store, open_ledger
+    from tasks.context import RunContext
 
-    alloc = budget_plan(cfg).allocation("hgem", "state")
+    ledger = RunContext(cfg, paths).ledger
+    alloc = RunContext(cfg, paths).allocation("hgem", "state")
     charges = hgem_charges(cfg, paths)
     T = tiny.ROUNDS
     assert len(charges) == 2 * T
     assert sorted(c.mechanism for c in charges) == ["discrete_gaussian"] * T + ["exponential_mechanism"] * T
     assert {(c.level, c.node) for c in charges} == {("state", "ST=50")}
-    spent = open_ledger(cfg, paths).spent("hgem", "state", "ST=50")
+    spent = ledger.spent("hgem", "state", "ST=50")
     assert spent == sum((c.rho for c in charges), Fraction(0))
     assert 0 < spent <= alloc
     assert float(spent) == pytest.approx(float(alloc), rel=1e-9)  # the whole allocation is used
-    # every selection precedes its measurement in the ledger, and is persisted with its index
+    # every selection precedes its measurement in the ledger, and is persisted (index) in the store
     keys = [c.key for c in charges]
+    store = measurement_store(paths)
+    candidates = tiny.candidate_workloads(HierarchicalData.from_npz(inputs["private"]).domain)
     for r in range(1, T + 1):
         sel = [k for k in keys if k.startswith(f"hgem/ST=50/round-{r}/")]
         assert sel[0] == f"hgem/ST=50/round-{r}/select" and len(sel) == 2
-        rec = json.loads((paths.nodes_dir / "hgem" / f"ST=50-round-{r}.json").read_text())
-        assert sel[1] == f"hgem/ST=50/round-{r}/{rec['workload_id']}"
-    store = measurement_store(paths)
-    assert len([k for k in store.keys() if k.startswith("hgem/ST=50/")]) == T
+        chosen = store.get(sel[0])
+        assert chosen.mechanism == "exponential_mechanism" and chosen.rho == charges[keys.index(sel[0])].rho
+        assert sel[1] == f"hgem/ST=50/round-{r}/{candidates[int(chosen.noisy_answer[0])].id}"
+    assert len([k for k in store.keys() if k.startswith("hgem/ST=50/")]) == 2 * T
     # the node is exhausted: the ledger refuses any further charge
     with pytest.raises(BudgetExceededError):
-        open_ledger(cfg, paths).charge(key="hgem/ST=50/extra", stage="hgem", level="state", node="ST=50",
+        ledger.charge(key="hgem/ST=50/extra", stage="hgem", level="state", node="ST=50",
                                        mechanism="discrete_gaussian", sensitivity=1.0, noise_scale=1.0, rho=Fraction(1, 10**6))
 
 
 def test_resume_returns_the_output_without_new_charges(first_run, inputs, tiny):
     cfg, paths, out = first_run
-    from tasks.privacy import measurement_store
-
     before = [c.to_json() for c in hgem_charges(cfg, paths)]
     meas_before = {m.key: m.sha256 for m in measurement_store(paths).all()}
     mtime = os.stat(out).st_mtime_ns
@@ -142,31 +159,28 @@ def test_resume_returns_the_output_without_new_charges(first_run, inputs, tiny):
 
 
 def test_rerun_after_lost_output_reuses_selections_and_measurements(tmp_path, inputs, tiny):
-    from tasks.privacy import measurement_store
     from tasks.run_context import prepare
 
     cfg = make_config()
     paths = prepare(tmp_path / "work", tmp_path / "rel")
     out = run_task(tiny, cfg, paths, inputs, n=200)
     before = [c.to_json() for c in hgem_charges(cfg, paths)]
-    meas_before = {m.key: m.sha256 for m in measurement_store(paths).all()}
-    sel_before = sorted(p.read_text() for p in (paths.nodes_dir / "hgem").glob("*.json"))
+    meas_before = {m.key: m.sha256 for m in measurement_store(paths).all()}  # selections included
     os.remove(out)  # as if the run died after the last round, before saving the samples
     assert run_task(tiny, cfg, paths, inputs, n=200) == out
     assert HierarchicalData.from_npz(out).n_households == 200
     assert [c.to_json() for c in hgem_charges(cfg, paths)] == before
     assert {m.key: m.sha256 for m in measurement_store(paths).all()} == meas_before
-    assert sorted(p.read_text() for p in (paths.nodes_dir / "hgem").glob("*.json")) == sel_before
 
 
 def test_refused_when_the_node_budget_is_spent(tmp_path, inputs, tiny):
-    from tasks.privacy import budget_plan, open_ledger
+    from tasks.context import RunContext
     from tasks.run_context import prepare
 
     cfg = make_config()
     paths = prepare(tmp_path / "work", tmp_path / "rel")
-    alloc = budget_plan(cfg).allocation("hgem", "state")
-    open_ledger(cfg, paths).charge(key="other/ST=50", stage="hgem", level="state", node="ST=50",
+    alloc = RunContext(cfg, paths).allocation("hgem", "state")
+    RunContext(cfg, paths).ledger.charge(key="other/ST=50", stage="hgem", level="state", node="ST=50",
                                    mechanism="discrete_gaussian", sensitivity=1.0, noise_scale=1.0, rho=alloc / 2)
     with pytest.raises(BudgetExceededError):
         run_task(tiny, cfg, paths, inputs)
@@ -227,14 +241,14 @@ def test_initial_workloads_are_measured_first_and_paid_from_the_node(tmp_path, i
     """The public-selected state workloads are measured once each at INITIAL_SHARE × ρ_node / n
     (keys hgem/<node>/initial/<id>, no selection), the rounds spend the rest, the whole allocation
     is used, and a rerun after a lost output charges nothing new."""
-    from tasks.privacy import budget_plan, measurement_store
+    from engine.geography import node_key
+    from tasks.context import RunContext
     from tasks.run_context import prepare
-    from tasks.synthesize import node_key
 
     cfg = make_config()
     paths = prepare(tmp_path / "work", tmp_path / "rel")
-    out = tiny.hgem_state_task.fn(cfg, paths, inputs["public"], inputs["private"], STATE, 200, None, INITIAL_IDS)
-    alloc = budget_plan(cfg).allocation("hgem", "state")
+    out = run_task(tiny, cfg, paths, inputs, 200, INITIAL_IDS)
+    alloc = RunContext(cfg, paths).allocation("hgem", "state")
     charges = hgem_charges(cfg, paths)
     initial = [c for c in charges if "/initial/" in c.key]
     assert [c.key for c in initial] == [f"hgem/ST=50/initial/{i}" for i in INITIAL_IDS]
@@ -251,7 +265,7 @@ def test_initial_workloads_are_measured_first_and_paid_from_the_node(tmp_path, i
     before = [c.to_json() for c in charges]
     meas = {m.key: m.sha256 for m in measurement_store(paths).all()}
     os.remove(out)
-    tiny.hgem_state_task.fn(cfg, paths, inputs["public"], inputs["private"], STATE, 200, None, INITIAL_IDS)
+    run_task(tiny, cfg, paths, inputs, 200, INITIAL_IDS)
     assert [c.to_json() for c in hgem_charges(cfg, paths)] == before
     assert {m.key: m.sha256 for m in measurement_store(paths).all()} == meas
 

@@ -1,5 +1,5 @@
-"""From a HierarchicalData geography to the count-of-counts hierarchy, and the sensitivities of
-the count-of-counts queries under each privacy unit.
+"""From a HierarchicalData geography to the count-of-counts hierarchy (the sensitivities of what the
+pipeline measures live with the measurement: ``engine.privacy.session.size_counts_sensitivity``).
 
 Nodes: ``"nation"``, ``"ST=10"``, ``"ST=10/PUMA=00101"`` (geography codes are public).
 """
@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from engine.count_of_counts.hierarchy import Hierarchy
+from engine.geography import node_key
 
 
 def node_keys(geo: np.ndarray) -> tuple[list[str], list[str]]:
     """Distinct state keys and PUMA keys (sorted) of a (N_G, 2) [ST, PUMA] geography array."""
     states = np.unique(geo[:, 0])
     pumas = np.unique(geo[:, :2], axis=0)
-    return [f"ST={s:02d}" for s in states], [f"ST={s:02d}/PUMA={p:05d}" for s, p in pumas]
+    return [node_key((s,)) for s in states], [node_key((s, p)) for s, p in pumas]
 
 
 def geography_hierarchy(geo: np.ndarray) -> Hierarchy:
@@ -34,25 +35,3 @@ def size_histograms(h: Hierarchy, geo: np.ndarray, sizes: np.ndarray, K: int) ->
     H = np.zeros((h.n_nodes, K + 1), dtype=np.int64)
     np.add.at(H, (leaf_id, np.minimum(sizes, K)), 1)
     return h.aggregate_up(H)
-
-
-def hc_l1_sensitivity(K: int, unit: str) -> int:
-    """L1 sensitivity of one node's Hc[0..K−1] (cumulative counts of households by size).
-
-    - ``person`` unit (Kuo et al.: add/remove one person of an existing household): one household
-      moves from size i to i±1, so exactly one cumulative count changes by 1 → 1.
-    - ``household`` unit (add/remove a whole household of size s ≥ 1): Hc[s..K−1] all change by 1
-      → at most K−1 cells (Hc[0] counts empty households, which do not exist here).
-    Household counts G_v are treated as public (like housing-unit counts), so the last cumulative
-    count Hc[K] = G_v is not measured.
-    """
-    if unit == "person":
-        return 1
-    if unit == "household":
-        return max(int(K) - 1, 1)
-    raise ValueError(f"unknown privacy unit {unit!r}")
-
-
-def hc_l2_sensitivity(K: int, unit: str) -> float:
-    """L2 sensitivity of Hc[0..K−1]: every changed cell changes by exactly 1, so √(L1)."""
-    return float(np.sqrt(hc_l1_sensitivity(K, unit)))

@@ -34,13 +34,32 @@ import numpy as np
 
 from .hierarchy import Hierarchy
 
-__all__ = ["consistent_group_counts", "tree_objective"]
+__all__ = ["consistent_group_counts", "inverse_variance_merge", "tree_objective"]
 
 
 def tree_objective(hierarchy: Hierarchy, counts, noisy, weights) -> float:
     """f = sum_v w_v (counts_v - noisy_v)^2 over measured nodes (weights 0 elsewhere)."""
     r = np.where(np.isnan(noisy), 0.0, np.asarray(counts, float) - np.nan_to_num(noisy))
     return float((np.asarray(weights, float) * r * r).sum())
+
+
+def inverse_variance_merge(values, variances) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the inverse-variance weighted mean of independent unbiased measurements and its
+    variance. ``values``, ``variances``: sequences of (N,) arrays, NaN where a measurement does not
+    cover the node; nodes no measurement covers stay NaN."""
+    v = np.asarray(values, dtype=np.float64)
+    var = np.asarray(variances, dtype=np.float64)
+    if v.shape != var.shape or v.ndim != 2:
+        raise ValueError("values and variances must be equal-shaped sequences of (N,) arrays")
+    ok = ~np.isnan(v)
+    if np.any(var[ok] <= 0):
+        raise ValueError("variances must be positive")
+    w = np.where(ok, 1.0 / np.where(ok, var, 1.0), 0.0)
+    wsum = w.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(wsum > 0, (w * np.nan_to_num(v)).sum(axis=0) / wsum, np.nan)
+        out_var = np.where(wsum > 0, 1.0 / wsum, np.nan)
+    return mean, out_var
 
 
 def _group_min(vals: np.ndarray, starts: np.ndarray, lens: np.ndarray):

@@ -5,8 +5,10 @@ of the GEM appendix (B.2) and the marginal trick (A.1):
 
 for t = 1..T:
   * **Select** the workload W with the largest error score max_y |q_y(D) − f_q(F(z))| through the
-    injected ``select(scores, sensitivity) -> index`` (exponential mechanism or permute-and-flip,
-    written by ``engine/privacy``).
+    injected ``select(model answers) -> index``: the pipeline's is the private session's
+    exponential mechanism (``engine.privacy.session.PrivateSession.select_worst_workload``), which
+    alone holds q(D); :func:`score_select` builds one over in-memory answers (tests, benchmarks).
+    Training therefore never sees the private data.
   * **Measure** the whole workload (marginal trick) through the injected
     ``measure(workload) -> noisy normalised answer vector`` (Gaussian mechanism).
   * **Update** F with Adam on the ℓ2 loss of Eq. (1), Σ_i ‖m̃_i − f_{q̃_i}(F(z))‖₂, restricted to
@@ -99,8 +101,9 @@ from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import HouseholdCells, ProductMixture, household_log_likelihood, mixture_kl_bound, resolve_device
 from engine.hgem.steps import AdamSteps, GraphedEval, make_adam, set_lr, use_cuda_graphs
 from engine.queries import Workload
+from engine.privacy.session import max_abs_error_scores
 
-SelectFn = Callable[[np.ndarray, float], int]
+SelectFn = Callable[[np.ndarray], int]  # the model's answers of all candidates, concatenated -> index
 MeasureFn = Callable[[Workload], np.ndarray]
 
 
@@ -147,7 +150,6 @@ class InitialMeasurement:
 class RoundRecord:
     round: int  # 0: the update on the initial measurements (no selection)
     workload: str
-    score: float  # true max error of the selected workload before the update (internal QA only)
     gamma: float
     steps: int
     max_measured_error: float  # after the update, vs the noisy measurements
@@ -301,10 +303,8 @@ def pretrain_households(
 def train_hgem(
     domain: Domain,
     workloads: Sequence[Workload],
-    true_answers: Sequence[np.ndarray],
     select: SelectFn,
     measure: MeasureFn,
-    score_sensitivity: float,
     config: HGEMConfig | None = None,
     generator: HGEMGenerator | None = None,
     device: str | torch.device | None = None,
@@ -315,10 +315,10 @@ def train_hgem(
     """Run T adaptive-measurement rounds (H-GEM Algorithm 3) and return the EMA generator.
 
     workloads          the candidate workloads Q (selection is over workloads: marginal trick)
-    true_answers       their exact normalised answers on the private data (for the scores only)
-    select             ``select(scores, sensitivity) -> index``; scores are max abs errors
+    select             ``select(model_answers) -> index``: the current model's normalised answers
+                       of every candidate, concatenated in order (``engine.queries`` C order per
+                       workload); the selector scores them against the private data
     measure            ``measure(workload) -> noisy normalised answers`` (same cell order)
-    score_sensitivity  sensitivity of the scores (see ``engine.hgem.privacy.score_sensitivity``)
     generator          start from this generator (e.g. after ``pretrain_public``); it is trained
                        in place. Default: a fresh one from ``config`` on ``device``.
     callback           called after every round with (record, current generator).
@@ -336,14 +336,13 @@ def train_hgem(
         raise ValueError("generator domain differs from the workloads' domain")
     dev = G.device
     plan_all = AnswerPlan(domain, workloads, device=dev, max_elements=cfg.max_elements)
-    target_all = plan_all.concat_targets(true_answers)
     graphs = use_cuda_graphs(dev, cfg.cuda_graphs)
     groups = [{"params": [G.component_logits]}]
     network = [p for name, p in G.named_parameters() if name != "component_logits"]
     if cfg.network_lr_scale > 0:
         groups.append({"params": network, "lr": cfg.lr * cfg.network_lr_scale})
     runner = AdamSteps(make_adam(groups, cfg.lr, dev), graphs)
-    scores_of = GraphedEval(lambda: plan_all.max_abs_error(plan_all.answers(G()), target_all), graphs)
+    answers_of = GraphedEval(lambda: plan_all.answers(G()), graphs)
     use_map = cfg.update == "map"
     if cfg.update not in ("map", "gem"):
         raise ValueError(f"unknown update {cfg.update!r}")
@@ -388,15 +387,16 @@ def train_hgem(
         if initial:  # round 0: the measurements that needed no selection
             t0 = time.perf_counter()
             steps, gamma, max_err = update(cfg.initial_update_steps)
-            rec = RoundRecord(0, f"initial ({len(initial)} workloads)", float("nan"), gamma, steps, max_err,
+            rec = RoundRecord(0, f"initial ({len(initial)} workloads)", gamma, steps, max_err,
                               time.perf_counter() - t0)
             history.append(rec)
             if callback is not None:
                 callback(rec, G)
         for t in range(1, cfg.rounds + 1):
             t0 = time.perf_counter()
-            scores = scores_of().cpu().numpy().astype(np.float64)
-            idx = int(select(scores, float(score_sensitivity)))
+            idx = int(select(answers_of().cpu().numpy().astype(np.float64)))
+            if not 0 <= idx < len(workloads):
+                raise ValueError(f"select returned {idx}, not a candidate index (0..{len(workloads) - 1})")
             w = workloads[idx]
             m = _answer_vector(w, measure(w), domain, "measure")
             measured.append(w)
@@ -412,7 +412,7 @@ def train_hgem(
             steps, gamma, max_err = update(cfg.max_update_steps)
             if t > ema_start:
                 ema = _ema_update(ema, G, cfg.ema_beta)
-            rec = RoundRecord(t, w.id, float(scores[idx]), gamma, steps, max_err, time.perf_counter() - t0)
+            rec = RoundRecord(t, w.id, gamma, steps, max_err, time.perf_counter() - t0)
             history.append(rec)
             if callback is not None:
                 callback(rec, G)
@@ -527,7 +527,7 @@ def _map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term, max_s
 def fit_hgem(
     private: HierarchicalData,
     workloads: Sequence[Workload],
-    select: SelectFn,
+    choose: Callable[[np.ndarray, float], int],
     measure: MeasureFn,
     score_sensitivity: float,
     config: HGEMConfig | None = None,
@@ -535,12 +535,22 @@ def fit_hgem(
     pretrain_steps: int = 3000,
     device: str | torch.device | None = None,
 ) -> HGEMResult:
-    """Convenience: exact private answers for the scores, optional public pretraining, then rounds."""
+    """Convenience over in-memory data (tests, benchmarks): ``choose(scores, sensitivity)`` picks
+    from the max-error scores against the exact answers, optional public pretraining, then rounds."""
     cfg = config or HGEMConfig()
     G = make_generator(private.domain, cfg, device)
     if public is not None and pretrain_steps > 0:
         pretrain_public(G, public, workloads, steps=pretrain_steps)
     return train_hgem(
-        private.domain, workloads, exact_normalised_answers(private, workloads), select, measure,
-        score_sensitivity, cfg, generator=G,
+        private.domain, workloads, score_select(exact_normalised_answers(private, workloads), choose, score_sensitivity),
+        measure, cfg, generator=G,
     )
+
+
+def score_select(true_answers: Sequence[np.ndarray], choose: Callable[[np.ndarray, float], int], sensitivity: float) -> SelectFn:
+    """A :data:`SelectFn` over in-memory answers: scores each candidate by its max abs error
+    (``engine.privacy.session.max_abs_error_scores``) and lets ``choose(scores, sensitivity)``
+    pick (e.g. ``engine.privacy.mechanisms.exponential_mechanism`` with ε bound in)."""
+    target = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in true_answers])
+    n_cells = [int(np.size(a)) for a in true_answers]
+    return lambda model: int(choose(max_abs_error_scores(model, target, n_cells), float(sensitivity)))

@@ -129,7 +129,7 @@ def sigma_for_rho(l2_sensitivity: Number, rho: Number) -> float:
 
 
 def pure_dp_rho(epsilon: Number) -> Fraction:
-    """ρ = ε²/2: every ε-DP mechanism is (ε²/2)-zCDP (BS16 Prop. 1.4)."""
+    """ρ = ε²/2: every ε-DP mechanism is (ε²/2)-zCDP (Theorem: BS16 Proposition 1.4)."""
     e = as_fraction(epsilon, exact_float=True)
     if e < 0:
         raise ValueError(f"epsilon must be >= 0, got {e}")
@@ -139,9 +139,17 @@ def pure_dp_rho(epsilon: Number) -> Fraction:
 def exponential_mechanism_rho(epsilon: Number) -> Fraction:
     """ρ = ε²/8 for the exponential mechanism (selection ∝ exp(ε q / 2Δ)).
 
-    The exponential mechanism is ε-bounded range, and ε-BR implies (ε²/8)-zCDP
-    (Cesar & Rogers, ALT 2021, Lemma 3.2). Do NOT use this for permute-and-flip, see
-    :func:`permute_and_flip_rho`.
+    Theorem: an ε-bounded-range mechanism is (ε²/8)-zCDP (Cesar & Rogers, "Bounding,
+    Concentrating, and Truncating", ALT 2021, Lemma 3.2; bounded range defined in Durfee &
+    Rogers, NeurIPS 2019, Definition 3.1).
+
+    Condition (what the caller must guarantee): for neighbouring D, D' the log-probability ratio of
+    candidate r is ε/(2Δ)·(q(D,r) − q(D',r)) minus a constant, so the mechanism is ε-BR exactly
+    when max_r − min_r of the score differences q(D,r) − q(D',r) is at most 2Δ — implied by
+    |q(D,r) − q(D',r)| ≤ Δ for every candidate r, i.e. Δ a true sensitivity of every score.
+    ``tests/privacy/test_bounded_range.py`` checks this for the scores the pipeline builds
+    (``engine.privacy.session.max_abs_error_scores`` with ``engine.hgem.privacy.score_sensitivity``).
+    Do NOT use this for permute-and-flip, see :func:`permute_and_flip_rho`.
     """
     e = as_fraction(epsilon, exact_float=True)
     if e < 0:
@@ -175,7 +183,15 @@ def sequential(rhos: Iterable[Number]) -> Fraction:
 
 
 def parallel(rhos: Iterable[Number]) -> Fraction:
-    """Parallel composition over disjoint parts of the data: the maximum cost (0 if none)."""
+    """Parallel composition over disjoint parts of the data: the maximum cost (0 if none).
+
+    Theorem: McSherry, "Privacy Integrated Queries", SIGMOD 2009, Theorem 4 (pure DP); the proof
+    carries over to ρ-zCDP unchanged (BS16 Definition 1.1 bounds the Rényi divergence of one pair of
+    neighbours; with independent noise per part, a neighbour that changes one part leaves the
+    others' output distributions equal, so the divergence is that of the changed part). In
+    dprelease the parts are the geographic nodes of one level: one household (household unit) or
+    one person, alone or within a household (person unit), lies in exactly one node.
+    """
     return max((as_fraction(r) for r in rhos), default=Fraction(0))
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from engine.privacy import mechanisms
 from engine.privacy.file_lock import exclusive_lock, write_atomic
-from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, pure_dp_rho
+from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, exponential_mechanism_rho, pure_dp_rho
 from engine.privacy.ledger import PrivacyLedger, node_id
 
 __all__ = ["Measurement", "MeasurementStore", "MeasurementIntegrityError"]
@@ -63,6 +63,17 @@ class Measurement:
     epsilon: float | None  # for pure-DP mechanisms
     sha256: str
     timestamp: float
+
+    @property
+    def variance(self) -> float:
+        """Variance of the noise of one entry: σ² for the (discrete) Gaussian (an upper bound for
+        the discrete one, CKS20 Cor. 9), 2e^(−1/b)/(1−e^(−1/b))² for the discrete Laplace of scale b."""
+        if self.mechanism == "discrete_laplace":
+            q = np.exp(-1.0 / self.scale)
+            return float(2.0 * q / (1.0 - q) ** 2)
+        if self.mechanism in ("discrete_gaussian", "gaussian"):
+            return float(self.scale) ** 2
+        raise ValueError(f"{self.mechanism} has no additive noise variance")
 
     def metadata(self) -> dict:
         return {
@@ -328,3 +339,31 @@ class MeasurementStore:
             draw=lambda: mechanisms.discrete_laplace(true_answer, d, eps),
         )
 
+    def select(
+        self,
+        *,
+        key: str,
+        ledger: PrivacyLedger,
+        stage: str,
+        level: str,
+        node: Any,
+        workload_id: str,
+        scores,
+        sensitivity: float,
+        epsilon: float,
+    ) -> Measurement:
+        """Exponential mechanism over ``scores`` (Δ = ``sensitivity``), exactly once per key.
+
+        ε-bounded range, charged ρ = ε²/8 (:func:`~engine.privacy.accountant.exponential_mechanism_rho`)
+        before the draw. The chosen index is persisted like a measurement (a one-entry int64
+        vector, ``mechanism="exponential_mechanism"``, scale 2Δ/ε), so a rerun reuses the draw
+        and charges nothing.
+        """
+        d, e = float(sensitivity), float(epsilon)
+        scale = 2.0 * d / e
+        return self._measure(
+            key=key, ledger=ledger, stage=stage, level=level, node=node, workload_id=workload_id,
+            true_answer=np.zeros(1, dtype=np.int64), mechanism="exponential_mechanism", sensitivity=d,
+            rho=exponential_mechanism_rho(e), scale=scale, epsilon=e,
+            draw=lambda: (np.array([mechanisms.exponential_mechanism(scores, d, e)], dtype=np.int64), scale),
+        )

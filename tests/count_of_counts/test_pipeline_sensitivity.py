@@ -1,40 +1,73 @@
-"""Sensitivity of the count-of-counts measurements as the pipeline makes them (Hc of every node
-of a level), checked on worst-case and random neighbouring datasets with the shared harness."""
+"""Sensitivity of the count-of-counts measurements as the pipeline makes them (households of size
+≥ k of every node of a level, ``engine.privacy.session.size_counts``), checked on worst-case and
+random neighbouring datasets with the shared harness, plus the person unit's "new one-person
+household" neighbour built explicitly."""
 
 import numpy as np
 import pytest
 
-from engine.count_of_counts import estimators
-from engine.count_of_counts.geography import geography_hierarchy, hc_l1_sensitivity, hc_l2_sensitivity, size_histograms
+from engine.count_of_counts.geography import geography_hierarchy, size_histograms
+from engine.hierarchical_data import HierarchicalData
+from engine.privacy.session import size_counts, size_counts_sensitivity
 from tests.engine.test_hierarchical_data import random_data
 from tests.sensitivity_harness import check_sensitivity
 
 
-def level_hc(level: int, K: int, geo_template: np.ndarray):
-    """All nodes' Hc[0..K-1] of one level, over a fixed geography (so neighbours are comparable)."""
+def level_size_counts(level: int, K: int, geo_template: np.ndarray):
+    """All nodes' size counts of one level, over a fixed geography (so neighbours are comparable)."""
     h = geography_hierarchy(geo_template)
+    ids = h.level_range(level)
 
     def fn(data):
-        H = size_histograms(h, data.geo, data.sizes, K)
-        return estimators.hc_query(H[h.level_range(level)], K).values
+        H = size_histograms(h, data.geo, data.sizes, K)[ids]
+        # households of size >= k from the histogram (the session computes it from the sizes)
+        return np.cumsum(H[:, :0:-1], axis=1)[:, ::-1]
 
     return fn
 
 
+def test_size_counts_match_the_histogram_form():
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(1, 12, 400)
+    K = 8
+    brute = np.array([(np.minimum(sizes, K) >= k).sum() for k in range(1, K + 1)])
+    assert np.array_equal(size_counts(sizes, K), brute)
+    data = random_data(rng, n=80, M=4)
+    fn = level_size_counts(0, 4, np.unique(data.geo, axis=0))
+    assert np.array_equal(fn(data)[0], size_counts(data.sizes, 4))
+
+
 @pytest.mark.parametrize("unit", ["household", "person"])
 @pytest.mark.parametrize("level", [0, 1, 2])
-def test_hc_sensitivity_bounds_hold_and_are_attained(unit, level):
+def test_size_count_bounds_hold_and_are_attained(unit, level):
     rng = np.random.default_rng(level)
     data = random_data(rng, n=80, M=4)
     K = data.domain.max_size
-    fn = level_hc(level, K, np.unique(data.geo, axis=0))
-    l1, l2 = hc_l1_sensitivity(K, unit), hc_l2_sensitivity(K, unit)
+    fn = level_size_counts(level, K, np.unique(data.geo, axis=0))
+    l1, l2 = size_counts_sensitivity(K, unit)
     obs_l1, obs_l2 = check_sensitivity(fn, data, unit, l1, l2, trials=60, rng=rng)
-    assert obs_l1 == pytest.approx(l1) and obs_l2 == pytest.approx(l2)  # tight: size-1 household added/removed
+    assert obs_l1 == pytest.approx(l1) and obs_l2 == pytest.approx(l2)  # tight: a household of size K / any one person
 
 
-def test_hc_sensitivity_values():
-    assert hc_l1_sensitivity(8, "household") == 7 and hc_l2_sensitivity(8, "household") == pytest.approx(7**0.5)
-    assert hc_l1_sensitivity(8, "person") == 1
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_person_unit_new_one_person_household(level):
+    """A person who forms a household of their own changes one entry (the household count)."""
+    rng = np.random.default_rng(10 + level)
+    data = random_data(rng, n=60, M=4)
+    K = data.domain.max_size
+    fn = level_size_counts(level, K, np.unique(data.geo, axis=0))
+    for h in range(0, data.n_households, 7):
+        one = data.take(np.array([h]))
+        persons = one.person[:1]
+        group = one.group.copy()
+        group[0, data.domain.group_index(data.domain.size_attribute)] = 0
+        new = HierarchicalData.from_arrays(data.domain, one.geo, group, persons, np.array([0, 1]))
+        diff = np.abs(fn(HierarchicalData.concat([data, new])) - fn(data))
+        assert diff.sum() == 1 and np.sqrt((diff ** 2).sum()) <= size_counts_sensitivity(K, "person")[1]
+
+
+def test_size_count_sensitivity_values():
+    assert size_counts_sensitivity(8, "household") == (8.0, pytest.approx(8 ** 0.5))
+    assert size_counts_sensitivity(8, "person") == (1.0, 1.0)
     with pytest.raises(ValueError):
-        hc_l1_sensitivity(8, "family")
+        size_counts_sensitivity(8, "family")

@@ -8,7 +8,7 @@ import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
 from engine.hgem.mixture import HouseholdCells, household_log_likelihood
-from engine.hgem.train import HGEMConfig, make_generator, pretrain_households, train_hgem
+from engine.hgem.train import score_select, HGEMConfig, make_generator, pretrain_households, train_hgem
 from engine.hgem.workloads import kway_workloads
 
 from .conftest import synthetic_data
@@ -62,7 +62,7 @@ def test_frozen_network_moves_only_the_component_weights(domain, data):
     cfg = HGEMConfig(rounds=4, batch_size=32, network_lr_scale=0.0, prior_households=50.0, **CFG)
     G = make_generator(domain, cfg, "cpu")
     before = {n: p.detach().clone() for n, p in G.named_parameters()}
-    train_hgem(domain, ws, true, lambda s, e: int(np.argmax(s)), lambda w: true[ws.index(w)], 1.0, cfg, generator=G)
+    train_hgem(domain, ws, score_select(true, lambda s, e: int(np.argmax(s)), 1.0), lambda w: true[ws.index(w)], cfg, generator=G)
     for name, p in G.named_parameters():
         assert p.requires_grad  # restored after the rounds
         moved = not torch.equal(p.detach(), before[name])

@@ -11,7 +11,7 @@ import torch
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
 from engine.hgem.generator import SegmentSoftmax
 from engine.hgem.steps import AdamSteps, GraphedEval, make_adam, set_lr
-from engine.hgem.train import HGEMConfig, fit_answers, make_generator, train_hgem
+from engine.hgem.train import score_select, HGEMConfig, fit_answers, make_generator, train_hgem
 from engine.hgem.workloads import kway_workloads
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -115,7 +115,7 @@ def test_cuda_graph_training_matches_eager_training(domain, data, update):
     for graphs in (False, True):
         cfg = HGEMConfig(rounds=6, update=update, prior_households=50.0, cuda_graphs=graphs, **CFG)
         G = make_generator(domain, cfg, "cuda")
-        res = train_hgem(domain, ws, true, sel, meas, 1.0, cfg, generator=G)
+        res = train_hgem(domain, ws, score_select(true, sel, 1.0), meas, cfg, generator=G)
         plan = AnswerPlan(domain, ws, device="cuda")
         with torch.no_grad():
             out[graphs] = ([(r.workload, r.steps) for r in res.history], plan.answers(res.generator()).cpu())

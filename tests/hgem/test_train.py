@@ -17,7 +17,7 @@ from engine.hgem.privacy import (
     score_sensitivity,
     split_initial,
 )
-from engine.hgem.train import HGEMConfig, InitialMeasurement, fit_hgem, make_generator, pretrain_public, train_hgem
+from engine.hgem.train import score_select, HGEMConfig, InitialMeasurement, fit_hgem, make_generator, pretrain_public, train_hgem
 from engine.hgem.workloads import kway_workloads
 from engine.queries import Workload
 
@@ -51,7 +51,7 @@ def test_noiseless_training_reduces_workload_error(domain, data):
         calls["measure"].append(w)
         return true[ws.index(w)]
 
-    res = train_hgem(domain, ws, true, select, measure, 1 / 3000, cfg, generator=G)
+    res = train_hgem(domain, ws, score_select(true, select, 1 / 3000), measure, cfg, generator=G)
     after = _errors(res.generator, plan, tgt)
     assert after[0] < 0.4 * before[0] and after[1] < 0.4 * before[1]
     assert [ws[i] for i in calls["select"]] == calls["measure"] == res.measured
@@ -64,7 +64,7 @@ def test_ema_output_is_the_ema_of_second_half_weights(domain, data):
     cfg = HGEMConfig(rounds=6, ema_beta=0.7, **{**CFG, "max_update_steps": 5})
     snaps = []
     res = train_hgem(
-        domain, ws, true, lambda s, e: int(np.argmax(s)), lambda w: true[ws.index(w)], 1e-3, cfg,
+        domain, ws, score_select(true, lambda s, e: int(np.argmax(s)), 1e-3), lambda w: true[ws.index(w)], cfg,
         device="cpu", callback=lambda rec, G: snaps.append({k: v.detach().clone() for k, v in G.named_parameters()}),
     )
     ema = None
@@ -81,7 +81,7 @@ def test_ema_output_is_the_ema_of_second_half_weights(domain, data):
 def test_measure_length_is_checked(domain, data):
     ws = [Workload("group", ("TEN",))]
     with pytest.raises(ValueError):
-        train_hgem(domain, ws, exact_normalised_answers(data, ws), lambda s, e: 0, lambda w: np.zeros(2), 1e-3,
+        train_hgem(domain, ws, score_select(exact_normalised_answers(data, ws), lambda s, e: 0, 1e-3), lambda w: np.zeros(2),
                    HGEMConfig(rounds=1, **CFG), device="cpu")
 
 
@@ -166,7 +166,7 @@ def test_map_update_with_public_prior_improves_on_public_start(domain, data):
     hist = pretrain_public(G, public, ws, steps=400)
     assert len(hist) <= 400
     start = _errors(G, plan, tgt)
-    res = train_hgem(domain, ws, true, lambda s, e: int(np.argmax(s)), lambda w: true[ws.index(w)], 1e-3, cfg,
+    res = train_hgem(domain, ws, score_select(true, lambda s, e: int(np.argmax(s)), 1e-3), lambda w: true[ws.index(w)], cfg,
                      generator=G, measurement_sigma=lambda w: 1e-3)
     after = _errors(res.generator, plan, tgt)
     assert after[0] < start[0] and after[1] < start[1]
@@ -193,7 +193,7 @@ def test_map_prior_is_on_the_distribution_so_unmeasured_workloads_follow(domain,
     plan = AnswerPlan(domain, unmeasured, device="cpu")
     tgt = plan.concat_targets(true[1:])
     start = _errors(G, plan, tgt)
-    res = train_hgem(domain, ws, true, lambda s, e: 0, lambda w: true[ws.index(w)], 1e-3, cfg,
+    res = train_hgem(domain, ws, score_select(true, lambda s, e: 0, 1e-3), lambda w: true[ws.index(w)], cfg,
                      generator=G, measurement_sigma=lambda w: 2e-3)
     assert res.measured == [measured] * 3
     after = _errors(res.generator, plan, tgt)
@@ -220,7 +220,7 @@ def test_initial_measurements_alone_fit_their_workloads(domain, data):
     tgt_i = plan_i.concat_targets(init_true)
     start = _errors(G, plan_i, tgt_i)
     initial = [InitialMeasurement(w, a, 1e-3) for w, a in zip(init_ws, init_true)]
-    res = train_hgem(domain, ws, true, _no_rounds, _no_rounds, 1e-3, cfg, generator=G, initial=initial)
+    res = train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, generator=G, initial=initial)
     assert res.measured == init_ws and len(res.measurements) == 3
     assert [r.round for r in res.history] == [0] and 0 < res.history[0].steps <= 300
     after = _errors(res.generator, plan_i, tgt_i)
@@ -246,7 +246,7 @@ def test_first_selection_sees_the_initial_update(domain, data):
         seen.append(np.asarray(scores).copy())
         return int(np.argmax(scores))
 
-    res = train_hgem(domain, ws, true, select, lambda w: true[ws.index(w)], 1e-3, cfg, generator=G,
+    res = train_hgem(domain, ws, score_select(true, select, 1e-3), lambda w: true[ws.index(w)], cfg, generator=G,
                      measurement_sigma=lambda w: 1e-3, initial=[InitialMeasurement(ws[k], true[k], 1e-3)])
     assert len(seen) == 2 and [r.round for r in res.history] == [0, 1, 2]
     assert seen[0][k] < 0.5 * start_scores[k]
@@ -258,12 +258,12 @@ def test_initial_measurements_are_checked(domain, data):
     true = exact_normalised_answers(data, ws)
     cfg = HGEMConfig(rounds=0, **CFG)
     with pytest.raises(ValueError, match="rounds"):
-        train_hgem(domain, ws, true, _no_rounds, _no_rounds, 1e-3, cfg, device="cpu")
+        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, device="cpu")
     with pytest.raises(ValueError, match="cells"):
-        train_hgem(domain, ws, true, _no_rounds, _no_rounds, 1e-3, cfg, device="cpu",
+        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, device="cpu",
                    initial=[InitialMeasurement(ws[0], np.zeros(len(true[0]) + 1), 1e-3)])
     with pytest.raises(ValueError, match="sigma"):
-        train_hgem(domain, ws, true, _no_rounds, _no_rounds, 1e-3, cfg, device="cpu",
+        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, device="cpu",
                    initial=[InitialMeasurement(ws[0], true[0], 0.0)])
 
 

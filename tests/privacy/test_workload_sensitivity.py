@@ -121,11 +121,7 @@ def test_person_unit(w, pairs):
     obs = check_sensitivity(lambda d: answer(d, w), DATA, "person", l1, l2, pairs=pairs["person"])
     if "NP" in w.group_attrs:
         assert obs == pytest.approx(attained_person(w))
-        if w.level == "group" and w.person_attrs and dom_i(w) >= M:
-            # declared 2c is valid but loose by one: the household had at most M−1 persons
-            assert obs[0] == 2 * M - 1 < l1
-        else:
-            assert obs == pytest.approx((l1, l2))
+        assert obs == pytest.approx((l1, l2))  # the declared bound is exact (2M−1 when |dom S_I| ≥ M)
     if not w.group_attrs:
         assert obs[0] <= 1 + 1e-12  # nothing moves but the added/removed person's own cell
 
@@ -135,7 +131,8 @@ def test_counts_n_g_and_n_i(pairs):
     n_i = lambda d: np.array([d.n_persons])  # noqa: E731
     assert check_sensitivity(n_g, DATA, "household", 1, 1, pairs=pairs["household"]) == (1, 1)
     assert check_sensitivity(n_i, DATA, "household", M, M, pairs=pairs["household"]) == (M, M)
-    assert check_sensitivity(n_g, DATA, "person", 0, 0, pairs=pairs["person"]) == (0, 0)
+    # a person arriving alone forms a new household: N_G is not invariant under the person unit
+    assert check_sensitivity(n_g, DATA, "person", 1, 1, pairs=pairs["person"]) == (1, 1)
     assert check_sensitivity(n_i, DATA, "person", 1, 1, pairs=pairs["person"]) == (1, 1)
 
 

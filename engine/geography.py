@@ -1,0 +1,44 @@
+"""Geography nodes and their keys: nation ⊃ state ⊃ PUMA.
+
+A node is a tuple of geography codes from the top: ``()`` the nation, ``(50,)`` a state,
+``(50, 100)`` a PUMA. Its key is the string used in measurement keys, ledger records, file names
+and the count-of-counts table: ``"nation"``, ``"ST=50"``, ``"ST=50/PUMA=00100"``. Geography codes
+are public (PUMA definitions are published by the Census Bureau).
+"""
+
+from __future__ import annotations
+
+Node = tuple[int, ...]
+LEVELS = ("nation", "state", "puma")
+
+
+def node_key(node: Node) -> str:
+    """``()`` → ``"nation"``, ``(50,)`` → ``"ST=50"``, ``(50, 100)`` → ``"ST=50/PUMA=00100"``."""
+    node = tuple(int(x) for x in node)
+    if len(node) == 0:
+        return "nation"
+    if len(node) == 1:
+        return f"ST={node[0]:02d}"
+    if len(node) == 2:
+        return f"ST={node[0]:02d}/PUMA={node[1]:05d}"
+    raise ValueError(f"a node has at most two codes (state, PUMA), got {node}")
+
+
+def parse_node_key(key: str) -> Node:
+    """The inverse of :func:`node_key`."""
+    if key == "nation":
+        return ()
+    parts = key.split("/")
+    try:
+        if len(parts) == 1 and parts[0].startswith("ST="):
+            return (int(parts[0][3:]),)
+        if len(parts) == 2 and parts[0].startswith("ST=") and parts[1].startswith("PUMA="):
+            return (int(parts[0][3:]), int(parts[1][5:]))
+    except ValueError:
+        pass
+    raise ValueError(f"not a node key: {key!r} (expected 'nation', 'ST=xx' or 'ST=xx/PUMA=xxxxx')")
+
+
+def node_level(node: Node) -> str:
+    """``"nation"``, ``"state"`` or ``"puma"``."""
+    return LEVELS[len(node)]

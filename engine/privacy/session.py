@@ -1,0 +1,212 @@
+"""PrivateSession: the confidential input behind charged measurements.
+
+In the spirit of Tumult Analytics' ``Session``: synthesis never holds the private
+:class:`~engine.hierarchical_data.HierarchicalData`; it holds a session whose only operations
+that read the data are measurements, each charged to the :class:`PrivacyLedger` before any
+noise is drawn and persisted in the :class:`MeasurementStore` before it is used (a rerun reads
+the stored answer back and charges nothing). The sensitivity of every measurement is computed
+here, from the workload and the privacy unit, never supplied by the caller.
+
+What a session gives without a charge is public by declaration:
+
+- the domain (from the public domain spec) and the privacy unit;
+- the geography: the states and PUMAs of the private input (PUMA definitions are published);
+- exact household counts per PUMA, *only* when the release declares the invariant
+  ``puma_household_counts`` (:meth:`PrivateSession.invariant_household_counts`); otherwise
+  asking for them raises :class:`InvariantNotDeclared`.
+
+Measurement keys are ``<stage>/<node key>/[<tag>/]<name>`` (node keys from
+:func:`engine.geography.node_key`), one key per measurement of a run.
+
+Neighbouring relations (``unit``): ``household`` — add or remove one household with all its
+persons; ``person`` — add or remove one person, who joins (or leaves) an existing household or
+forms (or was) a one-person household.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Literal
+
+import numpy as np
+
+from engine.geography import Node, node_key
+from engine.hierarchical_data import HierarchicalData
+from engine.privacy.ledger import PrivacyLedger
+from engine.privacy.measurements import Measurement, MeasurementStore
+from engine.queries import PrivacyUnit, Workload, answer
+
+__all__ = ["INVARIANTS", "InvariantNotDeclared", "PrivateSession", "size_counts", "size_counts_sensitivity", "max_abs_error_scores"]
+
+INVARIANTS = ("puma_household_counts",)
+Invariant = Literal["puma_household_counts"]
+
+
+class InvariantNotDeclared(PermissionError):
+    """An exact statistic was asked for that the release does not declare as an invariant."""
+
+
+def size_counts(sizes: np.ndarray, K: int) -> np.ndarray:
+    """Households of size at least k, k = 1..K (sizes above K count as K): ``(K,)`` int64.
+
+    Entry 0 is the household count G. The upper-cumulative form makes the person unit cheap:
+    a person joining a household of size s < K raises entry s by one; a person forming a new
+    household raises entry 0 by one.
+    """
+    s = np.minimum(np.asarray(sizes, dtype=np.int64), int(K))
+    at_most = np.bincount(s, minlength=int(K) + 1)[1 : int(K) + 1]
+    return np.cumsum(at_most[::-1])[::-1].astype(np.int64)
+
+
+def size_counts_sensitivity(K: int, unit: PrivacyUnit) -> tuple[float, float]:
+    """(L1, L2) sensitivity of :func:`size_counts` of one node.
+
+    household unit: a household of size s enters entries 1..min(s, K): L1 = K, L2 = √K (a
+    household of size ≥ K). person unit: one entry changes by one (see :func:`size_counts`):
+    L1 = L2 = 1. Checked on worst-case neighbours in ``tests/privacy/test_session.py``.
+    """
+    if unit == "household":
+        return float(K), float(np.sqrt(K))
+    if unit == "person":
+        return 1.0, 1.0
+    raise ValueError(f"unknown privacy unit {unit!r}")
+
+
+def max_abs_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequence[int]) -> np.ndarray:
+    """Per workload, max over its cells of |target − model| (cells of the workloads concatenated
+    in order, ``n_cells`` per workload): the selection score of the adaptive rounds."""
+    err = np.abs(np.asarray(target, dtype=np.float64) - np.asarray(model, dtype=np.float64))
+    starts = np.concatenate(([0], np.cumsum(n_cells)[:-1])).astype(np.int64)
+    if err.size != int(np.sum(n_cells)):
+        raise ValueError(f"{err.size} answers for {int(np.sum(n_cells))} cells")
+    return np.maximum.reduceat(err, starts)
+
+
+class PrivateSession:
+    """The private input, reachable only through charged, persisted measurements."""
+
+    __slots__ = ("__data", "_unit", "_ledger", "_store", "_invariants", "_nodes", "_targets")
+
+    def __init__(self, data: HierarchicalData, unit: PrivacyUnit, ledger: PrivacyLedger, store: MeasurementStore,
+                 invariants: Sequence[str] = ()) -> None:
+        unknown = set(invariants) - set(INVARIANTS)
+        if unknown:
+            raise ValueError(f"unknown invariants {sorted(unknown)}; known: {INVARIANTS}")
+        if unit not in ("household", "person"):
+            raise ValueError(f"unknown privacy unit {unit!r}")
+        self.__data = data
+        self._unit: PrivacyUnit = unit
+        self._ledger = ledger
+        self._store = store
+        self._invariants = frozenset(invariants)
+        self._nodes: dict[Node, HierarchicalData] = {}
+        self._targets: dict[tuple, np.ndarray] = {}
+
+    # -- public facts ---------------------------------------------------------------------------
+    @property
+    def domain(self):
+        return self.__data.domain
+
+    @property
+    def unit(self) -> PrivacyUnit:
+        return self._unit
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The ledger (a record of charges: no confidential values)."""
+        return self._ledger
+
+    @property
+    def invariants(self) -> frozenset[str]:
+        return self._invariants
+
+    def nodes(self, level: Literal["state", "puma"]) -> list[Node]:
+        """The geography nodes of the private input at ``level`` (public: PUMA definitions)."""
+        k = {"state": 1, "puma": 2}[level]
+        geo = self.__data.geo
+        return [tuple(int(x) for x in row) for row in np.unique(geo[:, :k], axis=0)] if len(geo) else []
+
+    def invariant_household_counts(self) -> dict[Node, int]:
+        """Exact household count of every PUMA — only under the declared invariant."""
+        if "puma_household_counts" not in self._invariants:
+            raise InvariantNotDeclared(
+                "exact PUMA household counts are confidential: declare `invariants: [puma_household_counts]` "
+                "in the release config to hold them exact (the release then states the exception beside (ε, δ))")
+        nodes, counts = np.unique(self.__data.geo[:, :2], axis=0, return_counts=True)
+        return {(int(n[0]), int(n[1])): int(c) for n, c in zip(nodes, counts)}
+
+    # -- measurements ---------------------------------------------------------------------------
+    def _node_data(self, node: Node) -> HierarchicalData:
+        node = tuple(int(x) for x in node)
+        if node not in self._nodes:
+            d = self.__data
+            self._nodes[node] = d if not node else d.select(d.node_mask(node))
+        return self._nodes[node]
+
+    @staticmethod
+    def key(stage: str, node: Node, name: str, tag: str = "") -> str:
+        return "/".join(x for x in (stage, node_key(node), tag, name) if x)
+
+    def measure_workload(self, stage: str, level: str, node: Node, workload: Workload, rho: Fraction, tag: str = "") -> Measurement:
+        """Discrete Gaussian on the workload's integer counts at ``node`` (L2 sensitivity of the
+        workload under the privacy unit), ρ-zCDP at ``rho``."""
+        _, l2 = workload.sensitivity(self.domain, self._unit)
+        counts = np.rint(answer(self._node_data(node), workload)).astype(np.int64)
+        return self._store.measure(
+            key=self.key(stage, node, workload.id, tag), ledger=self._ledger, stage=stage, level=level,
+            node=node_key(node), workload_id=workload.id, true_answer=counts, l2_sensitivity=l2, rho=rho)
+
+    def measure_size_counts(self, stage: str, level: str, node: Node, K: int, rho: Fraction,
+                            mechanism: Literal["gaussian", "laplace"] = "gaussian") -> Measurement:
+        """Households of size ≥ k, k = 1..K, at ``node`` (:func:`size_counts`; entry 0 is the
+        household count). Discrete Gaussian (ρ-zCDP), or discrete Laplace (ε-DP, ε²/2 = ρ)."""
+        counts = size_counts(self._node_data(node).sizes, K)
+        l1, l2 = size_counts_sensitivity(K, self._unit)
+        common = dict(key=self.key(stage, node, "size_counts"), ledger=self._ledger, stage=stage, level=level,
+                      node=node_key(node), workload_id="size_counts", true_answer=counts, rho=rho)
+        if mechanism == "laplace":
+            return self._store.measure_laplace(l1_sensitivity=l1, **common)
+        return self._store.measure(l2_sensitivity=l2, **common)
+
+    def measure_household_count(self, stage: str, level: str, node: Node, rho: Fraction) -> Measurement:
+        """Discrete Gaussian on the node's household count (sensitivity 1 under both units)."""
+        g = np.array([self._node_data(node).n_households], dtype=np.int64)
+        return self._store.measure(
+            key=self.key(stage, node, "households"), ledger=self._ledger, stage=stage, level=level,
+            node=node_key(node), workload_id="households", true_answer=g, l2_sensitivity=1.0, rho=rho)
+
+    def select_worst_workload(self, stage: str, level: str, node: Node, tag: str, workloads: Sequence[Workload],
+                              normalisers: Sequence[float], model_answers: np.ndarray, epsilon: float,
+                              sensitivity: float) -> int:
+        """Exponential mechanism choosing the workload whose normalised answers the model gets
+        most wrong: score = max over cells |counts/N − model| (:func:`max_abs_error_scores`),
+        N the workload's PUBLIC normaliser. ``sensitivity`` must bound the scores' change between
+        neighbours for every candidate (``engine.hgem.privacy.score_sensitivity``); charged ε²/8.
+        The draw is persisted: a rerun returns the same index and charges nothing."""
+        key = (tuple(node), tuple(w.id for w in workloads), tuple(float(n) for n in normalisers))
+        if key not in self._targets:
+            data = self._node_data(node)
+            self._targets[key] = np.concatenate(
+                [np.asarray(answer(data, w), dtype=np.float64).ravel() / float(n) for w, n in zip(workloads, normalisers)])
+        n_cells = [w.n_cells(self.domain) for w in workloads]
+        ids = "|".join(w.id for w in workloads)
+        m = self._store.select(
+            key=self.key(stage, node, "select", tag), ledger=self._ledger, stage=stage, level=level,
+            node=node_key(node), workload_id=f"select:{len(workloads)}:{hash_ids(ids)}",
+            scores=max_abs_error_scores(model_answers, self._targets[key], n_cells),
+            sensitivity=sensitivity, epsilon=epsilon)
+        return int(m.noisy_answer[0])
+
+    def __repr__(self) -> str:
+        return f"PrivateSession(unit={self._unit!r}, invariants={sorted(self._invariants)})"
+
+    def __reduce__(self):
+        raise TypeError("a PrivateSession is not serialisable: build it where the measurements run")
+
+
+def hash_ids(ids: str) -> str:
+    """A short stable digest of the candidate list (so a rerun with other candidates is refused)."""
+    import hashlib
+
+    return hashlib.sha256(ids.encode()).hexdigest()[:12]

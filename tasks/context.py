@@ -1,0 +1,89 @@
+"""The run's context, built once by the flow and passed to every task: the config, the paths, the
+exact budget plan, the merged inputs; the ledger, the measurement store and the private session
+are opened lazily, once per worker process (they hold locks and file handles, so they are never
+pickled: a Dask worker reopens them on first use).
+
+Tasks read the private input only through :meth:`RunContext.session` (a
+:class:`~engine.privacy.session.PrivateSession`); ingestion and the internal QA are the only code
+that loads the private :class:`HierarchicalData` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from functools import cached_property, lru_cache
+
+from engine.hierarchical_data import HierarchicalData
+from engine.privacy.budget import BudgetPlan
+from engine.privacy.ledger import PrivacyLedger
+from engine.privacy.measurements import MeasurementStore
+from engine.privacy.session import PrivateSession
+from schemas.release_config import ReleaseConfig
+from tasks.run_context import RunPaths
+
+
+def budget_plan(cfg: ReleaseConfig) -> BudgetPlan:
+    """The exact ρ plan of a config (no data access). (ε, δ) budgets are converted to ρ with the
+    config's conversion (CKS by default)."""
+    b, a = cfg.budget, cfg.allocation
+    if b.rho is not None:
+        return BudgetPlan(b.rho, a.stages, a.levels, delta=b.delta)
+    return BudgetPlan.from_eps_delta(b.epsilon, b.delta, a.stages, a.levels, method=b.conversion)
+
+
+@lru_cache(maxsize=8)
+def _ledger(path: str, cfg_json: str) -> PrivacyLedger:
+    return PrivacyLedger(path, budget_plan(ReleaseConfig.model_validate_json(cfg_json)))
+
+
+@lru_cache(maxsize=8)
+def _store(path: str) -> MeasurementStore:
+    return MeasurementStore(path)
+
+
+@lru_cache(maxsize=4)
+def cached_data(npz: str) -> HierarchicalData:
+    """An encoded input, loaded once per worker process."""
+    return HierarchicalData.from_npz(npz)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    cfg: ReleaseConfig
+    paths: RunPaths
+    private_npz: str = ""
+    public_npz: str = ""
+
+    def with_inputs(self, private_npz: str, public_npz: str) -> "RunContext":
+        return replace(self, private_npz=str(private_npz), public_npz=str(public_npz))
+
+    @cached_property
+    def plan(self) -> BudgetPlan:
+        return budget_plan(self.cfg)
+
+    def allocation(self, stage: str, level: str) -> Fraction:
+        return self.plan.allocation(stage, level)
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        return _ledger(str(self.paths.ledger_path), self.cfg.model_dump_json())
+
+    @property
+    def store(self) -> MeasurementStore:
+        return _store(str(self.paths.measurements_dir))
+
+    def public(self) -> HierarchicalData:
+        return cached_data(self.public_npz)
+
+    def session(self) -> PrivateSession:
+        """The private input behind charged measurements (one per worker process and input)."""
+        if not self.private_npz:
+            raise RuntimeError("the run context has no private input yet (ingest first)")
+        return _session(self.private_npz, self.cfg.privacy_unit, str(self.paths.ledger_path), str(self.paths.measurements_dir),
+                        tuple(self.cfg.invariants), self.cfg.model_dump_json())
+
+
+@lru_cache(maxsize=4)
+def _session(private_npz: str, unit: str, ledger_path: str, store_dir: str, invariants: tuple[str, ...], cfg_json: str) -> PrivateSession:
+    return PrivateSession(HierarchicalData.from_npz(private_npz), unit, _ledger(ledger_path, cfg_json), _store(store_dir), invariants)  # type: ignore[arg-type]

@@ -1,0 +1,101 @@
+"""PrivateSession: the private input reachable only through charged, persisted measurements."""
+
+from __future__ import annotations
+
+import pickle
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from engine.privacy.budget import BudgetPlan
+from engine.privacy.ledger import PrivacyLedger
+from engine.privacy.measurements import MeasurementStore
+from engine.privacy.session import InvariantNotDeclared, PrivateSession, max_abs_error_scores, size_counts
+from engine.queries import Workload, answer
+from tests.engine.test_hierarchical_data import random_data
+
+PLAN = {"stages": {"s": 1}, "levels": {"s": {"nation": Fraction(1, 5), "state": Fraction(3, 10), "puma": Fraction(1, 2)}}}
+
+
+def session(tmp_path, data, unit="household", invariants=()):
+    ledger = PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(2000, PLAN["stages"], PLAN["levels"]))
+    return PrivateSession(data, unit, ledger, MeasurementStore(tmp_path / "m"), invariants)
+
+
+@pytest.fixture
+def data():
+    return random_data(np.random.default_rng(0), n=120, M=4)
+
+
+def test_measurements_are_charged_persisted_and_reused(tmp_path, data):
+    s = session(tmp_path, data)
+    w = Workload("group", ("TEN",))
+    m = s.measure_workload("s", "puma", (10, 100), w, Fraction(1, 10))
+    assert m.key == "s/ST=10/PUMA=00100/group:TEN|" or m.key.startswith("s/ST=10/PUMA=00100/")
+    assert m.sensitivity == w.sensitivity(data.domain, "household")[1]  # from the unit, not the caller
+    charge = s.ledger.get(m.key)
+    assert charge is not None and charge.rho == Fraction(1, 10) and charge.node == "ST=10/PUMA=00100"
+    again = s.measure_workload("s", "puma", (10, 100), w, Fraction(1, 10))
+    assert np.array_equal(again.noisy_answer, m.noisy_answer) and len(s.ledger.charges()) == 1
+    # the noise is centred on the node's own answer (the node's households only)
+    exact = answer(data.select(data.node_mask((10, 100))), w)
+    assert np.abs(m.noisy_answer - exact).max() < 8 * m.scale
+
+
+def test_household_and_size_counts(tmp_path, data):
+    s = session(tmp_path, data)
+    g = s.measure_household_count("s", "state", (10,), Fraction(1, 10))
+    assert g.sensitivity == 1.0 and g.noisy_answer.shape == (1,)
+    sc = s.measure_size_counts("s", "nation", (), 4, Fraction(1, 10))
+    assert sc.noisy_answer.shape == (4,) and sc.sensitivity == pytest.approx(2.0)  # √K under the household unit
+    assert np.abs(sc.noisy_answer - size_counts(data.sizes, 4)).max() < 8 * sc.scale
+    lap = session(tmp_path / "p", data, unit="person").measure_size_counts("s", "nation", (), 4, Fraction(1, 10), "laplace")
+    assert lap.mechanism == "discrete_laplace" and lap.sensitivity == 1.0
+    assert lap.variance == pytest.approx(2 * np.exp(-1 / lap.scale) / (1 - np.exp(-1 / lap.scale)) ** 2)
+
+
+def test_exact_counts_only_under_the_declared_invariant(tmp_path, data):
+    with pytest.raises(InvariantNotDeclared, match="puma_household_counts"):
+        session(tmp_path, data).invariant_household_counts()
+    exact = session(tmp_path / "i", data, invariants=["puma_household_counts"]).invariant_household_counts()
+    assert sum(exact.values()) == data.n_households and set(exact) == {(10, 100), (10, 200), (10, 300)}
+    with pytest.raises(ValueError, match="unknown invariants"):
+        session(tmp_path / "x", data, invariants=["state_population"])
+
+
+def test_the_session_does_not_travel(tmp_path, data):
+    s = session(tmp_path, data)
+    with pytest.raises(TypeError, match="not serialisable"):
+        pickle.dumps(s)
+    assert "HierarchicalData" not in repr(s) and not hasattr(s, "data")
+    assert s.nodes("puma") == [(10, 100), (10, 200), (10, 300)]
+
+
+def test_selection_scores_inside_the_session_and_is_persisted(tmp_path, data):
+    s = session(tmp_path, data)
+    ws = [Workload("group", ("TEN",)), Workload("person", (), ("SEX",)), Workload("group", ("NP",))]
+    mine = data.select(data.node_mask((10,)))
+    norms = [float(mine.n_households), float(mine.n_persons), float(mine.n_households)]
+    truth = [answer(mine, w).ravel() / n for w, n in zip(ws, norms)]
+    model = np.concatenate([t.copy() for t in truth])
+    model[-4:] += 0.5  # the model is far off on the third workload only
+    eps = 50.0  # sharp: the worst workload wins with overwhelming probability
+    idx = s.select_worst_workload("s", "state", (10,), "round-1", ws, norms, model, eps, 1.0 / 40)
+    assert idx == 2
+    charge = s.ledger.get("s/ST=10/round-1/select")
+    assert charge.mechanism == "exponential_mechanism" and float(charge.rho) == pytest.approx(eps ** 2 / 8)
+    # a rerun returns the persisted draw, whatever the model now says, and charges nothing
+    assert s.select_worst_workload("s", "state", (10,), "round-1", ws, norms, np.zeros_like(model), eps, 1.0 / 40) == 2
+    assert len(s.ledger.charges()) == 1
+
+
+def test_max_abs_error_scores_against_brute_force():
+    rng = np.random.default_rng(4)
+    cells = [3, 1, 5, 2]
+    t, m = rng.random(11), rng.random(11)
+    starts = np.cumsum([0] + cells[:-1])
+    brute = [np.abs(t[a : a + c] - m[a : a + c]).max() for a, c in zip(starts, cells)]
+    assert np.allclose(max_abs_error_scores(m, t, cells), brute)
+    with pytest.raises(ValueError):
+        max_abs_error_scores(m[:-1], t[:-1], cells)
