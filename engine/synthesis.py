@@ -77,21 +77,38 @@ def update_node(support: Support, prior: np.ndarray, measurements: list[NoisyWor
     return NodeResult(res.weights, res.diagnostics())
 
 
+def size_measurement(domain, histogram: Sequence[float], sd: float, total: float) -> NoisyWorkload:
+    """The count-of-counts estimate of a node's households of size 1..K as a noisy measurement of
+    the size marginal (group workload on the size attribute, code k−1 = size k), normalised by the
+    node's household total like every other measurement. ``sd``: noise standard deviation of one
+    entry, in households."""
+    w = Workload("group", (domain.size_attribute,), ())
+    h = np.asarray(histogram, dtype=np.float64)
+    if h.size != w.n_cells(domain):
+        raise ValueError(f"{h.size} size counts for the {w.n_cells(domain)} codes of {domain.size_attribute}")
+    return NoisyWorkload(w, normalise_counts(h, total), float(sd))
+
+
 def synthesize_node(
     support: Support,
     prior: np.ndarray,
     workloads: Sequence[Workload],
     rho: Fraction,
-    measure: MeasureFn,
+    measure: MeasureFn | None,
     total: float,
     rule: UpdateRule = "map",
     prior_strength: float = 0.1,
     sweeps: int = 3,
+    extra: Sequence[NoisyWorkload] = (),
 ) -> NodeResult:
-    """PRIOR_UPDATE of one node: measure, normalise, update. With ρ = 0 or no workloads the prior
-    is returned unchanged (nothing is measured)."""
+    """PRIOR_UPDATE of one node: measure, normalise, update. ``extra``: measurements made
+    elsewhere (the count-of-counts size marginal, :func:`size_measurement`) fitted jointly with
+    the node's own, each by its precision. With nothing to fit the prior is returned unchanged."""
     p = np.asarray(prior, dtype=np.float64)
-    if rho <= 0 or not workloads:
+    if rho > 0 and workloads and measure is None:
+        raise ValueError("workloads to measure at rho > 0 need a measure callable")
+    ms = measure_node(workloads, Fraction(rho), measure, total) if rho > 0 and workloads else []
+    ms += list(extra)
+    if not ms:
         return NodeResult(p / p.sum(), {"measured": 0})
-    ms = measure_node(workloads, Fraction(rho), measure, total)
     return update_node(support, p, ms, total, rule, prior_strength, sweeps)

@@ -99,13 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from schemas.input_expectations import InputGateError
     from schemas.pums_reader import InputError
     from schemas.release_config import ConfigError
+    from schemas.release_expectations import ReleaseGateError
     from tasks.run_context import RunRefused
 
     try:
         return args.func(args)
-    except (InputError, ConfigError, RunRefused) as e:
+    except (InputError, InputGateError, ReleaseGateError, ConfigError, RunRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

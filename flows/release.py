@@ -26,7 +26,8 @@ from schemas.release_config import ReleaseConfig, load_config
 from tasks.audit import AuditLog
 from tasks.context import RunContext
 from tasks.count_of_counts import as_table as coc_as_table
-from tasks.count_of_counts import count_of_counts_task, has_histograms, household_counts_task, node_households, puma_sizes
+from tasks.count_of_counts import count_of_counts_task, has_histograms, household_counts_task, node_households, release_histograms, size_measurements
+from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, validation_record, write_validation
 from tasks.publish import code_version, input_identity, library_versions, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
@@ -128,7 +129,8 @@ def ingest_stage(cfg: ReleaseConfig, paths: RunPaths) -> list[dict]:
     write_validation(paths, validation_record(reports, errors))
     if errors:
         raise InputError([i for e in errors for i in e.issues])
-    logger.info(f"ingest: {len(reports)} inputs validated and encoded (gate result: {paths.validation_path.name})")
+    gx_result = input_gate(cfg, paths, reports)
+    logger.info(f"ingest: {len(reports)} inputs validated and encoded (gate results: {paths.validation_path.name}, {gx_result.name})")
     return reports
 
 
@@ -180,7 +182,8 @@ def nodes_at(counts_path: str, level: str) -> dict[tuple[int, ...], int]:
 @flow(name="synthesize-states")
 def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, str]:
     states = nodes_at(counts_path, "state")
-    futures = [state_update_task.submit(ctx, st[0], g, workload["state"]) for st, g in states.items()]
+    sizes = size_measurements(counts_path, "state") if has_histograms(counts_path) else {}
+    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st)) for st, g in states.items()]
     return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "state posteriors")))
 
 
@@ -199,14 +202,13 @@ def hgem_stage(ctx: RunContext, counts_path: str, address: str, seed: int, workl
 @flow(name="synthesize-pumas")
 def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteriors: dict[int, str] | None, seed: int, supports: dict[int, str] | None = None) -> list[str]:
     """Per PUMA in parallel: the PUMA's DP household count (exact only under the declared
-    invariant), with the count-of-counts sizes when that stage ran."""
-    sizes = puma_sizes(counts_path) if has_histograms(counts_path) else {}
+    invariant), its posterior updated with the count-of-counts size histogram when that stage ran."""
+    sizes = size_measurements(counts_path, "puma") if has_histograms(counts_path) else {}
     futures = []
     for node, g in nodes_at(counts_path, "puma").items():
-        size_row = sizes.get(node)
         futures.append(
             puma_task.submit(
-                ctx, node, g, None if size_row is None else size_row.tolist(),
+                ctx, node, g, sizes.get(node),
                 None if posteriors is None else posteriors[node[0]], [] if workload is None else workload["puma"], seed,
                 supports[node[0]] if supports else None,
             )
@@ -216,7 +218,7 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
 
 
 @flow(name="publish")
-def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None) -> str:
+def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None, counts_path: str) -> str:
     logger = get_run_logger()
     cfg, paths = ctx.cfg, ctx.paths
     synth = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
@@ -242,22 +244,32 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         },
         "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": cfg.synthesis.model_dump() if cfg.synthesizer != "public_baseline" else {}},
         "workload": workload,
-        "count_of_counts": None if coc_path is None else {"method": "Hc (isotonic L1)", **cfg.count_of_counts.model_dump(), "table": "count_of_counts.parquet"},
+        "count_of_counts": None if coc_path is None else {
+            "method": "Hc (isotonic L1), consistent top-down; its state and PUMA size histograms are fitted by the synthesis as noisy measurements",
+            **cfg.count_of_counts.model_dump(), "table": "count_of_counts.parquet",
+            "table_semantics": "household-size histograms of the released microdata per node (equal to it exactly; children sum to parents)"},
         "stages": stages + ["publish"],
         "release_counts": {"households": synth.n_households, "persons": synth.n_persons},
+        "validation": RELEASE_VALIDATION,
         "public_inputs_summary": [read_report(r) for r in reports if r["role"] == "public"],
         "seeds_policy": {
             "noise": "OpenDP samplers drawing from OS entropy; no seeds, never reproducible",
             "post_processing_sampling": "numpy PCG64 seeded from the run's sampling seed (kept in the internal work directory)",
         },
     }
-    coc_table = coc_as_table(coc_path) if coc_path else None
-    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, audit=audit)
+    coc_table = coc_as_table(*release_histograms(coc_path, synth)) if coc_path else None
+    gate = release_gate(cfg, paths, counts_path, synth.domain)
+    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, audit=audit, gate=gate)
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
 
+
+RELEASE_VALIDATION = {
+    "gate": "Great Expectations checkpoints over the households, persons and count_of_counts tables before publishing (schemas/release_expectations.py); a failed expectation refuses to publish",
+    "result": "validation/gx_release.json",
+}
 
 SYNTHESIZER_DESCRIPTIONS = {
     "public_baseline": {
@@ -324,7 +336,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             supports = stage("hgem", hgem_stage, ctx, counts_path, address, seed, workload)
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
         node_files = stage("puma_synthesis", puma_stage, ctx, counts_path, workload, posteriors, seed, supports)
-        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path)
+        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path, counts_path)
         report = internal_qa(ctx, node_files, seed, coc_path)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir
@@ -340,5 +352,5 @@ def internal_qa(ctx: RunContext, node_files: list[str], seed: int, coc_path: str
     baselines = {}
     if cfg.synthesizer != "public_baseline":
         baselines["public-only baseline"] = public_only_baseline(HierarchicalData.from_npz(ctx.public_npz), private, seed)
-    coc_emd = coc_emd_by_level(coc_path, private) if coc_path else None
+    coc_emd = coc_emd_by_level(release_histograms(coc_path, release), private) if coc_path else None
     return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, ctx.ledger.summary(), coc_emd))

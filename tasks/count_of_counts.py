@@ -2,17 +2,23 @@
 session: every number about the private households that leaves here is post-processing of
 charged measurements, unless the release declares ``invariants: [puma_household_counts]``.
 
-- ``count_of_counts_task``: per node of every level, the households of size ≥ k (k = 1..K;
-  entry 1 is the household count G) measured with the discrete Gaussian (default) or the paper's
-  discrete Laplace. The noisy G of every node (and of the ``group_counts`` stage, when it has a
-  share) are merged by inverse variance and made consistent (nonnegative integers, children
-  summing to their parent; exact integer least squares). Then Hc[i] = G − (households of size
-  ≥ i+1) is estimated per node (isotonic L1) and made consistent top-down.
+- ``count_of_counts_task``: per node of every level, the household sizes 1..K measured with the
+  discrete Gaussian (default) or the paper's discrete Laplace, in the form that is cheaper for the
+  privacy unit (``engine.privacy.session.size_form``: the size histogram under the household
+  unit, the households of size ≥ k under the person unit). The noisy G of every node (and of the
+  ``group_counts`` stage, when it has a share) are merged by inverse variance and made consistent
+  (nonnegative integers, children summing to their parent; exact integer least squares). Then
+  Hc[i] = G − (households of size ≥ i+1) is estimated per node (isotonic L1) and made consistent
+  top-down. Synthesis uses the consistent histograms as noisy measurements of the size
+  marginal (``size_measurements``), weighed against its own measurements by their precision;
+  the released count-of-counts table is then the size histograms of the released microdata.
 - ``household_counts_task``: without the count-of-counts stage, G per node from the
   ``group_counts`` stage alone (or exact under the invariant).
 
 Both persist ``keys``, ``level`` and ``households`` (G per node); the count-of-counts result also
-``histograms``. Synthesis reads its node totals and PUMA sample sizes from there.
+``histograms`` and ``histogram_sd`` (the noise standard deviation of one raw histogram entry of
+the node's level, an upper bound for the consistent estimate's). Synthesis reads its node totals
+and size measurements from there.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import pyarrow as pa
 from prefect import task
 
 from engine.count_of_counts.api import run_hierarchy
-from engine.count_of_counts.geography import geography_hierarchy
+from engine.count_of_counts.geography import geography_hierarchy, size_histograms
 from engine.count_of_counts.group_counts import consistent_group_counts, inverse_variance_merge
 from engine.count_of_counts.hierarchy import Hierarchy
 from engine.geography import LEVELS, parse_node_key
+from engine.hierarchical_data import HierarchicalData
 from engine.privacy.session import PrivateSession
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic
@@ -78,11 +85,12 @@ def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple
     return consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
 
 
-def _save(ctx: RunContext, name: str, h: Hierarchy, G: np.ndarray, histograms: np.ndarray | None = None) -> str:
+def _save(ctx: RunContext, name: str, h: Hierarchy, G: np.ndarray, histograms: np.ndarray | None = None,
+          histogram_sd: np.ndarray | None = None) -> str:
     out = ctx.paths.node_path(name, "hierarchy")
     arrays = dict(keys=np.array(h.keys), level=h.level, households=np.asarray(G, dtype=np.int64))
     if histograms is not None:
-        arrays.update(histograms=histograms, K=histograms.shape[1] - 1)
+        arrays.update(histograms=histograms, K=histograms.shape[1] - 1, histogram_sd=histogram_sd)
     save_npz_atomic(out, lambda f: np.savez(f, **arrays))
     return str(out)
 
@@ -97,20 +105,22 @@ def count_of_counts_task(ctx: RunContext) -> str:
     K = session.domain.max_size
     h = hierarchy_of(session)
     mech = ctx.cfg.count_of_counts.mechanism
-    size_counts, eps, measured = {}, [], _group_count_measurements(ctx, session, h)
+    at_least, eps, measured = {}, [], _group_count_measurements(ctx, session, h)
+    sd = np.zeros(h.n_nodes)
     for lv, name in enumerate(LEVELS):
         ids = h.level_range(lv)
-        ms = [session.measure_size_counts(STAGE, name, parse_node_key(h.keys[i]), K, ctx.allocation(STAGE, name), mech) for i in ids]
-        size_counts[lv] = np.stack([m.noisy_answer for m in ms]).astype(np.float64)
+        ms = [session.measure_sizes(STAGE, name, parse_node_key(h.keys[i]), K, ctx.allocation(STAGE, name), mech) for i in ids]
+        at_least[lv] = np.stack([m.at_least for m in ms])
         vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
-        vals[ids], var[ids] = size_counts[lv][:, 0], ms[0].variance
+        vals[ids], var[ids] = at_least[lv][:, 0], ms[0].count_variance
         measured.append((vals, var))
-        eps.append(equivalent_epsilon(ms[0].mechanism, ms[0].scale))
+        sd[ids] = ms[0].histogram_sd
+        eps.append(equivalent_epsilon(ms[0].measurement.mechanism, ms[0].at_least_scale))
     G = household_counts(session, h, measured)
     # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
-    hc = {lv: G[h.level_range(lv), None] - size_counts[lv] for lv in size_counts}
+    hc = {lv: G[h.level_range(lv), None] - at_least[lv] for lv in at_least}
     res = run_hierarchy(h, hc, eps, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G)
-    return _save(ctx, STAGE, h, G, res.histograms)
+    return _save(ctx, STAGE, h, G, res.histograms, sd)
 
 
 @task(name="household-counts")
@@ -143,15 +153,29 @@ def has_histograms(path: str) -> bool:
         return "histograms" in z.files
 
 
-def puma_sizes(path: str) -> dict[tuple[int, int], np.ndarray]:
-    """{(ST, PUMA): counts of households of size 1..K} from a count-of-counts result."""
+def size_measurements(path: str, level: str) -> dict[tuple[int, ...], tuple[list[int], float]]:
+    """{node: (households of size 1..K, noise sd of one entry)} of one level of a count-of-counts
+    result: the noisy size marginal synthesis fits with its own measurements."""
+    lv_index = LEVELS.index(level)
+    with np.load(path, allow_pickle=False) as z:
+        keys, lv, H, sd = z["keys"], z["level"], z["histograms"], z["histogram_sd"]
+    return {parse_node_key(str(k)): (row[1:].astype(np.int64).tolist(), float(s))
+            for k, l, row, s in zip(keys, lv, H, sd) if l == lv_index}
+
+
+def release_histograms(path: str, release: HierarchicalData) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(node keys, levels, (N, K+1) histograms) of the released microdata over the nodes of the
+    count-of-counts result at ``path``: the table the release publishes, equal to the microdata's
+    household sizes and consistent across levels by construction."""
     keys, level, H = load_result(path)
-    return {parse_node_key(k): row[1:].astype(np.int64) for k, lv, row in zip(keys, level, H) if lv == 2}  # type: ignore[misc]
+    leaves = np.array([parse_node_key(k) for k, lv in zip(keys, level) if lv == 2], dtype=np.int64).reshape(-1, 2)
+    h = geography_hierarchy(leaves)
+    order = np.array([h.index[k] for k in keys], dtype=np.int64)
+    return keys, level, size_histograms(h, release.geo, release.sizes, H.shape[1] - 1)[order]
 
 
-def as_table(path: str) -> pa.Table:
+def as_table(keys: list[str], level: np.ndarray, H: np.ndarray) -> pa.Table:
     """The release's count_of_counts.parquet: (level, node, size, households), sizes 1..K."""
-    keys, level, H = load_result(path)
     K = H.shape[1] - 1
     n = len(keys)
     return pa.table(

@@ -13,6 +13,7 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -24,7 +25,11 @@ from schemas.release_contract import validate_release_tables
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, PARTITION_SCHEMA, to_tables
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "prefect", "prefect-dask", "dask", "distributed", "torch")
+LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "great-expectations", "prefect", "prefect-dask", "dask", "distributed", "torch")
+# the release gate: gate(households, persons, count_of_counts or None) -> the JSON result to ship
+# (schemas.release_expectations.run_release_gate); raises to refuse publishing
+ReleaseGate = Callable[[pa.Table, pa.Table, "pa.Table | None"], bytes]
+GATE_RESULT = "validation/gx_release.json"
 
 
 def sha256_file(path: Path) -> str:
@@ -134,11 +139,15 @@ def write_release(
     count_of_counts: pa.Table | None = None,
     extra_files: dict[str, bytes] | None = None,
     audit: AuditLog | None = None,
+    gate: ReleaseGate | None = None,
 ) -> dict:
     """Write the complete release to a temporary sibling directory, then rename it into place.
 
     Returns the manifest as written. Nothing half-written is left at ``release_dir``: on any
-    failure the temporary directory is removed. With ``audit``, the publish event (carrying the
+    failure the temporary directory is removed. With ``gate`` (the Great Expectations release
+    gate), the tables are validated before anything is written and the gate's JSON result ships as
+    ``validation/gx_release.json`` (hashed in the manifest like every output); a failing gate
+    raises and nothing is published. With ``audit``, the publish event (carrying the
     manifest's SHA-256) is appended and the chained log is shipped as ``audit.jsonl``. The caller
     holds the run lock, so leftovers of an earlier, killed publish of this release are removed.
     """
@@ -151,12 +160,17 @@ def write_release(
     tmp.mkdir()
     try:
         households, persons = to_tables(data)
+        coc = None if count_of_counts is None else count_of_counts.cast(COUNT_OF_COUNTS_SCHEMA)
+        gate_result = None if gate is None else gate(households, persons, coc)
         validate_release_tables(households, persons, data.domain)
         _write_dataset(households, tmp / "households")
         _write_dataset(persons, tmp / "persons")
         (tmp / "domain.json").write_text(json.dumps(data.domain.to_dict(), indent=2))
-        if count_of_counts is not None:
-            pq.write_table(count_of_counts.cast(COUNT_OF_COUNTS_SCHEMA), tmp / "count_of_counts.parquet")
+        if coc is not None:
+            pq.write_table(coc, tmp / "count_of_counts.parquet")
+        if gate_result is not None:
+            (tmp / GATE_RESULT).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / GATE_RESULT).write_bytes(gate_result)
         for name, blob in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(blob)

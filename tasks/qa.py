@@ -4,7 +4,8 @@ Written to ``work/<name>/qa/`` (owner-only): ``report.html`` and ``report.md`` w
 ``metrics.json``. Contents: hierarchical 3-way query error (group and person level) per geography
 level and the NIST 2-way L1 per PUMA, for the release and its baselines; the household-size
 distributions (true vs released, per state); count-of-counts EMD per level when that stage ran; the
-privacy budget by stage and level.
+privacy budget by stage and level; a link to the release gate's Great Expectations Data Docs
+(``qa/gx_data_docs/index.html``).
 """
 
 from __future__ import annotations
@@ -102,14 +103,14 @@ def _plots(qa_dir: Path, true: HierarchicalData, release: HierarchicalData, rows
     return out
 
 
-def coc_emd_by_level(coc_path: str, true: HierarchicalData) -> dict[str, float]:
-    """Mean EMD per node, per level, of the released count-of-counts against the true histograms
-    (cumulative L1 when the totals differ)."""
+def coc_emd_by_level(table: tuple[list[str], np.ndarray, np.ndarray], true: HierarchicalData) -> dict[str, float]:
+    """Mean EMD per node, per level, of a count-of-counts table (node keys, levels, (N, K+1)
+    histograms; the released one: ``tasks.count_of_counts.release_histograms``) against the true
+    histograms (cumulative L1 when the totals differ)."""
     from engine.count_of_counts.geography import geography_hierarchy, size_histograms
     from engine.geography import LEVELS as LEVEL_NAMES
-    from tasks.count_of_counts import load_result
 
-    keys, level, released = load_result(coc_path)
+    keys, level, released = table
     K = released.shape[1] - 1
     h = geography_hierarchy(true.geo)
     exact = size_histograms(h, true.geo, true.sizes, K)
@@ -133,6 +134,14 @@ def household_count_errors(true: HierarchicalData, release: HierarchicalData) ->
             "mean_abs_difference": float(np.abs(diff).mean()), "rms_difference": float(np.sqrt(np.mean(diff ** 2)))}
 
 
+def gx_data_docs_link(qa_dir: Path) -> str | None:
+    """Relative link to the release gate's Data Docs (rendered into ``qa/gx_data_docs/`` at publish)."""
+    from tasks.gx_gates import DATA_DOCS
+
+    index = Path(qa_dir) / DATA_DOCS / "index.html"
+    return index.relative_to(qa_dir).as_posix() if index.exists() else None
+
+
 def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, release: HierarchicalData, baselines: dict[str, HierarchicalData], budget: dict, coc_emd: dict | None = None) -> Path:
     qa_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     rows = accuracy_table(true, {"release": release, **baselines})
@@ -145,6 +154,9 @@ def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, rel
     if coc_emd:
         md += ["", "| count-of-counts level | mean EMD per node |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in coc_emd.items()]
     md += ["", "| PUMA household counts, released − confidential | value |", "|---|---|"] + [f"| {k} | {v:.4g} |" for k, v in counts.items()]
+    docs = gx_data_docs_link(qa_dir)
+    if docs:
+        md += ["", f"Release gate (Great Expectations): [Data Docs]({docs}) — every expectation on the synthetic tables and its result."]
     md += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
     (qa_dir / "report.md").write_text("\n".join(md) + "\n")
     table = "".join(f"<tr><td>{html.escape(r['method'])}</td><td>{r['geography']}</td><td>{html.escape(r['metric'])}</td><td>{r['value']:.4f}</td></tr>" for r in rows)
@@ -152,6 +164,8 @@ def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, rel
     (qa_dir / "report.html").write_text(
         f"<!doctype html><meta charset='utf-8'><title>QA {html.escape(release_name)}</title>"
         f"<h1>Internal QA report: {html.escape(release_name)}</h1><p><b>Confidential: computed against the private data. Never publish.</b></p>"
-        f"<table border=1 cellpadding=4><tr><th>method</th><th>geography</th><th>metric</th><th>value</th></tr>{table}</table>{imgs}"
+        f"<table border=1 cellpadding=4><tr><th>method</th><th>geography</th><th>metric</th><th>value</th></tr>{table}</table>"
+        + (f"<p>Release gate (Great Expectations): <a href='{html.escape(docs)}'>Data Docs</a> — every expectation on the synthetic tables and its result.</p>" if docs else "")
+        + imgs
     )
     return qa_dir / "report.html"

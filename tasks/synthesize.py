@@ -6,8 +6,12 @@
   answers are normalised by the state's DP household count.
 - ``puma_task``: per PUMA, measure the PUMA workload and update the state posterior into the PUMA
   posterior (prior update), or keep the public prior (public-only baseline); then sample the PUMA's
-  households: the DP household count of the PUMA, with exactly the count-of-counts numbers of each
-  size when that stage ran.
+  DP household count of households from it.
+
+When the count-of-counts stage ran, its size histogram of the node enters both updates as one more
+noisy measurement of the size marginal (``engine.synthesis.size_measurement``), weighed against
+the node's own measurements by its precision: information, not a constraint imposed whatever its
+noise (the public-only baseline is updated with it alone).
 
 No task here reads the private data: only ``RunContext.session()`` measurements.
 """
@@ -26,7 +30,7 @@ from engine.hierarchical_data import HierarchicalData
 from engine.prior_update import sample_households
 from engine.queries import Workload
 from engine.support import Support
-from engine.synthesis import MeasureFn, synthesize_node
+from engine.synthesis import MeasureFn, size_measurement, synthesize_node
 from engine.workload_selection import select_workloads
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic, write_json_atomic
@@ -73,9 +77,18 @@ def select_workload_task(public_npz: str, out_path: str) -> dict:
     return record
 
 
+SizeEstimate = tuple[list[int], float]  # (households of size 1..K, noise sd of one entry)
+
+
+def size_extra(support: Support, size_estimate: SizeEstimate | None, total: float) -> list:
+    return [] if size_estimate is None else [size_measurement(support.data.domain, size_estimate[0], size_estimate[1], total)]
+
+
 @task(name="synthesize-state")
-def state_update_task(ctx: RunContext, state: int, households: int, workload_ids: list[str]) -> str:
-    """``households``: the state's DP household count (the normaliser of its answers)."""
+def state_update_task(ctx: RunContext, state: int, households: int, workload_ids: list[str],
+                      size_estimate: SizeEstimate | None = None) -> str:
+    """``households``: the state's DP household count (the normaliser of its answers);
+    ``size_estimate``: the count-of-counts size histogram of the state, when that stage ran."""
     node = (int(state),)
     out = ctx.paths.node_path("state_posterior", node_key(node))
     if out.exists():
@@ -86,6 +99,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         support, support.weights, [Workload.from_id(w) for w in workload_ids], ctx.allocation("state_synthesis", "state"),
         session_measure(ctx, "state_synthesis", "state", node), total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
+        extra=size_extra(support, size_estimate, households),
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics})
@@ -97,34 +111,36 @@ def puma_task(
     ctx: RunContext,
     node: tuple[int, int],
     n_households: int,
-    sizes: list[int] | None,
+    size_estimate: SizeEstimate | None,
     state_posterior: str | None,
     workload_ids: list[str],
     seed: int,
     support_npz: str | None = None,
 ) -> str:
-    """One PUMA: posterior (or the public prior for the baseline), then ``n_households`` sampled
-    households (its DP count), with exactly ``sizes`` of each size when given."""
+    """One PUMA: posterior (or the public prior for the baseline), updated with the
+    count-of-counts ``size_estimate`` when given, then ``n_households`` sampled households (its DP
+    count)."""
     key = node_key(node)
     out = ctx.paths.node_path("synthesis", key)
     if out.exists():
         return str(out)
     support = cached_support(support_npz or ctx.public_npz)
-    if state_posterior is None:  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
-        weights = support.weights
+    s = ctx.cfg.synthesis
+    baseline = state_posterior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
+    if baseline:
+        prior = support.weights
     else:
         with np.load(state_posterior) as z:
             prior = z["weights"]
-        s = ctx.cfg.synthesis
-        res = synthesize_node(
-            support, prior, [Workload.from_id(w) for w in workload_ids], ctx.allocation("puma_synthesis", "puma"),
-            session_measure(ctx, "puma_synthesis", "puma", node), total=n_households,
-            rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        )
-        weights = res.weights
-        write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics})
-    rng = node_rng(seed, node)
-    synth = sample_households(support, weights, None if sizes is not None else n_households, rng, sizes=sizes, geo=node)
+    res = synthesize_node(
+        support, prior, [] if baseline else [Workload.from_id(w) for w in workload_ids],
+        0 if baseline else ctx.allocation("puma_synthesis", "puma"),
+        None if baseline else session_measure(ctx, "puma_synthesis", "puma", node), total=n_households,
+        rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
+        extra=size_extra(support, size_estimate, n_households),
+    )
+    write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics})
+    synth = sample_households(support, res.weights, n_households, node_rng(seed, node), geo=node)
     save_npz_atomic(out, synth.to_npz)
     return str(out)
 

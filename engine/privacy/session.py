@@ -26,6 +26,7 @@ forms (or was) a one-person household.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
@@ -37,7 +38,8 @@ from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import Measurement, MeasurementStore
 from engine.queries import PrivacyUnit, Workload, answer
 
-__all__ = ["INVARIANTS", "InvariantNotDeclared", "PrivateSession", "size_counts", "size_counts_sensitivity", "max_abs_error_scores"]
+__all__ = ["INVARIANTS", "InvariantNotDeclared", "NoisySizes", "PrivateSession", "max_abs_error_scores", "size_counts",
+           "size_counts_sensitivity", "size_form", "size_histogram"]
 
 INVARIANTS = ("puma_household_counts",)
 Invariant = Literal["puma_household_counts"]
@@ -54,23 +56,73 @@ def size_counts(sizes: np.ndarray, K: int) -> np.ndarray:
     a person joining a household of size s < K raises entry s by one; a person forming a new
     household raises entry 0 by one.
     """
+    return np.cumsum(size_histogram(sizes, K)[::-1])[::-1].astype(np.int64)
+
+
+def size_histogram(sizes: np.ndarray, K: int) -> np.ndarray:
+    """Households of size exactly k, k = 1..K (sizes above K count as K): ``(K,)`` int64."""
     s = np.minimum(np.asarray(sizes, dtype=np.int64), int(K))
-    at_most = np.bincount(s, minlength=int(K) + 1)[1 : int(K) + 1]
-    return np.cumsum(at_most[::-1])[::-1].astype(np.int64)
+    return np.bincount(s, minlength=int(K) + 1)[1 : int(K) + 1].astype(np.int64)
 
 
-def size_counts_sensitivity(K: int, unit: PrivacyUnit) -> tuple[float, float]:
-    """(L1, L2) sensitivity of :func:`size_counts` of one node.
+SizeForm = Literal["histogram", "at_least"]
 
-    household unit: a household of size s enters entries 1..min(s, K): L1 = K, L2 = √K (a
-    household of size ≥ K). person unit: one entry changes by one (see :func:`size_counts`):
-    L1 = L2 = 1. Checked on worst-case neighbours in ``tests/privacy/test_session.py``.
-    """
+
+def size_form(unit: PrivacyUnit) -> SizeForm:
+    """The form in which a node's household sizes are measured, the cheaper one for the unit:
+    the histogram under the household unit (one household enters one entry: sensitivity 1,
+    where the at-least form has √K), the at-least counts under the person unit (one person moves
+    one entry: sensitivity 1, where the histogram has 2)."""
     if unit == "household":
-        return float(K), float(np.sqrt(K))
+        return "histogram"
     if unit == "person":
-        return 1.0, 1.0
+        return "at_least"
     raise ValueError(f"unknown privacy unit {unit!r}")
+
+
+def size_counts_sensitivity(K: int, unit: PrivacyUnit, form: SizeForm | None = None) -> tuple[float, float]:
+    """(L1, L2) sensitivity of a node's size measurement in ``form`` (default: :func:`size_form`).
+
+    at_least (:func:`size_counts`): household unit — a household of size s enters entries
+    1..min(s, K): L1 = K, L2 = √K; person unit — one entry changes by one: 1, 1.
+    histogram (:func:`size_histogram`): household unit — one entry: 1, 1; person unit — a
+    household moves from size s to s+1 (two entries), or a new one-person household: 2, √2.
+    Checked on worst-case neighbours in ``tests/count_of_counts/test_pipeline_sensitivity.py``.
+    """
+    form = form or size_form(unit)
+    if unit not in ("household", "person"):
+        raise ValueError(f"unknown privacy unit {unit!r}")
+    if form == "at_least":
+        return (float(K), float(np.sqrt(K))) if unit == "household" else (1.0, 1.0)
+    if form == "histogram":
+        return (1.0, 1.0) if unit == "household" else (2.0, float(np.sqrt(2.0)))
+    raise ValueError(f"unknown size form {form!r}")
+
+
+@dataclass(frozen=True)
+class NoisySizes:
+    """One node's noisy household sizes, in both forms (post-processing of one measurement).
+
+    ``at_least_scale``: a per-entry noise scale of the mechanism that bounds the noise of every
+    ``at_least`` entry (household unit: the sum of up to K histogram entries, scale × √K);
+    ``histogram_sd`` and ``count_variance``: the noise standard deviation of one ``histogram``
+    entry and the variance of ``at_least[0]`` (the household count G)."""
+
+    at_least: np.ndarray
+    histogram: np.ndarray
+    at_least_scale: float
+    histogram_sd: float
+    count_variance: float
+    measurement: Measurement
+
+    @classmethod
+    def of(cls, m: Measurement, form: SizeForm) -> "NoisySizes":
+        y = np.asarray(m.noisy_answer, dtype=np.float64)
+        K = y.size
+        if form == "histogram":
+            return cls(np.cumsum(y[::-1])[::-1], y, float(m.scale) * np.sqrt(K), float(np.sqrt(m.variance)), K * m.variance, m)
+        hist = y - np.append(y[1:], 0.0)
+        return cls(y, hist, float(m.scale), float(np.sqrt(2.0 * m.variance)), m.variance, m)
 
 
 def max_abs_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequence[int]) -> np.ndarray:
@@ -157,17 +209,19 @@ class PrivateSession:
             key=self.key(stage, node, workload.id, tag), ledger=self._ledger, stage=stage, level=level,
             node=node_key(node), workload_id=workload.id, true_answer=counts, l2_sensitivity=l2, rho=rho)
 
-    def measure_size_counts(self, stage: str, level: str, node: Node, K: int, rho: Fraction,
-                            mechanism: Literal["gaussian", "laplace"] = "gaussian") -> Measurement:
-        """Households of size ≥ k, k = 1..K, at ``node`` (:func:`size_counts`; entry 0 is the
-        household count). Discrete Gaussian (ρ-zCDP), or discrete Laplace (ε-DP, ε²/2 = ρ)."""
-        counts = size_counts(self._node_data(node).sizes, K)
-        l1, l2 = size_counts_sensitivity(K, self._unit)
-        common = dict(key=self.key(stage, node, "size_counts"), ledger=self._ledger, stage=stage, level=level,
-                      node=node_key(node), workload_id="size_counts", true_answer=counts, rho=rho)
+    def measure_sizes(self, stage: str, level: str, node: Node, K: int, rho: Fraction,
+                      mechanism: Literal["gaussian", "laplace"] = "gaussian") -> NoisySizes:
+        """The node's household sizes 1..K in the unit's cheaper form (:func:`size_form`): discrete
+        Gaussian (ρ-zCDP), or discrete Laplace (ε-DP, ε²/2 = ρ); returned in both forms."""
+        form = size_form(self._unit)
+        sizes = self._node_data(node).sizes
+        counts = size_histogram(sizes, K) if form == "histogram" else size_counts(sizes, K)
+        l1, l2 = size_counts_sensitivity(K, self._unit, form)
+        common = dict(key=self.key(stage, node, "sizes"), ledger=self._ledger, stage=stage, level=level,
+                      node=node_key(node), workload_id=f"size_{form}", true_answer=counts, rho=rho)
         if mechanism == "laplace":
-            return self._store.measure_laplace(l1_sensitivity=l1, **common)
-        return self._store.measure(l2_sensitivity=l2, **common)
+            return NoisySizes.of(self._store.measure_laplace(l1_sensitivity=l1, **common), form)
+        return NoisySizes.of(self._store.measure(l2_sensitivity=l2, **common), form)
 
     def measure_household_count(self, stage: str, level: str, node: Node, rho: Fraction) -> Measurement:
         """Discrete Gaussian on the node's household count (sensitivity 1 under both units)."""

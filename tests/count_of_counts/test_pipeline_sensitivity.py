@@ -1,25 +1,28 @@
-"""Sensitivity of the count-of-counts measurements as the pipeline makes them (households of size
-≥ k of every node of a level, ``engine.privacy.session.size_counts``), checked on worst-case and
-random neighbouring datasets with the shared harness, plus the person unit's "new one-person
-household" neighbour built explicitly."""
+"""Sensitivity of the count-of-counts measurements as the pipeline makes them (per node of a level,
+the size histogram or the households of size ≥ k, ``engine.privacy.session.size_histogram`` /
+``size_counts``, in both forms under both privacy units), checked on worst-case and random
+neighbouring datasets with the shared harness, plus the person unit's "new one-person household"
+neighbour built explicitly."""
 
 import numpy as np
 import pytest
 
 from engine.count_of_counts.geography import geography_hierarchy, size_histograms
 from engine.hierarchical_data import HierarchicalData
-from engine.privacy.session import size_counts, size_counts_sensitivity
+from engine.privacy.session import size_counts, size_counts_sensitivity, size_form
 from tests.engine.test_hierarchical_data import random_data
 from tests.sensitivity_harness import check_sensitivity
 
 
-def level_size_counts(level: int, K: int, geo_template: np.ndarray):
-    """All nodes' size counts of one level, over a fixed geography (so neighbours are comparable)."""
+def level_size_counts(level: int, K: int, geo_template: np.ndarray, form: str = "at_least"):
+    """All nodes' size measurements of one level, over a fixed geography (so neighbours are comparable)."""
     h = geography_hierarchy(geo_template)
     ids = h.level_range(level)
 
     def fn(data):
         H = size_histograms(h, data.geo, data.sizes, K)[ids]
+        if form == "histogram":
+            return H[:, 1:]
         # households of size >= k from the histogram (the session computes it from the sizes)
         return np.cumsum(H[:, :0:-1], axis=1)[:, ::-1]
 
@@ -37,14 +40,15 @@ def test_size_counts_match_the_histogram_form():
     assert np.array_equal(fn(data)[0], size_counts(data.sizes, 4))
 
 
+@pytest.mark.parametrize("form", ["at_least", "histogram"])
 @pytest.mark.parametrize("unit", ["household", "person"])
 @pytest.mark.parametrize("level", [0, 1, 2])
-def test_size_count_bounds_hold_and_are_attained(unit, level):
+def test_size_count_bounds_hold_and_are_attained(form, unit, level):
     rng = np.random.default_rng(level)
     data = random_data(rng, n=80, M=4)
     K = data.domain.max_size
-    fn = level_size_counts(level, K, np.unique(data.geo, axis=0))
-    l1, l2 = size_counts_sensitivity(K, unit)
+    fn = level_size_counts(level, K, np.unique(data.geo, axis=0), form)
+    l1, l2 = size_counts_sensitivity(K, unit, form)
     obs_l1, obs_l2 = check_sensitivity(fn, data, unit, l1, l2, trials=60, rng=rng)
     assert obs_l1 == pytest.approx(l1) and obs_l2 == pytest.approx(l2)  # tight: a household of size K / any one person
 
@@ -67,7 +71,14 @@ def test_person_unit_new_one_person_household(level):
 
 
 def test_size_count_sensitivity_values():
-    assert size_counts_sensitivity(8, "household") == (8.0, pytest.approx(8 ** 0.5))
-    assert size_counts_sensitivity(8, "person") == (1.0, 1.0)
+    assert size_form("household") == "histogram" and size_form("person") == "at_least"
+    assert size_counts_sensitivity(8, "household") == (1.0, 1.0)  # the histogram
+    assert size_counts_sensitivity(8, "household", "at_least") == (8.0, pytest.approx(8 ** 0.5))
+    assert size_counts_sensitivity(8, "person") == (1.0, 1.0)  # the at-least counts
+    assert size_counts_sensitivity(8, "person", "histogram") == (2.0, pytest.approx(2 ** 0.5))
+    # the measured form is the cheaper one under each unit
+    for unit in ("household", "person"):
+        other = "at_least" if size_form(unit) == "histogram" else "histogram"
+        assert size_counts_sensitivity(8, unit)[1] < size_counts_sensitivity(8, unit, other)[1]
     with pytest.raises(ValueError):
         size_counts_sensitivity(8, "family")

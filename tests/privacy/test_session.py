@@ -11,7 +11,7 @@ import pytest
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementStore
-from engine.privacy.session import InvariantNotDeclared, PrivateSession, max_abs_error_scores, size_counts
+from engine.privacy.session import InvariantNotDeclared, PrivateSession, max_abs_error_scores, size_counts, size_histogram
 from engine.queries import Workload, answer
 from tests.engine.test_hierarchical_data import random_data
 
@@ -47,12 +47,22 @@ def test_household_and_size_counts(tmp_path, data):
     s = session(tmp_path, data)
     g = s.measure_household_count("s", "state", (10,), Fraction(1, 10))
     assert g.sensitivity == 1.0 and g.noisy_answer.shape == (1,)
-    sc = s.measure_size_counts("s", "nation", (), 4, Fraction(1, 10))
-    assert sc.noisy_answer.shape == (4,) and sc.sensitivity == pytest.approx(2.0)  # √K under the household unit
-    assert np.abs(sc.noisy_answer - size_counts(data.sizes, 4)).max() < 8 * sc.scale
-    lap = session(tmp_path / "p", data, unit="person").measure_size_counts("s", "nation", (), 4, Fraction(1, 10), "laplace")
-    assert lap.mechanism == "discrete_laplace" and lap.sensitivity == 1.0
-    assert lap.variance == pytest.approx(2 * np.exp(-1 / lap.scale) / (1 - np.exp(-1 / lap.scale)) ** 2)
+    # household unit: the size histogram is measured (sensitivity 1, not √K), both forms returned
+    sc = s.measure_sizes("s", "nation", (), 4, Fraction(1, 10))
+    m = sc.measurement
+    assert m.workload_id == "size_histogram" and m.noisy_answer.shape == (4,) and m.sensitivity == 1.0
+    assert np.abs(sc.histogram - size_histogram(data.sizes, 4)).max() < 8 * m.scale
+    assert np.allclose(sc.at_least, np.cumsum(sc.histogram[::-1])[::-1])
+    assert np.abs(sc.at_least - size_counts(data.sizes, 4)).max() < 8 * sc.at_least_scale
+    assert sc.at_least_scale == pytest.approx(2 * m.scale) and sc.count_variance == pytest.approx(4 * m.variance)
+    assert sc.histogram_sd == pytest.approx(m.scale)
+    # person unit: the at-least counts (sensitivity 1); a histogram entry is a difference of two
+    lap = session(tmp_path / "p", data, unit="person").measure_sizes("s", "nation", (), 4, Fraction(1, 10), "laplace")
+    m = lap.measurement
+    assert m.workload_id == "size_at_least" and m.mechanism == "discrete_laplace" and m.sensitivity == 1.0
+    assert m.variance == pytest.approx(2 * np.exp(-1 / m.scale) / (1 - np.exp(-1 / m.scale)) ** 2)
+    assert np.allclose(lap.histogram, m.noisy_answer - np.append(m.noisy_answer[1:], 0))
+    assert lap.histogram_sd == pytest.approx(np.sqrt(2 * m.variance)) and lap.count_variance == m.variance
 
 
 def test_exact_counts_only_under_the_declared_invariant(tmp_path, data):

@@ -1,0 +1,249 @@
+"""The release gate: a Great Expectations suite over the synthetic ``households``, ``persons`` and
+``count_of_counts`` tables, run as GX checkpoints before anything is published.
+
+Checked, each as a named GX expectation:
+- column set, order and types of every table (the release schemas);
+- every attribute code in the domain; NP 1..M; SPORDER 1..M;
+- SERIALNO well-formed and unique per household, and the SERIALNO of every person a household's;
+- SPORDER unique within a household and ≤ NP, NP equal to the household's person count (so
+  SPORDER runs exactly 1..NP);
+- exactly one householder per household (when the release keeps the relationship attribute; the
+  resident of a one-person group-quarters household, under ``group_quarters:
+  single_person_households``, counts as its householder);
+- ST and (ST, PUMA) in the configured geography (the public PUMAs of the run's counts result);
+- count-of-counts: one row per node and size, nodes in the geography, sizes 1..M, households
+  non-negative integers, children summing to their parent at every level, and equal to the
+  household sizes of the released microdata.
+
+Cross-table checks are expectations on derived columns computed first (vectorised pandas), named
+after what they hold: ``geography_node`` (``ST=xx/PUMA=xxxxx``) on both microdata tables,
+``persons_in_household`` and ``householders`` on households,
+``household_NP`` on persons, ``children_households`` and ``released_households`` on
+count_of_counts. The tables describe synthetic data only, so the result (``SUMMARY`` format) may
+show synthetic values; it ships with the release as ``validation/gx_release.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from engine.domain import Domain
+from engine.geography import node_key
+from schemas.gx_suites import dumps, expectations, failures, run_suites
+from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, household_schema, person_schema
+
+GATE = "release"
+RESULT_FILE = "validation/gx_release.json"
+LEVELS = ("nation", "state", "puma")
+
+
+class ReleaseGateError(ValueError):
+    """The release gate refused to publish; ``result`` holds the GX result document."""
+
+    def __init__(self, message: str, result: dict):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class ReleaseGeography:
+    """The configured geography: the (state, PUMA) codes the release may contain."""
+
+    pumas: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def from_node_keys(cls, keys) -> "ReleaseGeography":
+        from engine.geography import parse_node_key
+
+        nodes = [parse_node_key(str(k)) for k in keys]
+        return cls(tuple(sorted({(int(n[0]), int(n[1])) for n in nodes if len(n) == 2})))
+
+    @property
+    def states(self) -> list[str]:
+        return sorted({f"{st:02d}" for st, _ in self.pumas})
+
+    @property
+    def puma_keys(self) -> list[str]:
+        return [node_key(p) for p in self.pumas]
+
+    @property
+    def node_keys(self) -> list[str]:
+        states = sorted({(st,) for st, _ in self.pumas})
+        return [node_key(())] + [node_key(s) for s in states] + [node_key(p) for p in self.pumas]
+
+
+@dataclass(frozen=True)
+class Householder:
+    """The person attribute and release codes that mark the householder (RELP_GROUP =
+    Householder) and a group-quarters resident (who heads a one-person group-quarters household)."""
+
+    attribute: str
+    code: str
+    group_quarters: tuple[str, ...] = ()
+
+
+def householder_of(spec, domain: Domain) -> Householder | None:
+    """The householder marker of a domain spec, if the release keeps the relationship attribute."""
+    names = {a.name for a in domain.person}
+    for name, a in spec.person_attributes.items():
+        if a.source != spec.relationship_column or name not in names:
+            continue
+        attr = a.attribute(name)
+        members = [[int(c)] for c in a.codes] if a.codes is not None else [list(g.codes) for g in a.groups or []]
+        if a.bins is not None or len(members) != len(attr.codes):
+            continue
+
+        def release_codes(source_codes) -> list[str]:
+            return [code for code, m in zip(attr.codes, members) if any(c in m for c in source_codes)]
+
+        head = release_codes([spec.householder_code])
+        if len(head) == 1:
+            return Householder(name, head[0], tuple(c for c in release_codes(spec.group_quarters_codes) if c != head[0]))
+    return None
+
+
+# -- derived columns ----------------------------------------------------------------------------
+def _node_keys(st: pd.Series, puma: pd.Series) -> dict[str, pd.Series]:
+    state = "ST=" + st.astype(str)
+    return {"nation": pd.Series("nation", index=st.index), "state": state, "puma": state + "/PUMA=" + puma.astype(str)}
+
+
+def _has(df: pd.DataFrame, *columns: str) -> bool:
+    return all(c in df.columns for c in columns)
+
+
+def release_frames(households: pa.Table, persons: pa.Table, count_of_counts: pa.Table | None, domain: Domain,
+                   householder: Householder | None = None) -> dict[str, pd.DataFrame]:
+    """The tables as pandas frames with the derived columns of the cross-table checks. A derived
+    column whose source columns are missing is left empty (the column-list expectation names
+    what is missing)."""
+    hh, pp = households.to_pandas(), persons.to_pandas()
+    size = domain.size_attribute
+    for df in (hh, pp):
+        df["geography_node"] = _node_keys(df["ST"], df["PUMA"])["puma"] if _has(df, "ST", "PUMA") else None
+    linked = _has(hh, "SERIALNO", size) and _has(pp, "SERIALNO")
+    hh["persons_in_household"] = hh["SERIALNO"].map(pp["SERIALNO"].value_counts()).fillna(0).astype(np.int64) if linked else np.nan
+    if householder is not None:
+        if linked and _has(pp, householder.attribute):
+            rel = pp[householder.attribute]
+            heads = pp.loc[rel == householder.code, "SERIALNO"].value_counts()
+            gq = pp.loc[rel.isin(householder.group_quarters), "SERIALNO"].value_counts()
+            gq_heads = np.where(hh["persons_in_household"] == 1, hh["SERIALNO"].map(gq).fillna(0), 0)
+            hh["householders"] = (hh["SERIALNO"].map(heads).fillna(0) + gq_heads).astype(np.int64)
+        else:
+            hh["householders"] = np.nan
+    if linked:
+        np_by_serial = hh.drop_duplicates("SERIALNO").set_index("SERIALNO")[size].astype(np.int64)
+        pp["household_NP"] = pp["SERIALNO"].map(np_by_serial).astype(np.float64)
+    else:
+        pp["household_NP"] = np.nan
+    frames = {"households": hh, "persons": pp}
+    if count_of_counts is not None:
+        coc = count_of_counts.to_pandas()
+        if _has(coc, "level", "node", "size", "households") and _has(hh, "ST", "PUMA", size):
+            key = pd.MultiIndex.from_arrays([coc["node"].astype(str), coc["size"].astype(np.int64)])
+            child = coc[coc["level"] != "nation"]
+            parent = np.where(child["level"] == "state", "nation", child["node"].astype(str).str.rsplit("/", n=1).str[0])
+            children = child["households"].groupby([parent, child["size"].astype(np.int64).to_numpy()]).sum()
+            coc["children_households"] = np.where(coc["level"] == "puma", np.nan, children.reindex(key).fillna(0).to_numpy(np.float64))
+            keys = _node_keys(hh["ST"], hh["PUMA"])
+            released = pd.concat([pd.DataFrame({"node": keys[lv], "size": hh[size].astype(np.int64)}) for lv in LEVELS]).value_counts()
+            coc["released_households"] = released.reindex(key).fillna(0).astype(np.int64).to_numpy()
+        else:
+            coc["children_households"] = coc["released_households"] = np.nan
+        frames["count_of_counts"] = coc
+    return frames
+
+
+# -- the suites ---------------------------------------------------------------------------------
+def _columns_and_types(schema: pa.Schema, derived: list[str]) -> list:
+    E = expectations()
+    out = [E.ExpectTableColumnsToMatchOrderedList(column_list=[f.name for f in schema] + derived,
+                                                  description="the release schema's columns, in order (then the gate's derived columns)")]
+    for f in schema:
+        type_ = "str" if pa.types.is_string(f.type) else str(f.type.to_pandas_dtype().__name__)
+        out.append(E.ExpectColumnValuesToBeOfType(column=f.name, type_=type_, description=f"{f.name} is {f.type}"))
+    return out
+
+
+def _geography(geo: ReleaseGeography) -> list:
+    E = expectations()
+    return [
+        E.ExpectColumnValuesToBeInSet(column="ST", value_set=geo.states, description="ST is a state of the configured geography"),
+        E.ExpectColumnValuesToMatchRegex(column="PUMA", regex=r"^\d{5}$", description="PUMA is 5 digits"),
+        E.ExpectColumnValuesToBeInSet(column="geography_node", value_set=geo.puma_keys,
+                                      description="(ST, PUMA) is a PUMA of the configured geography"),
+        E.ExpectColumnValuesToMatchRegex(column="SERIALNO", regex=r"^SY\d{14}$", description="SERIALNO is synthetic: SY + ST + PUMA + 7 digits"),
+    ]
+
+
+def _codes(attrs) -> list:
+    return [expectations().ExpectColumnValuesToBeInSet(column=a.name, value_set=list(a.codes), description=f"{a.name} is a code of the domain")
+            for a in attrs]
+
+
+def release_expectations(domain: Domain, geography: ReleaseGeography, householder: Householder | None = None,
+                         count_of_counts: bool = True) -> dict[str, list]:
+    """{table: [GX expectations]} of the release gate."""
+    E = expectations()
+    M, size = domain.max_size, domain.size_attribute
+    hh_derived = ["geography_node", "persons_in_household"] + (["householders"] if householder else [])
+    households = _columns_and_types(household_schema(domain), hh_derived) + _geography(geography)
+    households += [
+        E.ExpectColumnValuesToBeUnique(column="SERIALNO", description="SERIALNO is unique per household"),
+        E.ExpectColumnValuesToBeBetween(column=size, min_value=1, max_value=M, description=f"{size} is 1..{M}"),
+        E.ExpectColumnPairValuesToBeEqual(column_A=size, column_B="persons_in_household",
+                                          description=f"{size} equals the number of persons with the household's SERIALNO"),
+    ]
+    households += _codes(a for a in domain.group if a.name != size)
+    if householder is not None:
+        households.append(E.ExpectColumnValuesToBeInSet(column="householders", value_set=[1],
+                                                        description=f"exactly one householder ({householder.attribute} = {householder.code}) per household"))
+    persons = _columns_and_types(person_schema(domain), ["geography_node", "household_NP"]) + _geography(geography)
+    persons += [
+        E.ExpectColumnValuesToNotBeNull(column="household_NP", description="every person's SERIALNO is a released household's"),
+        E.ExpectColumnValuesToBeBetween(column="SPORDER", min_value=1, max_value=M, description=f"SPORDER is 1..{M}"),
+        E.ExpectCompoundColumnsToBeUnique(column_list=["SERIALNO", "SPORDER"], description="SPORDER is unique within its household"),
+        E.ExpectColumnPairValuesAToBeGreaterThanB(column_A="household_NP", column_B="SPORDER", or_equal=True, ignore_row_if="either_value_is_missing",
+                                                  description=f"SPORDER is at most the household's {size} (with the count check: SPORDER runs 1..{size})"),
+    ]
+    persons += _codes(domain.person)
+    out = {"households": households, "persons": persons}
+    if count_of_counts:
+        nodes = geography.node_keys
+        coc = _columns_and_types(COUNT_OF_COUNTS_SCHEMA, ["children_households", "released_households"])
+        coc += [
+            E.ExpectTableRowCountToEqual(value=len(nodes) * M, description=f"one row per node of the geography and size 1..{M}"),
+            E.ExpectCompoundColumnsToBeUnique(column_list=["node", "size"], description="one row per node and size"),
+            E.ExpectColumnValuesToBeInSet(column="level", value_set=list(LEVELS), description="level is nation, state or puma"),
+            E.ExpectColumnValuesToBeInSet(column="node", value_set=nodes, description="node is the nation, a state or a PUMA of the configured geography"),
+            E.ExpectColumnValuesToBeBetween(column="size", min_value=1, max_value=M, description=f"size is 1..{M}"),
+            E.ExpectColumnValuesToBeBetween(column="households", min_value=0, description="households are non-negative (integers: the type check)"),
+            E.ExpectColumnPairValuesToBeEqual(column_A="households", column_B="children_households", ignore_row_if="either_value_is_missing",
+                                              description="the nation's and every state's counts equal the sum of their children's, size by size"),
+            E.ExpectColumnPairValuesToBeEqual(column_A="households", column_B="released_households",
+                                              description="the counts equal the household sizes of the released microdata, node by node"),
+        ]
+        out["count_of_counts"] = coc
+    return out
+
+
+def run_release_gate(households: pa.Table, persons: pa.Table, count_of_counts: pa.Table | None, domain: Domain,
+                     geography: ReleaseGeography, householder: Householder | None = None, docs_dir: Path | None = None) -> bytes:
+    """Validate the release tables (one GX checkpoint per table; Data Docs into ``docs_dir``).
+
+    Returns the canonical JSON result to ship; raises :class:`ReleaseGateError` naming every
+    failed expectation and its table when any fails."""
+    frames = release_frames(households, persons, count_of_counts, domain, householder)
+    suites = release_expectations(domain, geography, householder, count_of_counts is not None)
+    document = run_suites(GATE, {t: (frames[t], suites[t]) for t in suites}, "SUMMARY", docs_dir)
+    if not document["success"]:
+        lines = "\n".join(f"  {f}" for f in failures(document))
+        docs = f" (Data Docs: {Path(docs_dir) / 'index.html'})" if docs_dir is not None else ""
+        raise ReleaseGateError(f"release gate (Great Expectations) refused to publish{docs}; failed expectations:\n{lines}", document)
+    return dumps(document)
