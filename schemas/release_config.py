@@ -3,6 +3,8 @@
 Relative paths: input paths are relative to ``data_root``; ``data_root``, ``output_dir`` and
 ``work_dir`` are relative to the current working directory (the repository root when run through
 the README's commands). ``data_root`` defaults to ``$DPRELEASE_DATA`` or ``../shared/data``.
+:func:`load_config` resolves them to absolute paths once, where the config is loaded (the client),
+so tasks on Dask workers started elsewhere use the client's locations (``ReleaseConfig.resolved``).
 """
 
 from __future__ import annotations
@@ -189,6 +191,17 @@ class ReleaseConfig(_Strict):
         return self
 
     # -- resolved paths --------------------------------------------------------------------
+    def resolved(self) -> "ReleaseConfig":
+        """The config with every location absolute, resolved once where it is loaded (the
+        client): ``data_root`` (from the config, ``$DPRELEASE_DATA`` or ``../shared/data``),
+        ``output_dir``, ``work_dir`` and a domain given as a path. Tasks on Dask workers, whose
+        working directory and environment may differ, then see the client's locations."""
+        update = {"data_root": str(self.data_root_path()), "output_dir": str(Path(self.output_dir).expanduser().resolve()),
+                  "work_dir": str(Path(self.work_dir).expanduser().resolve())}
+        if Path(self.domain).suffix in (".yaml", ".yml"):
+            update["domain"] = str(self.domain_path())
+        return self.model_copy(update=update)
+
     def data_root_path(self) -> Path:
         root = self.data_root or os.environ.get("DPRELEASE_DATA") or "../shared/data"
         return Path(root).expanduser().resolve()
@@ -230,7 +243,7 @@ def load_config(path: str | Path, name: str | None = None) -> ReleaseConfig:
     if name is not None:
         raw["name"] = name
     try:
-        return ReleaseConfig.model_validate(raw)
+        return ReleaseConfig.model_validate(raw).resolved()
     except ValidationError as e:
         lines = []
         for err in e.errors():

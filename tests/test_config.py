@@ -104,3 +104,25 @@ def test_group_counts_stage_is_a_source_of_household_counts(tmp_path):
                            "levels": {"group_counts": {"state": 0.5, "puma": 0.5}, "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}}
 
     assert load_config(write(tmp_path, mutate)).invariants == []
+
+
+def test_locations_are_resolved_once_where_the_config_is_loaded(tmp_path, monkeypatch):
+    """Dask workers may run in another directory with another environment: the loaded config
+    carries absolute locations, so a task there reads the client's files."""
+    import os
+
+    from schemas.release_config import load_config
+
+    cfg_dir = tmp_path / "client"
+    cfg_dir.mkdir()
+    (cfg_dir / "r.yaml").write_text(
+        "name: r\nprivate: [{path: acs2018_1yr/csv_pvt.zip}]\npublic: [{path: acs2018_1yr/csv_pnh.zip}]\n"
+        "data_root: data\noutput_dir: out\nwork_dir: w\nbudget: {rho: 0.1}\n"
+        "allocation: {stages: {group_counts: 1.0}, levels: {group_counts: {puma: 1.0}}}\nsynthesizer: public_baseline\n")
+    monkeypatch.chdir(cfg_dir)
+    cfg = load_config("r.yaml")
+    monkeypatch.chdir(tmp_path)  # a worker elsewhere
+    monkeypatch.setenv("DPRELEASE_DATA", "/somewhere/else")
+    assert cfg.input_path(cfg.private[0]) == cfg_dir / "data" / "acs2018_1yr" / "csv_pvt.zip"
+    assert cfg.run_dir() == cfg_dir / "w" / "r" and cfg.release_dir() == cfg_dir / "out" / "r"
+    assert all(os.path.isabs(x) for x in (cfg.data_root, cfg.output_dir, cfg.work_dir))
