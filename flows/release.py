@@ -29,6 +29,8 @@ from tasks.count_of_counts import as_table as coc_as_table
 from tasks.count_of_counts import count_of_counts_task, has_histograms, household_counts_task, node_households, release_histograms, size_measurements
 from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, validation_record, write_validation
+from tasks.measurements_table import manifest_entry as measurements_entry
+from tasks.measurements_table import store_measurements_table
 from tasks.publish import code_version, input_identity, library_versions, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
@@ -225,6 +227,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     audit = AuditLog(paths.audit_path)
     sync_charges(audit, ctx.ledger)
     summary = ctx.ledger.summary()
+    measurements = store_measurements_table(ctx.store, synth.domain)
     manifest = {
         "release": cfg.name,
         "description": cfg.description,
@@ -248,6 +251,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "method": "Hc (isotonic L1), consistent top-down; its state and PUMA size histograms are fitted by the synthesis as noisy measurements",
             **cfg.count_of_counts.model_dump(), "table": "count_of_counts.parquet",
             "table_semantics": "household-size histograms of the released microdata per node (equal to it exactly; children sum to parents)"},
+        "measurements": measurements_entry(measurements),
         "stages": stages + ["publish"],
         "release_counts": {"households": synth.n_households, "persons": synth.n_persons},
         "validation": RELEASE_VALIDATION,
@@ -259,7 +263,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     }
     coc_table = coc_as_table(*release_histograms(coc_path, synth)) if coc_path else None
     gate = release_gate(cfg, paths, counts_path, synth.domain)
-    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, audit=audit, gate=gate)
+    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements, audit=audit, gate=gate)
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")

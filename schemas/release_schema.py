@@ -19,6 +19,32 @@ PARTITION_SCHEMA = pa.schema([("ST", pa.string()), ("PUMA", pa.string())])
 COUNT_OF_COUNTS_SCHEMA = pa.schema(
     [("level", pa.string()), ("node", pa.string()), ("size", pa.int16()), ("households", pa.int64())]
 )
+# measurements.parquet: every noisy measurement of the run, one row per cell (tasks/measurements_table.py)
+MEASUREMENTS_COLUMNS = {
+    "key": (pa.string(), "the measurement's key in the run's store: <stage>/<node>/[<tag>/]<name>"),
+    "stage": (pa.string(), "the pipeline stage that measured it (a budget stage of the plan)"),
+    "level": (pa.string(), "the geography level charged: nation, state or puma"),
+    "node": (pa.string(), "the geography node: nation, ST=xx or ST=xx/PUMA=xxxxx"),
+    "workload_id": (pa.string(), "group:<group attrs>|<person attrs> or person:…|… (a marginal workload), "
+                                 "size_histogram, size_at_least, households, or select:<candidates>:<digest>"),
+    "cell": (pa.int32(), "index of the cell in the measured vector (C order over the workload's attributes; size k at cell k-1)"),
+    "cell_codes": (pa.string(), "the cell as release codes, 'ATTR=code; ATTR=code' (NP=k, NP>=k for sizes); null for "
+                                "household counts and selections"),
+    "cell_labels": (pa.string(), "the cell in words (domain labels)"),
+    "noisy_value": (pa.float64(), "the noisy answer of the cell as stored (for a selection, the chosen candidate's index)"),
+    "mechanism": (pa.string(), "discrete_gaussian, gaussian, discrete_laplace or exponential_mechanism"),
+    "noise_scale": (pa.float64(), "sigma (Gaussian), b (discrete Laplace), or 2*sensitivity/epsilon (exponential mechanism)"),
+    "noise_sd": (pa.float64(), "standard deviation of one cell's noise (an upper bound for the discrete Gaussian); "
+                               "null for the exponential mechanism"),
+    "sensitivity": (pa.float64(), "sensitivity of the whole measured vector, in the norm of sensitivity_norm"),
+    "sensitivity_norm": (pa.string(), "L2 (Gaussian), L1 (discrete Laplace) or score (exponential mechanism)"),
+    "epsilon": (pa.float64(), "epsilon of a pure-DP mechanism (discrete Laplace, exponential mechanism); null otherwise"),
+    "rho": (pa.string(), "rho-zCDP charged for the whole measurement (repeated on each of its cells), exact fraction"),
+    "rho_float": (pa.float64(), "rho as a float"),
+}
+MEASUREMENTS_SCHEMA = pa.schema(
+    [pa.field(name, typ, metadata={"description": doc}) for name, (typ, doc) in MEASUREMENTS_COLUMNS.items()]
+)
 
 
 def household_schema(domain: Domain) -> pa.Schema:

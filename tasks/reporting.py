@@ -79,6 +79,7 @@ def release_markdown(manifest: dict) -> str:
         f"- stages: {', '.join(manifest['stages'])}",
         f"- synthetic households: {manifest['release_counts']['households']}, persons: {manifest['release_counts']['persons']}",
         f"- code: {manifest['code'].get('git_commit', 'unknown')}",
+        *([f"- noisy measurements published: {m['measurements']} ({m['rows']} cells) in `{m['table']}`"] if (m := manifest.get("measurements")) else []),
         "",
         "Noise: OpenDP samplers (contrib), OS entropy, no seeds.",
     ]

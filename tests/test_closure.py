@@ -136,6 +136,7 @@ def test_replay_on_neighbouring_and_shuffled_data_is_byte_identical(first_run, i
     tmp = first_run
     reference = release_fingerprint(tmp / "releases" / "a")
     assert any(k.startswith("households/") for k in reference) and "count_of_counts.parquet" in reference
+    assert "measurements.parquet" in reference
     for variant in ("removed", "shuffled"):
         replay = _replay(tmp, "a", f"a-{variant}", inputs[variant], inputs["public"])
         assert _differences(reference, release_fingerprint(replay)) == [], variant

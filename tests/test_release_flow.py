@@ -6,7 +6,9 @@ from fractions import Fraction
 import stat
 import zipfile
 
+import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -91,6 +93,24 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
     assert main(["audit", "verify", str(rel)]) == 0
     # work directory is owner-only; gate result kept with the run
     work = tmp_path / "work" / "e2e"
+    # measurements.parquet: hashed in the manifest, and the run's measurement store one for one
+    # (every stored measurement, nothing else, each cell's value the stored noisy answer)
+    from engine.privacy.measurements import MeasurementStore
+    from tasks.publish import sha256_file
+
+    assert manifest["outputs"]["measurements.parquet"] == sha256_file(rel / "measurements.parquet")
+    meas = pq.read_table(rel / "measurements.parquet").to_pandas()
+    store = MeasurementStore(work / "measurements")
+    stored = {k: store.get(k) for k in store.keys()}
+    assert set(meas.key) == set(stored) and len(meas) == sum(m.noisy_answer.size for m in stored.values())
+    assert manifest["measurements"]["rows"] == len(meas) and manifest["measurements"]["measurements"] == len(stored)
+    assert {m.stage for m in stored.values()} == {"count_of_counts", "state_synthesis", "puma_synthesis"}
+    for key, rows in meas.groupby("key", sort=False):
+        m = stored[key]
+        assert rows.cell.tolist() == list(range(m.noisy_answer.size)), key
+        assert np.array_equal(rows.noisy_value.to_numpy(), m.noisy_answer.astype(np.float64)), key
+        assert (rows.stage == m.stage).all() and (rows.node == m.node).all() and (rows.rho == str(m.rho)).all()
+    assert meas.cell_labels.notna().all()
     assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
     assert json.loads((work / "validation.json").read_text())["success"] is True
     # no confidential identifier or record reaches the release or a Prefect artifact
