@@ -1,0 +1,597 @@
+"""Peer benchmark (issue 15 item 1): AIM and MST (McKenna et al.) side by side with the full
+dprelease pipeline — count-of-counts included — and its public-only baseline, on the same
+private/public split, workload and δ, in one run.
+
+Split: one 2018 state private (``--private``, default New Hampshire), the other eleven public.
+δ = 1/n² with n = the private state's persons; ρ = eps_delta_to_rho(ε, δ, "cks") (the pipeline's
+own conversion, the same ρ for every method).
+
+Workload (the AIM paper's ACS set-up, issue 15): eleven attributes, all 165 3-way marginals,
+evaluated on person records (one row per person):
+  AGEP_BAND (0-4, 5-17, 18-24, 25-34, 35-44, 45-54, 55-64, 65-74, 75+), SEX, RAC1P (9),
+  HISP_ORIGIN (2), SCHL_GROUP (blank; 01-15; 16-17; 18-20; 21; 22-24), MAR (5), ESR_GROUP (blank,
+  1..6), RELP_GROUP (00; 01,13; 02-04; 05-10; 11,12,14,15; 16,17), CIT (5), NP (household size of
+  the person's household, 1..6, 7+) and PUMA. Group-quarters persons are one-person units (NP 1).
+  The person attributes are those of ``schemas/domains/acs_pums_aim.yaml`` (encoded by the
+  project's own reader, ``schemas.ingestion``).
+
+Metrics (against the confidential data: benchmark output is internal):
+  mean_l1    mean over the 165 marginals of ‖p − q‖₁ (p, q the confidential and synthetic
+             marginals, each normalised to sum 1; ∈ [0, 2]; the papers' "average error" is half);
+  max_cell   the largest |p − q| over every cell of every marginal;
+  contains_l1 (dprelease and public-only only: AIM and MST release no households) the same 165
+             attribute triples at group level — the share of households (of the private state)
+             whose PUMA / NP match and that contain at least one person with the person attributes
+             of the triple — mean L1 between confidential and synthetic.
+Each is the mean ± standard error over ``--runs`` runs.
+
+Methods (``--methods``):
+  aim        AIM (benchmarks/peers/aim.py) on the person records, sensitivity 1: the paper's
+             add/remove-one-RECORD guarantee. Under the household unit this is weaker (a household
+             of k persons is k records: group privacy gives only kε). The issue quotes these.
+  mst        MST (benchmarks/peers/mst.py), same data and guarantee.
+  aim_hh     the fair variant: households clipped to M persons like the pipeline's (keep the
+             householder and the next M−1 by SPORDER), sensitivity M in L1 and L2 (a household of up
+             to M persons changes a person-level marginal by up to M): household-level DP.
+  mst_hh     the same for MST.
+  dprelease  the real pipeline (``dprelease run``, subprocess) with the default release config's
+             allocation and settings (deploy/releases/acs2018_default.yaml), domain
+             acs_pums_aim.yaml, household unit, max_household_size M, group quarters as one-person
+             households, oversize clip; the released Parquet is read back and scored.
+  public     the pipeline's public-only baseline (``synthesizer: public_baseline``, same config):
+             public households resampled to each PUMA's household count (its household counts and
+             size histograms come from the count-of-counts stage at the same ε, δ).
+  public0    the public data alone, nothing measured: ``public_baseline`` with the declared
+             invariant ``puma_household_counts`` (exact PUMA household counts, no count-of-counts):
+             the "never do worse than the public data alone" reference (not DP for those counts).
+
+    python benchmarks/peer_comparison.py --quick                       # smoke run: 1 ε, 1 run, small AIM
+    python benchmarks/peer_comparison.py --epsilons 0.25,1 --runs 1    # what the issue quotes
+    python benchmarks/peer_comparison.py --private nm --epsilons 1     # New Mexico private
+    python benchmarks/peer_comparison.py --epsilons 2 --resume         # add ε = 2 to an existing table
+
+Results: benchmarks/results/peer_comparison_<tag>.{json,txt} (tag: the private state, or
+``--tag``); the JSON is rewritten after every method run, so a long run loses nothing and
+``--resume`` skips the (method, ε, run) cells it already holds. Progress lines go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine.hierarchical_data import HierarchicalData  # noqa: E402
+from engine.privacy.accountant import eps_delta_to_rho  # noqa: E402
+from schemas.domain_spec import DomainSpec, load_domain_spec  # noqa: E402
+from schemas.ingestion import HouseholdRules, load_person_file  # noqa: E402
+
+DATA = Path(os.environ.get("DPRELEASE_DATA", ROOT.parent / "shared" / "data")).resolve()
+SPEC_PATH = ROOT / "schemas" / "domains" / "acs_pums_aim.yaml"
+DEFAULT_CONFIG = ROOT / "deploy" / "releases" / "acs2018_default.yaml"
+OUT = ROOT / "benchmarks" / "results"
+STATES = ("de", "id", "me", "mt", "nd", "ne", "nh", "nm", "ri", "sd", "vt", "wy")
+PERSON_ATTRS = ("AGEP_BAND", "SEX", "RAC1P", "HISP_ORIGIN", "SCHL_GROUP", "MAR", "ESR_GROUP", "RELP_GROUP", "CIT")
+ATTRS = PERSON_ATTRS + ("NP", "PUMA")
+NP_TOP = 7  # NP is scored as 1..6, 7+
+ALL_METHODS = ("aim", "mst", "aim_hh", "mst_hh", "dprelease", "public", "public0")
+EXEC_ORDER = ("public0", "public", "dprelease", "mst", "mst_hh", "aim", "aim_hh")
+PIPELINE = ("dprelease", "public", "public0")
+LABELS = {"aim": "AIM (person records)", "mst": "MST (person records)", "aim_hh": "AIM (household unit)",
+          "mst_hh": "MST (household unit)", "dprelease": "dprelease (default)", "public": "public-only baseline",
+          "public0": "public-only, exact counts"}
+T0 = time.time()  # a child process gets the parent's start (see _peer_child)
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[peer_comparison {time.time() - T0:7.0f}s] {msg}\n")
+    sys.stderr.flush()
+
+
+# -- data ------------------------------------------------------------------------------------------
+def state_zip(state: str) -> str:
+    s = state.lower()
+    if s not in STATES:
+        raise SystemExit(f"unknown state {state!r}; one of {', '.join(STATES)}")
+    return f"acs2018_1yr/csv_p{s}.zip"
+
+
+class Bench:
+    """The private state's persons as benchmark codes (n × 11) and its households."""
+
+    def __init__(self, private: str, max_size: int):
+        self.spec: DomainSpec = load_domain_spec(SPEC_PATH)
+        self.private = private
+        self.M = max_size
+        full, report = load_person_file(DATA / state_zip(private), self.spec, HouseholdRules(20, "single_person_households", "clip"))
+        if report["oversize_persons_removed"]:
+            log(f"warning: {report['oversize_persons_removed']} persons in households above 20 persons are not in the truth")
+        self.report = report
+        self.pumas = np.unique(full.geo[:, 1]).astype(np.int64)
+        self.st = int(full.geo[0, 0])
+        self.person_codes = {a: full.domain.person_attribute(a).codes for a in PERSON_ATTRS}
+        self.shape = tuple(len(self.person_codes[a]) for a in PERSON_ATTRS) + (NP_TOP, len(self.pumas))
+        self.truth = self.records(full)
+        self.truth_hh = self.households(full)
+        clipped, rep = load_person_file(DATA / state_zip(private), self.spec, HouseholdRules(max_size, "single_person_households", "clip"))
+        self.clipped = self.records(clipped)
+        self.clip_removed = rep["oversize_persons_removed"]
+        self.n = len(self.truth)
+        self.triples = list(itertools.combinations(range(len(ATTRS)), 3))
+        self.true_marg = [self.marginal(self.truth, t) for t in self.triples]
+        self.true_contains = [self.contains(self.truth_hh, t) for t in self.triples]
+
+    def puma_index(self, puma: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(self.pumas, puma)
+        i = np.clip(i, 0, len(self.pumas) - 1)
+        if np.any(self.pumas[i] != puma):
+            raise ValueError("synthetic PUMA codes outside the private state's PUMAs")
+        return i
+
+    def records(self, data: HierarchicalData) -> np.ndarray:
+        d = data.domain
+        cols = [data.person[:, d.person_index(a)].astype(np.int64) for a in PERSON_ATTRS]
+        cols.append(np.minimum(data.sizes, NP_TOP)[data.person_household].astype(np.int64) - 1)
+        cols.append(self.puma_index(data.geo[:, 1].astype(np.int64))[data.person_household])
+        return np.stack(cols, axis=1)
+
+    def households(self, data: HierarchicalData) -> dict:
+        return {"person": self.records(data)[:, : len(PERSON_ATTRS)], "hh": data.person_household.astype(np.int64),
+                "np": np.minimum(data.sizes, NP_TOP).astype(np.int64) - 1,
+                "puma": self.puma_index(data.geo[:, 1].astype(np.int64)), "n_households": data.n_households}
+
+    # -- answers
+    def marginal(self, codes: np.ndarray, t: tuple[int, ...]) -> np.ndarray:
+        dims = [self.shape[i] for i in t]
+        idx = np.ravel_multi_index([codes[:, i] for i in t], dims)
+        c = np.bincount(idx, minlength=int(np.prod(dims))).astype(np.float64)
+        return c / max(c.sum(), 1.0)
+
+    def contains(self, h: dict, t: tuple[int, ...]) -> np.ndarray:
+        """Share of households whose household attributes (NP, PUMA) of the triple match and that
+        contain at least one person matching its person attributes."""
+        k = len(PERSON_ATTRS)
+        hh = h["hh"]
+        cols, dims = [], []
+        for i in t:
+            if i < k:
+                cols.append(h["person"][:, i])
+            else:
+                cols.append((h["np"] if ATTRS[i] == "NP" else h["puma"])[hh])
+            dims.append(self.shape[i])
+        n_cells = int(np.prod(dims))
+        key = np.unique(hh * n_cells + np.ravel_multi_index(cols, dims))
+        c = np.bincount(key % n_cells, minlength=n_cells).astype(np.float64)
+        return c / max(h["n_households"], 1)
+
+    def score(self, codes: np.ndarray, hh: dict | None = None) -> dict:
+        l1, mx = [], []
+        for t, p in zip(self.triples, self.true_marg):
+            diff = np.abs(p - self.marginal(codes, t))
+            l1.append(diff.sum())
+            mx.append(diff.max())
+        out = {"mean_l1": float(np.mean(l1)), "max_cell": float(np.max(mx)), "mean_max_cell": float(np.mean(mx)),
+               "worst_marginals": [ "|".join(ATTRS[i] for i in self.triples[j]) for j in np.argsort(l1)[::-1][:3]],
+               "persons": int(len(codes))}
+        if hh is not None:
+            cl = [np.abs(p - self.contains(hh, t)).sum() for t, p in zip(self.triples, self.true_contains)]
+            out["contains_l1"] = float(np.mean(cl))
+            out["households"] = int(hh["n_households"])
+        return out
+
+
+# -- peers -----------------------------------------------------------------------------------------
+def mbi_dataset(codes: np.ndarray, shape):
+    from peers.common import import_mbi
+
+    mbi = import_mbi()
+    return mbi.Dataset({a: codes[:, j] for j, a in enumerate(ATTRS)}, mbi.Domain(ATTRS, shape))
+
+
+def synth_codes(synth) -> np.ndarray:
+    return np.stack([np.asarray(synth.data[a]).astype(np.int64) for a in ATTRS], axis=1)
+
+
+def _peer_child(method: str, codes: np.ndarray, shape: tuple, rho: float, sens: float, settings: dict, t0: float) -> tuple[np.ndarray, dict]:
+    """One AIM / MST run (in a child process): the synthetic records and the mechanism's info."""
+    global T0
+    T0 = t0
+    from peers import aim, mst
+
+    data = mbi_dataset(codes, shape)
+    rng = np.random.default_rng()
+    if method.startswith("aim"):
+        workload = [(t, 1.0) for t in itertools.combinations(ATTRS, 3)]
+        _, synth, info = aim.run(data, workload, rho, rng=rng, sensitivity=sens, rounds=settings["rounds"],
+                                 max_model_size=settings["max_model_size"], max_iters=settings["max_iters"],
+                                 log=lambda s: log(f"  {s}"))
+    else:
+        synth, info = mst.run(data, rho, rng=rng, sensitivity=sens, iters=settings["iters"], log=lambda s: log(f"  {s}"))
+    info["settings"] = settings
+    info["sensitivity"] = sens
+    return synth_codes(synth), info
+
+
+def run_peer(method: str, bench: Bench, rho: float, args) -> tuple[dict, dict]:
+    """AIM / MST in a fresh child process: every run starts with empty JAX caches (one long process
+    accumulates thousands of compiled programs), and a crash of the native code costs one cell,
+    not the benchmark."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    hh_unit = method.endswith("_hh")
+    settings = ({"max_model_size": args.max_model_size, "max_iters": args.max_iters, "rounds": args.rounds}
+                if method.startswith("aim") else {"iters": args.mst_iters})
+    codes = bench.clipped if hh_unit else bench.truth
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        synth, info = pool.submit(_peer_child, method, codes, bench.shape, rho, float(bench.M) if hh_unit else 1.0, settings, T0).result()
+    return bench.score(synth), info
+
+
+# -- the pipeline ----------------------------------------------------------------------------------
+def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, epsilon: float, delta: float, tmp: Path) -> Path:
+    """The release config of one pipeline run: ``base`` (the default release config, read once at
+    the start so that every run of one benchmark uses the same allocation and settings) with the
+    benchmark's split, domain, budget and household rules."""
+    import copy
+
+    synthesizer = "prior_update" if method == "dprelease" else "public_baseline"
+    cfg = copy.deepcopy(base)
+    cfg.pop("attributes", None)
+    cfg.update(
+        name="peer-comparison",
+        description=f"peer benchmark: {bench.private} private, {len(public)} states public",
+        data_root=str(DATA),
+        private=[{"path": state_zip(bench.private)}],
+        public=[{"path": state_zip(s)} for s in public],
+        domain=str(SPEC_PATH),
+        privacy_unit="household",
+        synthesizer=synthesizer,
+        output_dir=str(tmp / "releases"),
+        work_dir=str(tmp / "work"),
+    )
+    cfg["budget"] = {"epsilon": float(epsilon), "delta": float(delta), "conversion": "cks"}
+    cfg["household_rules"] = {"max_household_size": bench.M, "group_quarters": "single_person_households", "oversize": "clip"}
+    if method == "public0":  # nothing measured: exact PUMA household counts (the declared invariant)
+        cfg["invariants"] = ["puma_household_counts"]
+        cfg["allocation"] = {"stages": {"puma_synthesis": 1.0}, "levels": {"puma_synthesis": {"puma": 1.0}}}
+    path = tmp / f"{method}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def read_release(release_dir: Path, bench: Bench) -> tuple[np.ndarray, dict, dict]:
+    import pyarrow.dataset as ds
+
+    from schemas.release_schema import PARTITION_SCHEMA
+
+    part = ds.partitioning(PARTITION_SCHEMA, flavor="hive")
+    hh = ds.dataset(release_dir / "households", partitioning=part, format="parquet").to_table(columns=["SERIALNO", "NP", "PUMA"]).to_pandas()
+    pp = ds.dataset(release_dir / "persons", partitioning=part, format="parquet").to_table(columns=["SERIALNO", "PUMA", *PERSON_ATTRS]).to_pandas()
+    pos = pd.Index(hh["SERIALNO"].astype(str)).get_indexer(pp["SERIALNO"].astype(str))
+    if np.any(pos < 0):
+        raise ValueError("released persons whose SERIALNO has no household")
+    cols = []
+    for a in PERSON_ATTRS:
+        c = pd.Categorical(pp[a].astype(str), categories=list(bench.person_codes[a])).codes.astype(np.int64)
+        if np.any(c < 0):
+            raise ValueError(f"released {a} values outside the domain spec")
+        cols.append(c)
+    np_hh = np.minimum(hh["NP"].to_numpy().astype(np.int64), NP_TOP) - 1
+    puma_hh = bench.puma_index(hh["PUMA"].astype(str).astype(np.int64).to_numpy())
+    cols += [np_hh[pos], puma_hh[pos]]
+    codes = np.stack(cols, axis=1)
+    h = {"person": codes[:, : len(PERSON_ATTRS)], "hh": pos.astype(np.int64), "np": np_hh, "puma": puma_hh, "n_households": len(hh)}
+    manifest = json.loads((release_dir / "manifest.json").read_text())
+    return codes, h, manifest
+
+
+def pipeline_source_hash() -> str:
+    """SHA-256 (16 hex) of the pipeline's source as it is in the working tree at this moment
+    (engine/, tasks/, flows/, schemas/, tracked and untracked): tells which runs saw the same code."""
+    import hashlib
+
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "engine", "tasks", "flows", "schemas"],
+                           cwd=ROOT, capture_output=True, text=True).stdout.split()
+    h = hashlib.sha256()
+    for f in sorted(files):
+        p = ROOT / f
+        if p.is_file():
+            h.update(f.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def run_pipeline(base: dict, method: str, bench: Bench, public: list[str], epsilon: float, delta: float, tmp: Path, tag: str) -> tuple[dict, dict]:
+    run_tmp = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=tmp))
+    cfg = pipeline_config(base, bench, public, method, epsilon, delta, run_tmp)
+    source = pipeline_source_hash()
+    env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect"), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90", PREFECT_LOGGING_LEVEL="WARNING")
+    exe = Path(sys.executable).with_name("dprelease")
+    cmd = [str(exe) if exe.exists() else "dprelease", "run", str(cfg), "--name", tag]
+    pinned = len(os.sched_getaffinity(0)) < (os.cpu_count() or 1)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          preexec_fn=(lambda: os.sched_setaffinity(0, range(os.cpu_count() or 1))) if pinned else None)
+    (run_tmp / "dprelease.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        raise RuntimeError(f"dprelease run exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
+    codes, h, manifest = read_release(run_tmp / "releases" / tag, bench)
+    priv = manifest["privacy"]
+    info = {"rho_spent": float(Fraction(str(priv["rho"]))), "epsilon_spent": priv["epsilon_delta"]["epsilon"], "delta": priv["epsilon_delta"]["delta"],
+            "stages": manifest.get("stages"), "release_counts": manifest.get("release_counts"),
+            "allocation": manifest["config"].get("allocation"), "synthesizer": manifest["config"].get("synthesizer"),
+            "invariants": manifest["config"].get("invariants"), "pipeline_source_sha256": source,
+            "git_commit": (manifest.get("code") or {}).get("git_commit"),
+            "workloads": None if not manifest.get("workload") else {k: len(v) for k, v in manifest["workload"].items() if k in ("state", "puma")}}
+    return bench.score(codes, h), info
+
+
+# -- summary ---------------------------------------------------------------------------------------
+def mean_se(xs) -> dict:
+    a = np.asarray([x for x in xs if x is not None], dtype=np.float64)
+    if a.size == 0:
+        return {"mean": None, "se": None, "n": 0}
+    return {"mean": float(a.mean()), "se": float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else None, "n": int(a.size)}
+
+
+def summarise(records: list[dict]) -> dict:
+    out: dict = {}
+    for r in records:
+        if "error" in r:
+            continue
+        out.setdefault(r["method"], {}).setdefault(str(r["epsilon"]), []).append(r)
+    summary = {}
+    for m, by_eps in out.items():
+        summary[m] = {}
+        for e, rs in by_eps.items():
+            summary[m][e] = {k: mean_se([r["metrics"].get(k) for r in rs]) for k in ("mean_l1", "max_cell", "mean_max_cell", "contains_l1")}
+            summary[m][e]["wall_s"] = mean_se([r["wall_s"] for r in rs])
+    return summary
+
+
+def fmt(s: dict, digits: int = 3) -> str:
+    if not s or s["mean"] is None:
+        return "—"
+    return f"{s['mean']:.{digits}f}" + (f" ± {s['se']:.{digits}f}" if s["se"] is not None else "")
+
+
+def render(res: dict) -> str:
+    st = res["settings"]
+    summary = res["summary"]
+    eps_all = sorted({float(e) for m in summary.values() for e in m})
+    methods = [m for m in ALL_METHODS if m in summary]
+
+    def used(kind):
+        seen = []
+        for r in res["records"]:
+            cfg = r.get("info", {}).get("settings")
+            if r["method"].startswith(kind) and cfg and cfg not in seen:
+                seen.append(cfg)
+        return seen
+    lines = [
+        f"Peer comparison (issue 15 item 1): {st['private'].upper()} 2018 private ({st['private_persons']} persons, "
+        f"{st['private_households']} units incl. group-quarters persons), public = {', '.join(s.upper() for s in st['public'])}.",
+        f"δ = 1/n² = {st['delta']:.3g}; ρ from (ε, δ) by the CKS conversion, the same ρ for every method. "
+        f"Workload: all 165 3-way marginals of {', '.join(ATTRS)} on person records.",
+        "mean L1 = mean over the 165 marginals of ‖p − q‖₁ (normalised; the papers' 'average error' is half of it); "
+        "max cell = largest |p − q| over all cells; contains L1 = the same triples at household level "
+        "(share of households containing a matching person; AIM/MST release no households).",
+        "Mean ± s.e. over runs (no ± with one run). Wall time per run in seconds (2 shared CPU cores).",
+        "",
+    ]
+    for e in eps_all:
+        k = str(e)
+        lines.append(f"ε = {e:g}   (ρ = {res['rho'][k]:.5g})")
+        lines.append(f"  {'method':<26}{'runs':>5}  {'mean L1':>16}  {'max cell':>16}  {'contains L1':>16}  {'wall s':>9}")
+        for m in methods:
+            s = summary[m].get(k)
+            if not s:
+                continue
+            lines.append(f"  {LABELS[m]:<26}{s['mean_l1']['n']:>5}  {fmt(s['mean_l1']):>16}  {fmt(s['max_cell']):>16}  "
+                         f"{fmt(s['contains_l1']):>16}  {s['wall_s']['mean']:>9.0f}")
+        ratios = []
+        for num, den in (("dprelease", "aim"), ("dprelease", "mst"), ("dprelease", "public"), ("dprelease", "public0"),
+                         ("dprelease", "aim_hh"), ("dprelease", "mst_hh")):
+            a, b = summary.get(num, {}).get(k), summary.get(den, {}).get(k)
+            if a and b and a["mean_l1"]["mean"] and b["mean_l1"]["mean"]:
+                ratios.append(f"{num}/{den} {a['mean_l1']['mean'] / b['mean_l1']['mean']:.2f}")
+        if ratios:
+            lines.append("  ratio of mean L1: " + ", ".join(ratios))
+        lines.append("")
+    lines += [
+        "Privacy guarantees (read before comparing):",
+        "  dprelease and public-only: household unit (add/remove a household of ≤ M persons), (ε, δ) over everything released.",
+        "  AIM, MST (person records): the papers' add/remove-one-record DP on person rows. Under the household unit this is",
+        f"    WEAKER: a household of k persons is k records (group privacy: kε). M = {st['max_household_size']}.",
+        f"  AIM_hh, MST_hh: households clipped to M = {st['max_household_size']} persons ({st['clip_removed_persons']} persons removed), "
+        "noise and selection sensitivity M: household-level DP, comparable with dprelease.",
+        "",
+        "Settings:",
+        *[f"  AIM: max_model_size {a['max_model_size']:g} MB, max_iters {a['max_iters']} mirror-descent iterations per round, "
+          f"rounds T = {a['rounds'] or '16·d = 176'} (paper defaults: 80 MB, 1000, 16·d)" for a in used("aim")],
+        *[f"  MST: {a['iters']} mirror-descent iterations (reference: 10000), selection model 2500 iterations" for a in used("mst")],
+        *(["  public-only: the pipeline with synthesizer public_baseline spends only its household-count share of ρ "
+           "(count-of-counts / group_counts stages); the synthesis shares stay unspent."] if "public" in summary else []),
+        *(["  public-only, exact counts: public_baseline with the invariant puma_household_counts: no noise at all "
+           "(ε-independent; the PUMA household counts are exact, i.e. not DP)."] if "public0" in summary else []),
+        f"  dprelease: config {st['dprelease']['config']} with domain {st['dprelease']['domain']}, privacy_unit household, "
+        f"max_household_size {st['max_household_size']}, group_quarters single_person_households, oversize clip; "
+        f"allocation {json.dumps(st['dprelease']['allocation'])}.",
+        f"  pipeline source (engine/ tasks/ flows/ schemas/ as in the working tree at each pipeline run): "
+        f"{', '.join(sorted({r['info'].get('pipeline_source_sha256') or 'not recorded' for r in res['records'] if r['method'] in PIPELINE and 'info' in r})) or '—'}.",
+        f"  code: git {res['code']['commit']}{' (working tree modified)' if res['code']['dirty'] else ''}; mbi {res['code']['mbi']}, jax {res['code']['jax']}.",
+        f"  started {res['started']}; {res['machine']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def code_info() -> dict:
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception:  # noqa: BLE001
+            return ""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(p):
+        try:
+            return version(p)
+        except PackageNotFoundError:
+            return None
+    return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "mbi": ver("mbi"), "jax": ver("jax")}
+
+
+# -- main ------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--private", default="nh", help="private state (two-letter code of the shared 2018 files)")
+    ap.add_argument("--public", default=None, help="comma-separated public states (default: the other eleven)")
+    ap.add_argument("--epsilons", default="0.1,0.25,0.5,1,2")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--methods", default="aim,mst,dprelease,public", help=f"comma-separated, from {','.join(ALL_METHODS)}")
+    ap.add_argument("--max-model-size", type=float, default=80.0, help="AIM: model size limit in MB (paper: 80)")
+    ap.add_argument("--max-iters", type=int, default=1000, help="AIM: mirror-descent iterations per round (paper: 1000)")
+    ap.add_argument("--rounds", type=int, default=None, help="AIM: T (default 16·d = 176)")
+    ap.add_argument("--mst-iters", type=int, default=10000, help="MST: mirror-descent iterations of the final fit")
+    ap.add_argument("--max-household-size", type=int, default=7, help="M for dprelease and the *_hh variants (≥ 7 to score NP 7+)")
+    ap.add_argument("--cpus", type=int, default=0, help="pin AIM/MST to this many cores (0: no pinning); the pipeline subprocess is not pinned")
+    ap.add_argument("--quick", action="store_true", help="smoke run: ε = 1, 1 run, AIM 1 MB / 100 iterations / 20 rounds, MST 1000 iterations")
+    ap.add_argument("--resume", action="store_true", help="keep the cells of an existing result file and run only the missing ones")
+    ap.add_argument("--config", default=None, help="base release config of the pipeline runs, read once at the start "
+                    "(default: deploy/releases/acs2018_default.yaml; with --resume: the one stored with the kept records)")
+    ap.add_argument("--tag", default=None)
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.epsilons, args.runs = "1", 1
+        args.max_model_size, args.max_iters, args.rounds, args.mst_iters = 1.0, 100, 20, 1000
+    if args.max_household_size < NP_TOP:
+        ap.error(f"--max-household-size must be ≥ {NP_TOP} (NP is scored as 1..6, 7+)")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in ALL_METHODS]
+    if bad:
+        ap.error(f"unknown methods {bad}")
+    private = args.private.lower()
+    state_zip(private)
+    public = [s.strip().lower() for s in args.public.split(",")] if args.public else [s for s in STATES if s != private]
+    for s in public:
+        state_zip(s)
+    if private in public:
+        ap.error("the private state cannot also be public")
+    epsilons = [float(e) for e in args.epsilons.split(",")]
+    tag = args.tag or (private + ("_quick" if args.quick else ""))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, txt_path = out_dir / f"peer_comparison_{tag}.json", out_dir / f"peer_comparison_{tag}.txt"
+    if args.config is None and args.resume and json_path.exists():  # the same set-up as the kept records
+        base_config = json.loads(json_path.read_text())["settings"]["dprelease"].get("base_config")
+        config_name = json.loads(json_path.read_text())["settings"]["dprelease"]["config"]
+    else:
+        base_config = None
+    if base_config is None:
+        config_name = os.path.relpath(Path(args.config or DEFAULT_CONFIG).resolve(), ROOT)
+        base_config = yaml.safe_load(Path(args.config or DEFAULT_CONFIG).read_text())
+    if args.cpus:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])
+
+    log(f"loading {private.upper()} (private) with {SPEC_PATH.name}")
+    bench = Bench(private, args.max_household_size)
+    n = bench.n
+    delta = 1.0 / n**2
+    log(f"{n} persons, {bench.truth_hh['n_households']} units, {len(bench.pumas)} PUMAs; δ = 1/n² = {delta:.3g}; "
+        f"clip to M={bench.M} removes {bench.clip_removed} persons")
+
+    records: list[dict] = []
+    if args.resume and json_path.exists():
+        old = json.loads(json_path.read_text())
+        if old["settings"]["private"] != private or old["settings"]["max_household_size"] != bench.M:
+            ap.error(f"{json_path} holds another set-up; use another --tag")
+        records = [r for r in old["records"] if "error" not in r]
+        if old["settings"].get("dprelease", {}).get("allocation") != base_config.get("allocation"):
+            log("warning: the base config's allocation differs from the one of the kept records (see each record's info.allocation)")
+        log(f"resuming: {len(records)} finished cells kept from {json_path.name}")
+    have = {(r["method"], float(r["epsilon"]), r["run"]) for r in records}
+    import mbi  # noqa: F401,I001  (fail early when the bench extra is missing)
+
+    from peers.common import cdp_rho
+
+    res = {
+        "benchmark": "peer_comparison",
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs (shared), Python {platform.python_version()}",
+        "code": code_info(),
+        "settings": {
+            "private": private, "public": public, "private_persons": n, "private_households": int(bench.truth_hh["n_households"]),
+            "delta": delta, "epsilons": epsilons, "runs": args.runs, "methods": methods, "quick": args.quick,
+            "max_household_size": bench.M, "clip_removed_persons": int(bench.clip_removed),
+            "aim": {"max_model_size": args.max_model_size, "max_iters": args.max_iters, "rounds": args.rounds},
+            "mst": {"iters": args.mst_iters},
+            "dprelease": {"config": config_name, "domain": str(SPEC_PATH.relative_to(ROOT)),
+                          "allocation": base_config.get("allocation"), "base_config": base_config},
+            "attributes": {a: int(s) for a, s in zip(ATTRS, bench.shape)},
+            "pinned_cpus": args.cpus or None,
+        },
+        "rho": {str(e): eps_delta_to_rho(e, delta, "cks") for e in epsilons},
+        "rho_reference_cdp2adp": {str(e): cdp_rho(e, delta) for e in epsilons},
+        "records": records,
+    }
+    if args.resume and json_path.exists():
+        res["rho"] = {**old.get("rho", {}), **res["rho"]}
+
+    def save():
+        res["summary"] = summarise(res["records"])
+        json_path.write_text(json.dumps(res, indent=1))
+        txt_path.write_text(render(res))
+
+    with tempfile.TemporaryDirectory(prefix="peer_comparison_") as t:
+        tmp = Path(t)
+        order = [m for m in EXEC_ORDER if m in methods]  # cheapest first
+        for run in range(args.runs):  # one pass over every ε first: a cut-short run still covers the grid
+            for e in epsilons:
+                rho = res["rho"][str(e)]
+                for m in order:
+                    if (m, e, run) in have:
+                        continue
+                    log(f"ε={e:g} run {run + 1}/{args.runs}: {m} ...")
+                    t1 = time.perf_counter()
+                    try:
+                        if m in PIPELINE:
+                            metrics, info = run_pipeline(base_config, m, bench, public, e, delta, tmp, f"peer-{m}-{str(e).replace('.', 'p')}-{run}")
+                        else:
+                            metrics, info = run_peer(m, bench, rho, args)
+                    except Exception as ex:  # noqa: BLE001 - record and go on with the other cells
+                        log(f"ε={e:g} run {run + 1}: {m} FAILED: {ex}")
+                        res["records"].append({"method": m, "epsilon": e, "run": run, "error": str(ex)[-4000:]})
+                        save()
+                        continue
+                    wall = time.perf_counter() - t1
+                    res["records"].append({"method": m, "epsilon": e, "run": run, "wall_s": wall, "metrics": metrics, "info": info})
+                    save()
+                    extra = f", contains L1 {metrics['contains_l1']:.4f}" if "contains_l1" in metrics else ""
+                    log(f"ε={e:g} run {run + 1}: {m} mean L1 {metrics['mean_l1']:.4f}, max cell {metrics['max_cell']:.4f}{extra} ({wall:.0f}s)")
+    save()
+    sys.stdout.write(render(res))
+    log(f"wrote {json_path} and {txt_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Smoke test of the peer benchmark (benchmarks/peer_comparison.py, benchmarks/peers/): the AIM and
+MST ports run end to end on a small slice of Vermont at a tiny size and spend exactly ρ, the numpy
+marginals AIM selects with equal mbi's own, and the scorer gives 0 on the truth. Skipped when the
+``bench`` extra (mbi) is not installed. The pipeline side is not run here (see the benchmark's
+``--quick``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mbi")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def pc():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("peer_comparison", ROOT / "benchmarks" / "peer_comparison.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["peer_comparison"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bench(pc, data_root):
+    return pc.Bench("vt", 7)
+
+
+def test_scorer_is_zero_on_the_truth(pc, bench):
+    assert bench.shape == (9, 2, 9, 2, 6, 5, 7, 6, 5, 7, 4)
+    assert len(bench.triples) == 165 and bench.n == 6436
+    s = bench.score(bench.truth, bench.truth_hh)
+    assert s["mean_l1"] == 0 and s["max_cell"] == 0 and s["contains_l1"] == 0
+    noisy = bench.truth.copy()
+    noisy[:100, 0] = (noisy[:100, 0] + 1) % 9
+    assert bench.score(noisy)["mean_l1"] > 0
+
+
+def test_aim_and_mst_run_and_spend_rho(pc, bench):
+    from peers import aim, mst
+
+    mbi = aim.mbi
+    cols = (0, 1, 7, 9)  # AGEP_BAND, SEX, RELP_GROUP, NP
+    names = tuple(pc.ATTRS[i] for i in cols)
+    rows = bench.truth[:2000][:, cols]
+    data = mbi.Dataset({a: rows[:, j] for j, a in enumerate(names)}, mbi.Domain(names, [bench.shape[i] for i in cols]))
+    workload = [(t, 1.0) for t in itertools.combinations(names, 3)]
+    rho = 0.05
+    model, synth, info = aim.run(data, workload, rho, rng=np.random.default_rng(1), rounds=6, max_iters=50, max_model_size=1.0)
+    assert info["rho_used"] == pytest.approx(rho, rel=1e-9)
+    assert set(synth.domain.attributes) == set(names) and synth.records > 1000
+    marg = aim.Marginals(model)
+    for cl in (("AGEP_BAND", "SEX", "NP"), ("SEX", "RELP_GROUP"), ("NP",)):
+        ref = np.asarray(model.project(cl).datavector(), dtype=np.float64)
+        np.testing.assert_allclose(marg(cl), ref, rtol=1e-3, atol=1e-3 * ref.max())
+    synth2, info2 = mst.run(data, rho, rng=np.random.default_rng(2), iters=100, select_iters=100, sensitivity=7.0)
+    assert len(info2["tree"]) == len(names) - 1
+    assert synth2.domain.shape == data.domain.shape
