@@ -33,9 +33,16 @@ PrivacyUnit = Literal["household", "person"]
 
 @dataclass(frozen=True, order=True)
 class Workload:
+    """``first`` (person level only): count only the first ``first`` persons of each household
+    (householder first, in the household's own person order). A household then adds at most
+    ``first`` persons to any cell, so under the household unit the sensitivity falls from M to
+    ``first``; the persons further down large households are left to the prior and the other
+    workloads. 0 (default): every person."""
+
     level: Level
     group_attrs: tuple[str, ...] = ()
     person_attrs: tuple[str, ...] = ()
+    first: int = 0
 
     def __post_init__(self) -> None:
         if self.level not in ("group", "person"):
@@ -44,16 +51,27 @@ class Workload:
             raise ValueError("a workload needs at least one attribute")
         if self.level == "person" and not self.person_attrs and not self.group_attrs:
             raise ValueError("a person-level workload needs attributes")
+        if not isinstance(self.first, int) or self.first < 0:
+            raise ValueError(f"first must be a non-negative integer, got {self.first!r}")
+        if self.first and self.level != "person":
+            raise ValueError("only a person-level workload can count the first persons of a household")
 
     @property
     def id(self) -> str:
-        return f"{self.level}:{','.join(self.group_attrs)}|{','.join(self.person_attrs)}"
+        base = f"{self.level}:{','.join(self.group_attrs)}|{','.join(self.person_attrs)}"
+        return f"{base};first={self.first}" if self.first else base
 
     @classmethod
     def from_id(cls, wid: str) -> "Workload":
+        wid, _, first = wid.partition(";first=")
         level, rest = wid.split(":", 1)
         g, p = rest.split("|", 1)
-        return cls(level, tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a))  # type: ignore[arg-type]
+        return cls(level, tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a),  # type: ignore[arg-type]
+                   int(first) if first else 0)
+
+    def counted_persons(self, max_size: int) -> int:
+        """The most persons of one household this workload counts: M, or ``first`` when smaller."""
+        return min(max_size, self.first) if self.first else max_size
 
     @property
     def attrs(self) -> tuple[str, ...]:
@@ -77,7 +95,7 @@ class Workload:
 
         household unit (add/remove one household of ≤ M persons):
           group, S_I = ∅: 1 / 1;  group, S_I ≠ ∅: c / √c with c = min(M, |dom S_I|);
-          person: M / M (all persons may fall into one cell).
+          person: m / m with m = min(M, first) the persons counted (all may fall into one cell).
         person unit (add/remove one person of an existing household; the household's derived
         attributes — size, householder's attributes, presence of children … — may change):
           group, S_I = ∅: the household moves cell: 2 / √2;
@@ -85,8 +103,11 @@ class Workload:
             most a = min(M−1, |dom S_I|) cells and enters at most b = min(M, |dom S_I|) cells, each
             by one: a+b / √(a+b) (2M−1 when |dom S_I| ≥ M; attained when a derived group attribute
             such as NP moves the household);
-          person: the m ≤ M−1 existing persons may all move from one cell to another and the added
-            person joins one: L1 = 2(M−1)+1, L2 = √((M−1)² + M²).
+          person: the existing persons (≤ M−1) may all move from one cell to another and the added
+            person joins one: with a = min(M−1, first) counted before and b = min(M, first) after,
+            L1 = a + b, L2 = √(a² + b²) (2(M−1)+1 and √((M−1)² + M²) without ``first``; with
+            ``first`` a person inserted among the first pushes the last counted one out, within
+            the same bound).
           The person that forms a new one-person household (or the removal of a household's only
           person) changes each vector by one cell, within every bound above.
         """
@@ -100,9 +121,11 @@ class Workload:
                 return float(c), math.sqrt(c)
             moved = min(M - 1, dom_i) + c
             return float(moved), math.sqrt(moved)
+        b = self.counted_persons(M)
         if unit == "household":
-            return float(M), float(M)
-        return float(2 * (M - 1) + 1), math.sqrt((M - 1) ** 2 + M**2)
+            return float(b), float(b)
+        a = min(M - 1, b)
+        return float(a + b), math.sqrt(a**2 + b**2)
 
 
 # -- cell indices ------------------------------------------------------------------------
@@ -137,6 +160,9 @@ def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarra
     n_i = int(np.prod([d.person_attribute(a).size for a in w.person_attrs], dtype=np.int64)) if w.person_attrs else 1
     hh = data.person_household
     cells = g[hh] * n_i + person_cells(data, w.person_attrs)
+    if w.first:
+        keep = data.person_slot < w.first
+        hh, cells = hh[keep], cells[keep]
     n_cells = w.n_cells(d)
     key = hh * n_cells + cells
     uniq, counts = np.unique(key, return_counts=True)

@@ -18,6 +18,20 @@ Two update rules:
 
 Budget inside a node: the node's ρ is split evenly over its workloads; workload w gets
 σ_w = Δ₂(w) / √(2 ρ_w) (Gaussian mechanism, ρ = Δ²/(2σ²)).
+
+The node's household total. Every measured workload is a noisy count vector whose size carries
+information about the node's household count G as well: a partition sums to G, a person-level
+workload to G times the persons per household it counts, and so on. When the given total is
+itself noisy (``total_sd`` > 0: a DP count from the count-of-counts or household-counts stage),
+G is estimated jointly with the posterior q — the MAP of both under the same Gaussian likelihood,
+the given total entering as one more measurement of G: starting from a posterior-free estimate
+(:func:`start_total`), alternately q given G (the update above)
+and G given q in closed form (:func:`fit_total`), the fixed point G = F(G) accelerated by Aitken's
+extrapolation (F is close to linear), until G moves by less than half a household; G stays
+within three of the count's standard deviations of it (where only "contains" and person counts
+are measured, other household sizes can meet them and G is pinned only weakly).
+At small budgets the synthesis workloads hold several times the count's information, so the
+node's totals (normalisers and sample sizes) are far less noisy than the count alone.
 """
 
 from __future__ import annotations
@@ -42,18 +56,70 @@ UpdateRule = Literal["map", "ide"]
 
 @dataclass
 class NodeResult:
+    """``total``: the node's household total the posterior was fitted with (the given total, or
+    the joint estimate when its noise was given)."""
+
     weights: np.ndarray
     diagnostics: dict
+    total: float = 0.0
 
 
-def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn, total: float) -> list[NoisyWorkload]:
-    """Measure every workload of a node (even split of ρ) and normalise by the household total."""
+@dataclass(frozen=True)
+class NoisyCounts:
+    """One measured workload before normalisation: noisy counts and σ per cell, in households."""
+
+    workload: Workload
+    counts: np.ndarray
+    sigma: float
+
+    def normalised(self, total: float) -> NoisyWorkload:
+        return NoisyWorkload(self.workload, normalise_counts(self.counts, total), self.sigma)
+
+
+TOTAL_ROUNDS = 4  # alternations of q | G and G | q (with the extrapolation G settles in two or three)
+
+
+def measure_counts(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn) -> list[NoisyCounts]:
+    """Measure every workload of a node (even split of ρ)."""
     rho_w = Fraction(rho) / len(workloads)
     out = []
     for w in workloads:
         noisy, sigma = measure(w, rho_w)
-        out.append(NoisyWorkload(w, normalise_counts(noisy, total), float(sigma)))
+        out.append(NoisyCounts(w, np.asarray(noisy, dtype=np.float64), float(sigma)))
     return out
+
+
+def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn, total: float) -> list[NoisyWorkload]:
+    """Measure every workload of a node (even split of ρ) and normalise by the household total."""
+    return [m.normalised(total) for m in measure_counts(workloads, rho, measure)]
+
+
+def fit_total(support: Support, q: np.ndarray, measured: Sequence[NoisyCounts], total: float, total_sd: float) -> float:
+    """The household total G that maximises the Gaussian likelihood of the noisy counts given the
+    per-household answers a_w = A_w q of the posterior q, with the given ``total`` ~ N(G, total_sd²)
+    as one more measurement:
+
+        G = (Σ_w a_w·ỹ_w / σ_w² + total / total_sd²) / (Σ_w ‖a_w‖² / σ_w² + 1 / total_sd²),
+
+    floored at 0 (weighted least squares in one unknown)."""
+    num, den = float(total) / total_sd**2, 1.0 / total_sd**2
+    for m in measured:
+        a = support.answer(m.workload, q)
+        num += float(a @ m.counts) / m.sigma**2
+        den += float(a @ a) / m.sigma**2
+    return max(num / den, 0.0)
+
+
+def start_total(measured: Sequence[NoisyCounts], total: float, total_sd: float) -> float:
+    """A posterior-free first estimate of G: the given total and the sum of every measured
+    partition workload (each an unbiased count of G with variance cells·σ²), merged by inverse
+    variance. The alternation of :func:`synthesize_node` starts there."""
+    num, den = float(total) / total_sd**2, 1.0 / total_sd**2
+    for m in measured:
+        if m.workload.is_partition():
+            var = m.counts.size * m.sigma**2
+            num, den = num + float(m.counts.sum()) / var, den + 1.0 / var
+    return max(num / den, 0.0)
 
 
 def local_measure(private: HierarchicalData, unit: PrivacyUnit, noise: Callable[[np.ndarray, float, Fraction], tuple[np.ndarray, float]]) -> MeasureFn:
@@ -100,15 +166,39 @@ def synthesize_node(
     prior_strength: float = 0.1,
     sweeps: int = 3,
     extra: Sequence[NoisyWorkload] = (),
+    total_sd: float = 0.0,
 ) -> NodeResult:
     """PRIOR_UPDATE of one node: measure, normalise, update. ``extra``: measurements made
     elsewhere (the count-of-counts size marginal, :func:`size_measurement`) fitted jointly with
-    the node's own, each by its precision. With nothing to fit the prior is returned unchanged."""
+    the node's own, each by its precision. ``total_sd`` > 0: ``total`` is a noisy count of that
+    standard deviation, and the node's total is estimated jointly with the posterior (module
+    docstring); 0: ``total`` is taken as given. With nothing to fit the prior is returned unchanged."""
     p = np.asarray(prior, dtype=np.float64)
     if rho > 0 and workloads and measure is None:
         raise ValueError("workloads to measure at rho > 0 need a measure callable")
-    ms = measure_node(workloads, Fraction(rho), measure, total) if rho > 0 and workloads else []
-    ms += list(extra)
-    if not ms:
-        return NodeResult(p / p.sum(), {"measured": 0})
-    return update_node(support, p, ms, total, rule, prior_strength, sweeps)
+    if total_sd < 0:
+        raise ValueError("total_sd must be >= 0")
+    measured = measure_counts(workloads, Fraction(rho), measure) if rho > 0 and workloads else []
+    if not measured and not extra:
+        return NodeResult(p / p.sum(), {"measured": 0}, float(total))
+    joint = total_sd > 0 and bool(measured)
+    # a trust region of three of the count's sd: where the workloads pin G only weakly ("contains"
+    # and person counts can be met by other household sizes) the alternation may not run off
+    bounds = (max(float(total) - 3 * total_sd, 0.0), float(total) + 3 * total_sd)
+    G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
+    for r in range(TOTAL_ROUNDS if joint else 1):
+        res = update_node(support, p, [m.normalised(G) for m in measured] + list(extra), G, rule, prior_strength, sweeps)
+        if not joint:
+            break
+        F = fit_total(support, res.weights, measured, total, total_sd)
+        trace.append([G, F])
+        if abs(F - G) < 0.5 or r == TOTAL_ROUNDS - 1:
+            break  # keep the G the posterior was fitted with
+        G_next = F
+        if previous is not None:  # Aitken: F is close to linear, F(G) ≈ G* + c (G − G*) with 0 ≤ c < 1
+            c = (F - previous[1]) / (G - previous[0]) if G != previous[0] else -1.0
+            if 0.0 <= c <= 2.0 / 3.0:  # a step at most three times F's own
+                G_next = max((F - c * G) / (1.0 - c), 0.0)
+        previous, G = (G, F), float(np.clip(G_next, *bounds))
+    res.diagnostics["total"] = {"given": float(total), "given_sd": float(total_sd), "fitted": G, "trace": trace}
+    return NodeResult(res.weights, res.diagnostics, G)

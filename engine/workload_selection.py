@@ -175,6 +175,7 @@ def select_workloads(
     puma_max_attributes: int = 6,
     puma_pairs: int = 2,
     puma_pair_max_cells: int = 16,
+    person_first: int = 0,
 ) -> WorkloadSelection:
     """State- and PUMA-level workloads from the public data (Tao et al. §4.2, see module doc).
 
@@ -188,6 +189,9 @@ def select_workloads(
     each other is below ``puma_independence_nmi``, and ``puma_pairs`` two-way group-level
     "contains" (or, without a mixed edge, other) workloads from tree edges with at most
     ``puma_pair_max_cells`` cells.
+    ``person_first``: person-level workloads count only the first ``person_first`` persons of each
+    household (``Workload.first``: sensitivity ``person_first`` instead of M under the household
+    unit); 0 counts every person.
     """
     d = public.domain
     info = mutual_information(public)
@@ -278,6 +282,9 @@ def select_workloads(
         puma.append(w)
         puma_pairs_used.append((i, j))
     puma = list(dict.fromkeys(puma))
+    if person_first:
+        cap = lambda w: Workload(w.level, w.group_attrs, w.person_attrs, person_first) if w.level == "person" else w  # noqa: E731
+        state, puma = [cap(w) for w in state], [cap(w) for w in puma]
 
     pair_name = lambda e: f"{names[e[0]]}~{names[e[1]]}"  # noqa: E731
     explanation = {
@@ -294,7 +301,7 @@ def select_workloads(
             "state_max_cells": state_max_cells, "n_triangles": n_triangles, "max_contains": max_contains, "edge_quantile": edge_quantile,
             "strong_edge_threshold_nats": round(thr, 6), "puma_independence_nmi": puma_independence_nmi,
             "puma_max_attributes": puma_max_attributes, "puma_pairs": puma_pairs,
-            "puma_pair_max_cells": puma_pair_max_cells,
+            "puma_pair_max_cells": puma_pair_max_cells, "person_first": person_first,
         },
         "spanning_tree_edges": [pair_name(e) for e in tree],
         "strong_edges": [pair_name((i, j)) for i, j in itertools.combinations(range(k), 2) if strong[i, j]],

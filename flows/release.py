@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import time
@@ -26,7 +27,8 @@ from schemas.release_config import ReleaseConfig, load_config
 from tasks.audit import AuditLog
 from tasks.context import RunContext
 from tasks.count_of_counts import as_table as coc_as_table
-from tasks.count_of_counts import count_of_counts_task, has_histograms, household_counts_task, node_households, release_histograms, size_measurements
+from tasks.count_of_counts import (count_of_counts_task, has_histograms, household_counts_task, node_household_sd, node_households,
+                                   release_histograms, size_measurements)
 from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, validation_record, write_validation
 from tasks.measurements_table import manifest_entry as measurements_entry
@@ -152,8 +154,8 @@ def merged_inputs(paths: RunPaths, reports: list[dict]) -> tuple[str, str]:
 
 
 @flow(name="select-workload")
-def select_workload_stage(paths: RunPaths, public_npz: str) -> dict:
-    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"))
+def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0) -> dict:
+    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first)
     get_run_logger().info(f"workload: {len(sel['state'])} state-level and {len(sel['puma'])} PUMA-level marginal workloads (from public data)")
     return sel
 
@@ -181,11 +183,21 @@ def nodes_at(counts_path: str, level: str) -> dict[tuple[int, ...], int]:
     return out
 
 
+def count_sd_at(counts_path: str, level: str) -> dict[tuple[int, ...], float]:
+    """{node: noise sd of its household count} of one level; 0 (the count taken as given) under
+    the invariant or where no measurement of the node's own level exists."""
+    from engine.geography import node_level, parse_node_key
+
+    sds = {parse_node_key(k): s for k, s in node_household_sd(counts_path).items()}
+    return {n: (s if math.isfinite(s) else 0.0) for n, s in sds.items() if node_level(n) == level}
+
+
 @flow(name="synthesize-states")
 def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, str]:
     states = nodes_at(counts_path, "state")
     sizes = size_measurements(counts_path, "state") if has_histograms(counts_path) else {}
-    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st)) for st, g in states.items()]
+    sd = count_sd_at(counts_path, "state")
+    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st]) for st, g in states.items()]
     return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "state posteriors")))
 
 
@@ -206,13 +218,14 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
     """Per PUMA in parallel: the PUMA's DP household count (exact only under the declared
     invariant), its posterior updated with the count-of-counts size histogram when that stage ran."""
     sizes = size_measurements(counts_path, "puma") if has_histograms(counts_path) else {}
+    sd = count_sd_at(counts_path, "puma")
     futures = []
     for node, g in nodes_at(counts_path, "puma").items():
         futures.append(
             puma_task.submit(
                 ctx, node, g, sizes.get(node),
                 None if posteriors is None else posteriors[node[0]], [] if workload is None else workload["puma"], seed,
-                supports[node[0]] if supports else None,
+                supports[node[0]] if supports else None, sd[node],
             )
         )
     label = "PUMAs (public-only baseline)" if posteriors is None else "PUMA posteriors and samples"
@@ -327,7 +340,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         ctx = ctx.with_inputs(*merged_inputs(paths, reports))
         workload = posteriors = coc_path = supports = None
         if cfg.synthesizer != "public_baseline":
-            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz)
+            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, cfg.synthesis.person_first)
         if cfg.allocation.stages.get("count_of_counts", 0) > 0:
             counts_path = coc_path = stage("count_of_counts", count_of_counts_stage, ctx)
         else:

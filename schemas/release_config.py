@@ -126,6 +126,9 @@ class SynthesisSpec(_Strict):
     prior_strength: float = Field(default=0.1, gt=0,
                                   description="MAP rule and H-GEM: α as a fraction of the node's households")
     sweeps: int = Field(default=3, ge=1, le=100, description="IDE rule: sweeps over the workloads")
+    person_first: int = Field(default=2, ge=0, description="person-level workloads count the first this many "
+                              "persons of each household (sensitivity person_first instead of M under the "
+                              "household unit); 0: every person")
 
 
 class ReleaseConfig(_Strict):

@@ -15,7 +15,9 @@ charged measurements, unless the release declares ``invariants: [puma_household_
 - ``household_counts_task``: without the count-of-counts stage, G per node from the
   ``group_counts`` stage alone (or exact under the invariant).
 
-Both persist ``keys``, ``level`` and ``households`` (G per node); the count-of-counts result also
+Both persist ``keys``, ``level``, ``households`` (G per node) and ``households_sd`` (the noise
+standard deviation of the node's own merged count measurements, 0 under the invariant, an upper
+bound for the consistent G's); the count-of-counts result also
 ``histograms`` and ``histogram_sd`` (the noise standard deviation of one raw histogram entry of
 the node's level, an upper bound for the consistent estimate's). Synthesis reads its node totals
 and size measurements from there.
@@ -69,26 +71,30 @@ def _group_count_measurements(ctx: RunContext, session: PrivateSession, h: Hiera
     return out
 
 
-def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """G per node (N,): exact under the ``puma_household_counts`` invariant; otherwise the
-    nonnegative integer, consistent least-squares fit of every noisy count (inverse-variance
-    weights)."""
+def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(G, sd) per node, each (N,): G exact (sd 0) under the ``puma_household_counts``
+    invariant; otherwise the nonnegative integer, consistent least-squares fit of every noisy count
+    (inverse-variance weights), with sd the standard deviation of the node's own merged
+    measurements — an upper bound for the consistent fit's, which also borrows its parent's and
+    children's information. Synthesis weighs G against its own measurements by it."""
     if "puma_household_counts" in session.invariants:
         exact = session.invariant_household_counts()
         leaf = np.zeros(h.n_nodes, dtype=np.int64)
         for i in h.leaves():
             leaf[i] = exact[parse_node_key(h.keys[i])]
-        return h.aggregate_up(leaf)
+        return h.aggregate_up(leaf), np.zeros(h.n_nodes)
     if not measured:
         raise RuntimeError("no household-count measurement and no invariant (the config check should have refused this)")
     noisy, var = inverse_variance_merge([v for v, _ in measured], [s for _, s in measured])
-    return consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
+    G = consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
+    return G, np.sqrt(np.where(np.isnan(var), np.inf, var))
 
 
-def _save(ctx: RunContext, name: str, h: Hierarchy, G: np.ndarray, histograms: np.ndarray | None = None,
+def _save(ctx: RunContext, name: str, h: Hierarchy, G: tuple[np.ndarray, np.ndarray], histograms: np.ndarray | None = None,
           histogram_sd: np.ndarray | None = None) -> str:
     out = ctx.paths.node_path(name, "hierarchy")
-    arrays = dict(keys=np.array(h.keys), level=h.level, households=np.asarray(G, dtype=np.int64))
+    arrays = dict(keys=np.array(h.keys), level=h.level, households=np.asarray(G[0], dtype=np.int64),
+                  households_sd=np.asarray(G[1], dtype=np.float64))
     if histograms is not None:
         arrays.update(histograms=histograms, K=histograms.shape[1] - 1, histogram_sd=histogram_sd)
     save_npz_atomic(out, lambda f: np.savez(f, **arrays))
@@ -118,8 +124,8 @@ def count_of_counts_task(ctx: RunContext) -> str:
         eps.append(equivalent_epsilon(ms[0].measurement.mechanism, ms[0].at_least_scale))
     G = household_counts(session, h, measured)
     # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
-    hc = {lv: G[h.level_range(lv), None] - at_least[lv] for lv in at_least}
-    res = run_hierarchy(h, hc, eps, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G)
+    hc = {lv: G[0][h.level_range(lv), None] - at_least[lv] for lv in at_least}
+    res = run_hierarchy(h, hc, eps, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G[0])
     return _save(ctx, STAGE, h, G, res.histograms, sd)
 
 
@@ -146,6 +152,13 @@ def node_households(path: str) -> dict[str, int]:
     only under the declared invariant)."""
     with np.load(path, allow_pickle=False) as z:
         return {str(k): int(g) for k, g in zip(z["keys"], z["households"])}
+
+
+def node_household_sd(path: str) -> dict[str, float]:
+    """{node key: noise standard deviation of its household count} (0 under the invariant; inf
+    where no measurement covers the node's own level)."""
+    with np.load(path, allow_pickle=False) as z:
+        return {str(k): float(s) for k, s in zip(z["keys"], z["households_sd"])}
 
 
 def has_histograms(path: str) -> bool:

@@ -27,7 +27,7 @@ from prefect import task
 
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
-from engine.prior_update import sample_households
+from engine.prior_update import household_order, sample_households
 from engine.queries import Workload
 from engine.support import Support
 from engine.synthesis import MeasureFn, size_measurement, synthesize_node
@@ -66,12 +66,12 @@ def session_measure(ctx: RunContext, stage: str, level: str, node: tuple[int, ..
 
 
 @task(name="select-workload")
-def select_workload_task(public_npz: str, out_path: str) -> dict:
+def select_workload_task(public_npz: str, out_path: str, person_first: int = 0) -> dict:
     """Mutual information on the public data only: no privacy cost."""
     out = Path(out_path)
     if out.exists():
         return json.loads(out.read_text())
-    sel = select_workloads(HierarchicalData.from_npz(public_npz))
+    sel = select_workloads(HierarchicalData.from_npz(public_npz), person_first=person_first)
     record = {"state": [w.id for w in sel.state], "puma": [w.id for w in sel.puma], "explanation": sel.explanation}
     write_json_atomic(out, record)
     return record
@@ -86,9 +86,11 @@ def size_extra(support: Support, size_estimate: SizeEstimate | None, total: floa
 
 @task(name="synthesize-state")
 def state_update_task(ctx: RunContext, state: int, households: int, workload_ids: list[str],
-                      size_estimate: SizeEstimate | None = None) -> str:
-    """``households``: the state's DP household count (the normaliser of its answers);
-    ``size_estimate``: the count-of-counts size histogram of the state, when that stage ran."""
+                      size_estimate: SizeEstimate | None = None, households_sd: float = 0.0) -> str:
+    """``households``: the state's DP household count (the normaliser of its answers), with its
+    noise sd ``households_sd`` (> 0: the state total is estimated jointly with the posterior,
+    ``engine.synthesis``); ``size_estimate``: the count-of-counts size histogram of the state,
+    when that stage ran."""
     node = (int(state),)
     out = ctx.paths.node_path("state_posterior", node_key(node))
     if out.exists():
@@ -99,7 +101,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         support, support.weights, [Workload.from_id(w) for w in workload_ids], ctx.allocation("state_synthesis", "state"),
         session_measure(ctx, "state_synthesis", "state", node), total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        extra=size_extra(support, size_estimate, households),
+        extra=size_extra(support, size_estimate, households), total_sd=households_sd,
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics})
@@ -116,10 +118,13 @@ def puma_task(
     workload_ids: list[str],
     seed: int,
     support_npz: str | None = None,
+    households_sd: float = 0.0,
 ) -> str:
     """One PUMA: posterior (or the public prior for the baseline), updated with the
-    count-of-counts ``size_estimate`` when given, then ``n_households`` sampled households (its DP
-    count)."""
+    count-of-counts ``size_estimate`` when given, then its household total of sampled households:
+    the DP count ``n_households`` estimated jointly with the posterior from the PUMA's own
+    measurements when its noise sd ``households_sd`` is given (``engine.synthesis``), else the
+    count itself."""
     key = node_key(node)
     out = ctx.paths.node_path("synthesis", key)
     if out.exists():
@@ -137,10 +142,11 @@ def puma_task(
         0 if baseline else ctx.allocation("puma_synthesis", "puma"),
         None if baseline else session_measure(ctx, "puma_synthesis", "puma", node), total=n_households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        extra=size_extra(support, size_estimate, n_households),
+        extra=size_extra(support, size_estimate, n_households), total_sd=households_sd,
     )
     write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics})
-    synth = sample_households(support, res.weights, n_households, node_rng(seed, node), geo=node)
+    synth = sample_households(support, res.weights, int(round(res.total)), node_rng(seed, node), geo=node,
+                              order=household_order(support.data))
     save_npz_atomic(out, synth.to_npz)
     return str(out)
 

@@ -89,7 +89,9 @@ def brute_force_answer(data: HierarchicalData, w: Workload, weights=None) -> np.
             for yi in seen:
                 out[yg + yi] += wt
         else:
-            for r in persons:
+            for slot, r in enumerate(persons):
+                if w.first and slot >= w.first:  # only the household's first w.first persons
+                    break
                 yi = tuple(int(data.person[r, j]) for j in pi)
                 out[yg + yi] += wt
     return out.reshape(-1)

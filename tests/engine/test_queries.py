@@ -61,6 +61,30 @@ def test_answers_match_brute_force(w: Workload):
             np.testing.assert_array_equal(np.asarray(A.sum(axis=0)).ravel(), 1.0)
 
 
+FIRST = [Workload("person", w.group_attrs, w.person_attrs, k) for w in WORKLOADS if w.level == "person" and len(w.attrs) <= 2
+         for k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("w", FIRST, ids=lambda w: w.id)
+def test_first_persons_workloads_match_brute_force(w: Workload):
+    weights = np.random.default_rng(zlib.crc32(w.id.encode())).random(DATA.n_households)
+    np.testing.assert_allclose(answer(DATA, w), brute_force_answer(DATA, w))
+    np.testing.assert_allclose(Support(DATA, weights).answer(w), brute_force_answer(DATA, w, weights))
+    every = Workload("person", w.group_attrs, w.person_attrs)
+    assert answer(DATA, w).sum() == np.minimum(DATA.sizes, w.first).sum() < answer(DATA, every).sum()
+    assert Workload.from_id(w.id) == w and w.id.endswith(f";first={w.first}")
+    P = incidence_patterns(DATA, w)
+    assert (P.matrix[P.pattern_of].T != incidence_matrix(DATA, w)).nnz == 0
+
+
+def test_first_persons_is_validated():
+    assert Workload("person", (), ("SEX",), DOMAIN.max_size).sensitivity(DOMAIN, "household") == (DOMAIN.max_size,) * 2
+    with pytest.raises(ValueError, match="person-level"):
+        Workload("group", (), ("SEX",), 2)
+    with pytest.raises(ValueError, match="non-negative"):
+        Workload("person", (), ("SEX",), -1)
+
+
 @pytest.mark.parametrize("w", [w for w in WORKLOADS if len(w.attrs) <= 2], ids=lambda w: w.id)
 def test_patterns_reconstruct_the_incidence(w: Workload):
     A = incidence_matrix(DATA, w)

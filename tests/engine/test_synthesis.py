@@ -74,3 +74,95 @@ def test_a_noisy_size_measurement_never_hurts_on_average(setting, sigma):
         imposed.append(np.abs(np.clip(noisy, 0, None) / G - truth / G).sum())
     assert np.mean(fitted) <= prior_err + 1e-9  # the measurement is information: never worse than the prior
     assert np.mean(fitted) <= np.mean(imposed) + 1e-9  # and never worse than imposing it
+
+
+# --- the node's household total, estimated jointly with the posterior -------------------------
+
+PERSON_SEX = Workload("person", (), ("SEX",))
+WORKLOADS = [NP, Workload("group", ("TEN",), ()), PERSON_SEX]
+
+
+def gaussian_measure(private, rng, sigma):
+    def measure(w, rho):
+        counts = answer(private, w).astype(float)
+        return counts + rng.normal(0, sigma, counts.size), sigma
+    return measure
+
+
+def test_fit_total_is_the_weighted_least_squares_solution(setting):
+    """Brute force: G minimising Σ_w ‖ỹ_w − G a_w‖²/σ_w² + (total − G)²/sd², by a dense solve."""
+    from engine.synthesis import NoisyCounts, fit_total
+
+    support, private = setting
+    rng = np.random.default_rng(3)
+    q = rng.dirichlet(np.ones(support.data.n_households))
+    measured = [NoisyCounts(w, answer(private, w) + rng.normal(0, s, answer(private, w).size), s)
+                for w, s in zip(WORKLOADS, [3.0, 5.0, 8.0])]
+    total, sd = 280.0, 20.0
+    rows = [support.answer(m.workload, q)[:, None] / m.sigma for m in measured] + [np.array([[1.0 / sd]])]
+    rhs = [m.counts / m.sigma for m in measured] + [np.array([total / sd])]
+    expected = np.linalg.lstsq(np.vstack(rows), np.concatenate(rhs), rcond=None)[0][0]
+    assert fit_total(support, q, measured, total, sd) == pytest.approx(expected, rel=1e-12)
+    # a vanishing sd pins the total; a huge one leaves the workloads to decide
+    assert fit_total(support, q, measured, total, 1e-9) == pytest.approx(total, abs=1e-6)
+    free = np.linalg.lstsq(np.vstack(rows[:-1]), np.concatenate(rhs[:-1]), rcond=None)[0][0]
+    assert fit_total(support, q, measured, total, 1e9) == pytest.approx(free, rel=1e-9)
+
+
+def test_a_given_total_is_kept_and_its_sd_is_validated(setting):
+    support, private = setting
+    measure = gaussian_measure(private, np.random.default_rng(5), 4.0)
+    res = synthesize_node(support, support.weights, WORKLOADS, Fraction(1), measure, 250.0)
+    assert res.total == 250.0 and res.diagnostics["total"]["trace"] == []
+    with pytest.raises(ValueError, match="total_sd must be >= 0"):
+        synthesize_node(support, support.weights, WORKLOADS, Fraction(1), measure, 250.0, total_sd=-1.0)
+
+
+def test_noiseless_workloads_recover_the_true_total_from_a_wrong_count(setting):
+    support, private = setting
+    G = private.n_households
+    measure = gaussian_measure(private, np.random.default_rng(6), 1e-3)
+    for wrong in (G + 80.0, G - 80.0):
+        res = synthesize_node(support, support.weights, WORKLOADS, Fraction(1), measure, wrong, total_sd=60.0)
+        assert abs(res.total - G) < 1.0, res.diagnostics["total"]
+        assert res.diagnostics["total"]["given"] == wrong
+    # without a partition the first estimate is the count; the alternation moves G from there
+    person_and_size = [PERSON_SEX, Workload("person", ("NP",), ("AGE",))]
+    for wrong in (G + 80.0, G - 80.0):
+        res = synthesize_node(support, support.weights, person_and_size, Fraction(1),
+                              gaussian_measure(private, np.random.default_rng(6), 3.0), wrong, total_sd=60.0)
+        assert len(res.diagnostics["total"]["trace"]) >= 2 and abs(res.total - G) < 40.0, res.diagnostics["total"]
+
+
+def test_the_total_stays_in_its_trust_region(setting):
+    """"Contains" and person counts can be met by other household sizes: G is pinned weakly and
+    may not leave total ± 3 sd."""
+    support, private = setting
+    G = private.n_households
+    weak = [Workload("group", ("TEN",), ("AGE",)), PERSON_SEX]
+    for wrong in (G + 80.0, G - 80.0):
+        res = synthesize_node(support, support.weights, weak, Fraction(1), gaussian_measure(private, np.random.default_rng(8), 1e-3),
+                              wrong, total_sd=10.0)
+        assert wrong - 30.0 <= res.total <= wrong + 30.0, res.diagnostics["total"]
+    person_only = [PERSON_SEX]
+    res = synthesize_node(support, support.weights, person_only, Fraction(1), gaussian_measure(private, np.random.default_rng(9), 1.0),
+                          G + 50.0, total_sd=1e4)
+    assert abs(res.total - (G + 50.0)) < 1.0  # persons alone say nothing about the household count
+
+
+def test_the_joint_total_is_more_accurate_than_the_noisy_count_on_average(setting):
+    """The statistical claim behind it: with the count's noise (sd 40) and the workloads' (σ 6),
+    the joint estimate's RMS error is well below the count's, and it is not biased."""
+    support, private = setting
+    G = private.n_households
+    rng = np.random.default_rng(7)
+    count_err, joint_err = [], []
+    for _ in range(30):
+        noisy_total = G + rng.normal(0, 40.0)
+        res = synthesize_node(support, support.weights, WORKLOADS, Fraction(1), gaussian_measure(private, rng, 6.0),
+                              noisy_total, total_sd=40.0)
+        count_err.append(noisy_total - G)
+        joint_err.append(res.total - G)
+    rms = lambda e: float(np.sqrt(np.mean(np.square(e))))  # noqa: E731
+    assert rms(joint_err) < 0.5 * rms(count_err), (rms(joint_err), rms(count_err))
+    assert abs(np.mean(joint_err)) < 3 * rms(joint_err) / np.sqrt(30) + 2.0

@@ -126,6 +126,38 @@ def test_person_unit(w, pairs):
         assert obs[0] <= 1 + 1e-12  # nothing moves but the added/removed person's own cell
 
 
+FIRST = [Workload("person", g, p, k) for k in (1, 2, 3) for g, p in
+         ((("NP",), ("AGEB",)), (("TEN",), ("SEX",)), ((), ("REL",)), ((), ("AGEB", "SEX")), (("NP", "HAS_CHILD"), ()))]
+
+
+@pytest.mark.parametrize("w", FIRST, ids=lambda w: w.id)
+def test_first_persons_household_unit(w, pairs):
+    """Counting the first k persons: a household adds at most k persons, all may share a cell."""
+    l1, l2 = w.sensitivity(DOMAIN, "household")
+    assert (l1, l2) == (w.first, w.first) and w.first < M
+    obs = check_sensitivity(lambda d: answer(d, w), DATA, "household", l1, l2, pairs=pairs["household"])
+    assert obs == pytest.approx((l1, l2))  # attained by M identical persons
+
+
+@pytest.mark.parametrize("w", FIRST, ids=lambda w: w.id)
+def test_first_persons_person_unit(w, pairs):
+    """k counted before and after (the household moves cell when NP changes): L1 = 2k, L2 = √2·k;
+    a person inserted among the first pushes the last counted one out."""
+    l1, l2 = w.sensitivity(DOMAIN, "person")
+    assert (l1, l2) == pytest.approx((2 * w.first, math.sqrt(2) * w.first))
+    obs = check_sensitivity(lambda d: answer(d, w), DATA, "person", l1, l2, pairs=pairs["person"])
+    if "NP" in w.group_attrs:
+        assert obs == pytest.approx((l1, l2))
+
+
+def test_harness_catches_a_first_persons_bound_that_ignores_the_push_out(pairs):
+    """Without group attributes an inserted person moves two cells (in, and the pushed-out one):
+    a bound of 1 is caught by the random insertions."""
+    w = Workload("person", (), ("REL",), 1)
+    with pytest.raises(AssertionError, match="violated"):
+        check_sensitivity(lambda d: answer(d, w), DATA, "person", 1, 1, pairs=pairs["person"])
+
+
 def test_counts_n_g_and_n_i(pairs):
     n_g = lambda d: np.array([d.n_households])  # noqa: E731
     n_i = lambda d: np.array([d.n_persons])  # noqa: E731
