@@ -86,7 +86,7 @@ def evaluate(histograms_by_level, epsilons, runs: int = 5, *, parent_map=None, K
     L = h.n_levels
     G = H.sum(1)
     rng = np.random.default_rng(seed)
-    queries = {m: hierarchy_queries(h, H, K, m) for m in {v[1] for v in variants}}
+    queries = {m: hierarchy_queries(h, H, K, m, unit="person") for m in {v[1] for v in variants}}
     results = {}
     for eps in np.atleast_1d(epsilons):
         eps_lv = [float(eps) / L] * L

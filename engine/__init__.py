@@ -1,0 +1,56 @@
+"""dprelease's engine: the mathematics of the release, usable without Prefect or a run directory.
+
+The handful of things a user calls (a notebook runs one state's release with them; the README
+shows it):
+
+- data and domain: :class:`HierarchicalData` (households with their persons, geography codes),
+  :class:`Domain`, :class:`Attribute`;
+- workloads: :class:`Workload` (marginals at household or person level, their sensitivity per
+  privacy unit), :func:`select_workloads` (from public data), :class:`Support`;
+- budget and accounting: :class:`BudgetPlan` (exact ρ split), :class:`PrivacyLedger` (in memory
+  with ``path=None``, or an append-only file), :class:`MeasurementStore`, :class:`PrivateSession`
+  (the confidential data behind charged measurements), :func:`rho_to_eps`, :func:`eps_delta_to_rho`;
+- synthesis: :func:`synthesize_node` (one node's prior update), :func:`synthesize_state` with
+  :func:`state_plan` (one state: counts, state and PUMA updates, samples), :func:`sample_households`;
+- count-of-counts: :class:`Hierarchy`, :func:`run_hierarchy` (consistent household-size histograms).
+
+H-GEM (``engine.hgem``) needs torch and is imported on its own.
+"""
+
+from engine.count_of_counts import Hierarchy, run_hierarchy
+from engine.domain import Attribute, Domain
+from engine.hierarchical_data import HierarchicalData
+from engine.prior_update import sample_households
+from engine.privacy.accountant import eps_delta_to_rho, rho_to_eps
+from engine.privacy.budget import BudgetPlan
+from engine.privacy.ledger import BudgetExceededError, PrivacyLedger
+from engine.privacy.measurements import MeasurementStore
+from engine.privacy.session import PrivateSession
+from engine.queries import Workload
+from engine.state_release import StateRelease, state_plan, synthesize_state
+from engine.support import Support
+from engine.synthesis import synthesize_node
+from engine.workload_selection import select_workloads
+
+__all__ = [
+    "Attribute",
+    "BudgetExceededError",
+    "BudgetPlan",
+    "Domain",
+    "HierarchicalData",
+    "Hierarchy",
+    "MeasurementStore",
+    "PrivacyLedger",
+    "PrivateSession",
+    "StateRelease",
+    "Support",
+    "Workload",
+    "eps_delta_to_rho",
+    "rho_to_eps",
+    "run_hierarchy",
+    "sample_households",
+    "select_workloads",
+    "state_plan",
+    "synthesize_node",
+    "synthesize_state",
+]

@@ -99,17 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from schemas.input_expectations import InputGateError
-    from schemas.pums_reader import InputError
-    from schemas.release_config import ConfigError
-    from schemas.release_expectations import ReleaseGateError
-    from tasks.run_context import RunRefused
+    from engine.errors import DPReleaseError
 
     try:
         return args.func(args)
-    except (InputError, InputGateError, ReleaseGateError, ConfigError, RunRefused) as e:
+    except DPReleaseError as e:  # a deliberate refusal: one line, its exit code (engine/errors.py)
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         return 130
 

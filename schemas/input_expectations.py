@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine.errors import DPReleaseError
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.file_lock import write_atomic
 from schemas.gx_suites import dumps, expectations, failures, run_suites
@@ -33,7 +34,7 @@ GATE = "inputs"
 RESULT_FORMAT = "BOOLEAN_ONLY"
 
 
-class InputGateError(ValueError):
+class InputGateError(DPReleaseError, ValueError):
     """The encoded inputs failed the value-free input suite."""
 
 

@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from engine.errors import DPReleaseError
 from schemas.domain_spec import DomainSpec, SourceColumn
 
 LAYOUTS = ("pums2017", "pums_legacy")
@@ -61,7 +62,7 @@ class InputIssue:
         return {"check": self.check, "file": self.file, "line": self.line, "column": self.column, "message": self.message, "count": self.count}
 
 
-class InputError(ValueError):
+class InputError(DPReleaseError, ValueError):
     """Invalid input: carries every issue found (one line each)."""
 
     def __init__(self, issues: list[InputIssue]):

@@ -17,12 +17,14 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engine.errors import DPReleaseError
+
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
 LEVELS = ("nation", "state", "puma")
 SYNTHESIZERS = ("public_baseline", "prior_update", "hgem")
 
 
-class ConfigError(ValueError):
+class ConfigError(DPReleaseError, ValueError):
     pass
 
 

@@ -13,9 +13,10 @@ import pandera.pandas as pa
 import pyarrow as pa_arrow
 
 from engine.domain import Domain
+from engine.errors import DPReleaseError
 
 
-class ReleaseContractError(ValueError):
+class ReleaseContractError(DPReleaseError, ValueError):
     pass
 
 

@@ -33,6 +33,7 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.domain import Domain
+from engine.errors import DPReleaseError
 from engine.geography import node_key
 from schemas.gx_suites import dumps, expectations, failures, run_suites
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, household_schema, person_schema
@@ -42,7 +43,7 @@ RESULT_FILE = "validation/gx_release.json"
 LEVELS = ("nation", "state", "puma")
 
 
-class ReleaseGateError(ValueError):
+class ReleaseGateError(DPReleaseError, ValueError):
     """The release gate refused to publish; ``result`` holds the GX result document."""
 
     def __init__(self, message: str, result: dict):

@@ -158,8 +158,10 @@ def round_budget(rho_node: Fraction, rounds: int | None = None, alpha: Fraction 
     rho_sel = exponential_mechanism_rho(eps0)  # ε₀²/8 exactly, ≤ the planned share
     rho_meas = rho_round - rho_sel_planned
     ref = gem_budget(float(rho_rounds), rounds, float(alpha))  # the documented float split
-    assert math.isclose(ref.rho_measure, float(rho_meas), rel_tol=1e-9) and math.isclose(ref.epsilon0, eps0, rel_tol=1e-9)
-    assert n_initial * rho_initial + rounds * (rho_sel + rho_meas) <= rho_node
+    if not (math.isclose(ref.rho_measure, float(rho_meas), rel_tol=1e-9) and math.isclose(ref.epsilon0, eps0, rel_tol=1e-9)):
+        raise RuntimeError(f"H-GEM budget split: the exact split ({rho_meas}, ε₀ {eps0}) disagrees with gem_budget's {ref}")
+    if n_initial * rho_initial + rounds * (rho_sel + rho_meas) > rho_node:  # never asserted: python -O strips asserts
+        raise BudgetExceededError(f"H-GEM budget split would spend more than the node's ρ = {rho_node}")
     return {**out, "rho_round": rho_round, "rho_select": rho_sel, "rho_measure": rho_meas, "epsilon0": eps0}
 
 

@@ -20,10 +20,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.errors import DPReleaseError
 from engine.privacy.file_lock import write_atomic
 
 
-class RunRefused(RuntimeError):
+class RunRefused(DPReleaseError, RuntimeError):
     """The run cannot start: the release exists already or another run holds the lock."""
 
 

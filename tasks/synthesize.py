@@ -29,18 +29,14 @@ from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.prior_update import household_order, sample_households
 from engine.queries import Workload
+from engine.state_release import node_rng, session_measure
 from engine.support import Support
-from engine.synthesis import MeasureFn, size_measurement, synthesize_node
+from engine.synthesis import size_measurement, synthesize_node
 from engine.workload_selection import select_workloads
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
 __all__ = ["node_key", "node_rng", "select_workload_task", "state_update_task", "puma_task", "public_only_baseline"]
-
-
-def node_rng(seed: int, node: tuple[int, ...]) -> np.random.Generator:
-    """Post-processing randomness of one node, reproducible from the run's sampling seed."""
-    return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=tuple(int(x) for x in node)))
 
 
 def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
@@ -51,18 +47,6 @@ def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
 def cached_support(public_npz: str) -> Support:
     """The public support, built once per worker process (incidences are cached on it)."""
     return Support.from_data(HierarchicalData.from_npz(public_npz))
-
-
-def session_measure(ctx: RunContext, stage: str, level: str, node: tuple[int, ...]) -> MeasureFn:
-    """The measure callable of engine.synthesis for one node, through the private session: every
-    noisy answer is charged and persisted before it is used, and read back on a rerun."""
-    session = ctx.session()
-
-    def measure(w: Workload, rho):
-        m = session.measure_workload(stage, level, node, w, rho)
-        return m.noisy_answer, m.scale
-
-    return measure
 
 
 @task(name="select-workload")
@@ -99,7 +83,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     s = ctx.cfg.synthesis
     res = synthesize_node(
         support, support.weights, [Workload.from_id(w) for w in workload_ids], ctx.allocation("state_synthesis", "state"),
-        session_measure(ctx, "state_synthesis", "state", node), total=households,
+        session_measure(ctx.session(), "state_synthesis", "state", node), total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate, households), total_sd=households_sd,
     )
@@ -140,7 +124,7 @@ def puma_task(
     res = synthesize_node(
         support, prior, [] if baseline else [Workload.from_id(w) for w in workload_ids],
         0 if baseline else ctx.allocation("puma_synthesis", "puma"),
-        None if baseline else session_measure(ctx, "puma_synthesis", "puma", node), total=n_households,
+        None if baseline else session_measure(ctx.session(), "puma_synthesis", "puma", node), total=n_households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate, n_households), total_sd=households_sd,
     )

@@ -153,3 +153,37 @@ def test_bad_input_fails_the_run_and_publishes_nothing(tmp_path, data_root, caps
     err = capsys.readouterr().err
     assert "bad.csv, line 6, column SEX" in err
     assert not (tmp_path / "releases" / "e2e").exists()
+
+
+def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
+    """One run through the options the default release does not take: the person privacy unit,
+    the IDE update rule, the discrete-Laplace count-of-counts, a group_counts stage beside it,
+    every person counted (person_first 0) and the average consistency. The ledger and the audit
+    must hold as on the default path."""
+    from flows.cli import main
+
+    cfg = small_config(
+        tmp_path, data_root, privacy_unit="person",
+        synthesis={"update_rule": "ide", "person_first": 0},
+        count_of_counts={"mechanism": "laplace", "consistency": "average"},
+        allocation={
+            "stages": {"group_counts": 0.05, "count_of_counts": 0.05, "state_synthesis": 0.45, "puma_synthesis": 0.45},
+            "levels": {"group_counts": {"puma": 1.0}, "count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5},
+                       "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
+        },
+    )
+    assert main(["run", str(cfg)]) == 0
+    rel = tmp_path / "releases" / "e2e"
+    manifest = json.loads((rel / "manifest.json").read_text())
+    led = manifest["privacy"]["ledger"]
+    for st in ("group_counts", "count_of_counts", "state_synthesis", "puma_synthesis"):
+        assert 0 < led["stages"][st]["spent_float"] <= led["stages"][st]["allocated_float"], st
+    assert manifest["config"]["privacy_unit"] == "person"
+    meas = pq.read_table(rel / "measurements.parquet").to_pandas()
+    assert "discrete_laplace" in set(meas.mechanism) and "discrete_gaussian" in set(meas.mechanism)
+    assert not any(";first=" in w for w in manifest["workload"]["state"] + manifest["workload"]["puma"])
+    from tasks.publish import read_release
+
+    households, persons = read_release(rel)
+    assert households.num_rows > 0 and persons.num_rows >= households.num_rows
+    assert main(["audit", "verify", str(rel)]) == 0

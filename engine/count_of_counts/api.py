@@ -3,10 +3,12 @@
 Privacy flow (Kuo et al., VLDB 2018, Algorithm 1 and Theorem 1):
 
 1. :func:`hierarchy_queries` -- WHAT to measure: per level, the exact per-node vectors
-   and their L1 sensitivity (Hc: 1, Hg: 1, naive H: 2).  The budget is split over the
+   and their L1 sensitivity under the privacy unit (person unit, the paper's: Hc 1, Hg 1,
+   naive H 2; household unit: Hc K-1, naive H 1, Hg undefined).  The budget is split over the
    levels (sequential composition); nodes of one level are disjoint (parallel
    composition), so one level's vectors are noised together at that level's epsilon.
-   The pipeline adds discrete-Laplace noise through its ledger.
+   The pipeline measures household sizes through its privacy session (discrete Gaussian by
+   default, the paper's discrete Laplace as an option), charged to its ledger.
 2. :func:`run_hierarchy` -- post-processing of the NOISY vectors only: per-node estimates,
    then top-down consistency, giving consistent integer histograms for every node.
 """
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
+
+from engine.queries import PrivacyUnit
 
 from .consistency import consistent_histograms, leaves_only, top_down
 from .estimators import Query, estimate_hc, estimate_hg, estimate_naive, hc_query, hg_query, naive_query
@@ -61,21 +65,21 @@ def _per_level(epsilons, n_levels: int) -> list[float]:
     return eps
 
 
-def hierarchy_queries(hierarchy: Hierarchy, histograms, K: int, method: str = "hc") -> dict[int, Query]:
+def hierarchy_queries(hierarchy: Hierarchy, histograms, K: int, method: str = "hc", *, unit: PrivacyUnit) -> dict[int, Query]:
     """Exact measurements per level: ``{level: Query}``.  ``histograms``: (N, >=1) exact
     per-node H (row = node id; sizes above K are clipped).  For "hc"/"naive" the values are
     (n_level, K) / (n_level, K+1) arrays; for "hg" a list of per-node sorted size vectors
-    (ONE ENTRY PER GROUP -- inherent to the Hg measurement)."""
+    (ONE ENTRY PER GROUP -- inherent to the Hg measurement).  Sensitivities under ``unit``."""
     out: dict[int, Query] = {}
     H = np.asarray(histograms)
     for lv in range(hierarchy.n_levels):
         ids = hierarchy.level_range(lv)
         if method == "hc":
-            out[lv] = hc_query(H[ids], K)
+            out[lv] = hc_query(H[ids], K, unit)
         elif method == "naive":
-            out[lv] = naive_query(H[ids], K)
+            out[lv] = naive_query(H[ids], K, unit)
         elif method == "hg":
-            qs = [hg_query(H[i], K) for i in ids]
+            qs = [hg_query(H[i], K, unit) for i in ids]
             out[lv] = Query([q.values for q in qs], 1)  # type: ignore[arg-type]
         else:
             raise ValueError(f"method must be one of {METHODS}")

@@ -3,8 +3,10 @@
 Measurement and estimation are separate:
 
 - ``*_query`` functions say WHAT to measure: they return the exact vector and its L1
-  sensitivity (neighbours = one entity/person added or removed).  The pipeline adds
-  discrete-Laplace noise through its privacy ledger (``engine.privacy.mechanisms``).
+  sensitivity under the given privacy unit (``"person"``: one person added or removed, the
+  paper's neighbours, group count public; ``"household"``: one group added or removed with all
+  its members).  The pipeline measures household sizes through ``engine.privacy.session``
+  (discrete Gaussian by default, its sensitivities from ``size_counts_sensitivity``).
 - ``estimate_*`` functions are pure post-processing of the NOISY vectors; they never see
   the data.  Each returns a :class:`~engine.count_of_counts.forms.RunsTable` of
   (node, size, count, variance) runs, the input of the top-down consistency.
@@ -24,6 +26,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from engine.queries import PrivacyUnit
 
 from .forms import RunsTable, clip_histogram, h_to_hc
 from .isotonic import equal_value_blocks, isotonic_segments
@@ -52,31 +56,50 @@ class Query:
     l1_sensitivity: int
 
 
-def naive_query(H, K: int) -> Query:
-    """H clipped to K (length K+1; batch: last axis).  Sensitivity 2 (paper, Lemma 3): one
-    person moves one group from size i to i+/-1."""
-    return Query(clip_histogram(H, K), 2)
+def _check_unit(unit: PrivacyUnit) -> None:
+    if unit not in ("household", "person"):
+        raise ValueError(f"unknown privacy unit {unit!r}; expected 'household' or 'person'")
 
 
-def hc_query(H, K: int) -> Query:
-    """Hc[0..K-1] of the clipped histogram (Hc[K] = G is public).  Sensitivity 1 (paper,
-    Lemma 4): adding a person to a group of size i < K lowers Hc[i] by one, nothing else."""
-    return Query(h_to_hc(clip_histogram(H, K))[..., : int(K)], 1)
+def naive_query(H, K: int, unit: PrivacyUnit) -> Query:
+    """H clipped to K (length K+1; batch: last axis).  Sensitivity 2 under the person unit
+    (paper, Lemma 3: one person moves one group from size i to i+/-1); 1 under the household
+    unit (one group enters or leaves one cell)."""
+    _check_unit(unit)
+    return Query(clip_histogram(H, K), 2 if unit == "person" else 1)
 
 
-def hg_query(H, K: int, dtype=np.int64) -> Query:
+def hc_query(H, K: int, unit: PrivacyUnit) -> Query:
+    """Hc[0..K-1] of the clipped histogram (Hc[K] = G is public under the person unit).
+    Sensitivity 1 under the person unit (paper, Lemma 4: adding a person to a group of size
+    i < K lowers Hc[i] by one, nothing else); K-1 under the household unit (a group of size s
+    counts in Hc[s..K-1])."""
+    _check_unit(unit)
+    return Query(h_to_hc(clip_histogram(H, K))[..., : int(K)], 1 if unit == "person" else max(int(K) - 1, 0))
+
+
+def hg_query(H, K: int, unit: PrivacyUnit) -> Query:
     """Hg: the G clipped group sizes sorted ascending, ONE ENTRY PER GROUP (inherent to
-    this measurement, which adds noise per group).  Sensitivity 1 (Hay et al. 2010)."""
+    this measurement, which adds noise per group).  Sensitivity 1 under the person unit (Hay
+    et al. 2010), where G is public; undefined under the household unit (adding a group changes
+    the vector's length), which raises."""
+    _check_unit(unit)
+    if unit == "household":
+        raise ValueError("Hg needs a public group count: it is not defined under the household unit (use hc or naive)")
     Hk = clip_histogram(H, K)
-    return Query(np.repeat(np.arange(int(K) + 1, dtype=dtype), Hk), 1)
+    return Query(np.repeat(np.arange(int(K) + 1, dtype=np.int64), Hk), 1)
 
 
-def max_size_query(H) -> Query:
-    """Largest group size (0 if no groups).  Sensitivity 1: adding or removing one person
-    changes the largest group size by at most one.  Used to choose K privately."""
+def max_size_query(H, unit: PrivacyUnit, max_size: int | None = None) -> Query:
+    """Largest group size (0 if no groups).  Sensitivity 1 under the person unit (adding or
+    removing one person changes it by at most one); ``max_size`` (the largest size a group may
+    have, required) under the household unit.  Used to choose K privately."""
+    _check_unit(unit)
+    if unit == "household" and (max_size is None or max_size < 1):
+        raise ValueError("the household unit needs max_size (the largest possible group) for this sensitivity")
     H = np.asarray(H, dtype=np.int64)
     nz = np.flatnonzero(H)
-    return Query(np.array([int(nz[-1]) if nz.size else 0], dtype=np.int64), 1)
+    return Query(np.array([int(nz[-1]) if nz.size else 0], dtype=np.int64), 1 if unit == "person" else int(max_size))
 
 
 def k_from_noisy_max(noisy_max: float, epsilon_k: float) -> int:

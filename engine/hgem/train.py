@@ -158,7 +158,7 @@ class RoundRecord:
 
 @dataclass
 class HGEMResult:
-    generator: HGEMGenerator  # EMA weights (the output, F_out)
+    generator: HGEMGenerator  # the output F_out: the last round's fit (output "auto" under update="map"), or the EMA weights ("ema")
     last_generator: HGEMGenerator  # weights after round T
     measured: list[Workload]
     measurements: list[np.ndarray]
@@ -312,7 +312,9 @@ def train_hgem(
     measurement_sigma: Callable[[Workload], float] | None = None,
     initial: Sequence[InitialMeasurement] = (),
 ) -> HGEMResult:
-    """Run T adaptive-measurement rounds (H-GEM Algorithm 3) and return the EMA generator.
+    """Run T adaptive-measurement rounds (H-GEM Algorithm 3) and return the output generator: the
+    last round's fit by default (the MAP estimate given all measurements), GEM's EMA of the
+    second half's weights with ``output="ema"`` (module docstring).
 
     workloads          the candidate workloads Q (selection is over workloads: marginal trick)
     select             ``select(model_answers) -> index``: the current model's normalised answers

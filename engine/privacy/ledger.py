@@ -41,15 +41,18 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from engine.errors import EXIT_PRIVACY, DPReleaseError
 from engine.privacy.accountant import Number, as_fraction, rho_to_eps
-from engine.privacy.file_lock import exclusive_lock
 from engine.privacy.budget import BudgetPlan
+from engine.privacy.file_lock import exclusive_lock
 
 __all__ = ["BudgetExceededError", "Charge", "PrivacyLedger", "node_id"]
 
 
-class BudgetExceededError(RuntimeError):
+class BudgetExceededError(DPReleaseError, RuntimeError):
     """A charge would exceed the privacy budget of its node, its stage or the whole plan."""
+
+    exit_code = EXIT_PRIVACY
 
 
 def node_id(node: Any) -> str:
@@ -136,10 +139,12 @@ class PrivacyLedger:
     file's plan must equal ``plan``. Creates the file (and parent directory) if needed.
     """
 
-    def __init__(self, path: str | os.PathLike, plan: BudgetPlan) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike | None, plan: BudgetPlan) -> None:
+        """``path`` None: an in-memory ledger (a notebook, a test) — the same accounting and
+        refusals, nothing written, nothing shared between processes."""
+        self.path = None if path is None else Path(path)
         self.plan = plan
-        self._lock_path = self.path.with_name(self.path.name + ".lock")
+        self._lock_path = None if self.path is None else self.path.with_name(self.path.name + ".lock")
         self._tlock = threading.RLock()
         self._offset = 0
         self._charges: dict[str, Charge] = {}
@@ -147,6 +152,8 @@ class PrivacyLedger:
         # (stage, level) -> {node -> exact sequential sum}; (stage, level) -> max over its nodes
         self._nodes: dict[tuple[str, str], dict[str, Fraction]] = defaultdict(dict)
         self._level_max: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+        if self.path is None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._locked():
             if not self.path.exists() or self.path.stat().st_size == 0:
@@ -156,10 +163,16 @@ class PrivacyLedger:
     # -- file handling ------------------------------------------------------------------------
     @contextmanager
     def _locked(self) -> Iterator[None]:
+        if self._lock_path is None:
+            with self._tlock:
+                yield
+            return
         with self._tlock, exclusive_lock(self._lock_path):
             yield
 
     def _append(self, record: dict) -> None:
+        if self.path is None:
+            return
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -173,6 +186,8 @@ class PrivacyLedger:
 
     def _refresh(self, *, writer: bool) -> None:
         """Read the lines appended since the last look (caller holds the lock)."""
+        if self.path is None:
+            return
         with open(self.path, "rb") as f:
             f.seek(self._offset)
             data = f.read()
@@ -304,7 +319,8 @@ class PrivacyLedger:
                     f"would be {total_after} (≈{float(total_after):.6g}) > {self.plan.total_rho}"
                 )
             self._append(new.to_json())
-            self._offset = self.path.stat().st_size
+            if self.path is not None:
+                self._offset = self.path.stat().st_size
             self._ingest(new.to_json())
             return new
 

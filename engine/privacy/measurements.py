@@ -36,16 +36,19 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import EXIT_INTEGRITY, DPReleaseError
 from engine.privacy import mechanisms
-from engine.privacy.file_lock import exclusive_lock, write_atomic
 from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, exponential_mechanism_rho, pure_dp_rho
+from engine.privacy.file_lock import exclusive_lock, write_atomic
 from engine.privacy.ledger import PrivacyLedger, node_id
 
 __all__ = ["Measurement", "MeasurementStore", "MeasurementIntegrityError"]
 
 
-class MeasurementIntegrityError(RuntimeError):
+class MeasurementIntegrityError(DPReleaseError, RuntimeError):
     """A stored measurement does not match its recorded hash or the request."""
+
+    exit_code = EXIT_INTEGRITY
 
 
 @dataclass(frozen=True, eq=False)

@@ -32,6 +32,7 @@ from typing import Literal
 
 import numpy as np
 
+from engine.errors import EXIT_PRIVACY, DPReleaseError
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import PrivacyLedger
@@ -45,8 +46,10 @@ INVARIANTS = ("puma_household_counts",)
 Invariant = Literal["puma_household_counts"]
 
 
-class InvariantNotDeclared(PermissionError):
+class InvariantNotDeclared(DPReleaseError, PermissionError):
     """An exact statistic was asked for that the release does not declare as an invariant."""
+
+    exit_code = EXIT_PRIVACY
 
 
 def size_counts(sizes: np.ndarray, K: int) -> np.ndarray:

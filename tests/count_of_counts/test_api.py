@@ -26,7 +26,7 @@ def test_run_hierarchy(method, consistency):
     K = 30
     h, H = _setup(rng, K)
     eps = [0.5, 0.5, 0.5]
-    q = hierarchy_queries(h, H, K, method)
+    q = hierarchy_queries(h, H, K, method, unit="person")
     noisy = {
         lv: [double_geometric(v, 1 / eps[lv], rng) for v in q[lv].values]
         if method == "hg"
@@ -51,7 +51,7 @@ def test_weighted_top_down_beats_leaves_at_root():
     eps = 0.3
     errs = {"weighted": [], "leaves": []}
     for _ in range(5):
-        q = hierarchy_queries(h, H, K, "hc")
+        q = hierarchy_queries(h, H, K, "hc", unit="person")
         noisy = {lv: double_geometric(q[lv].values, 1 / eps, rng) for lv in q}
         for c in errs:
             r = run_hierarchy(h, noisy, eps, K=K, group_counts=H.sum(1), consistency=c)
@@ -72,7 +72,7 @@ def test_private_group_counts():
     H2 = H.copy()
     H2[:, 1] += Gp - G  # shift group counts on size 1 (test only); keep nonnegative
     assert np.all(H2 >= 0)
-    q = hierarchy_queries(h, H2, K, "hc")
+    q = hierarchy_queries(h, H2, K, "hc", unit="person")
     noisy = {lv: double_geometric(q[lv].values, 2.0, rng) for lv in q}
     r = run_hierarchy(h, noisy, 0.5, K=K, noisy_group_counts=noisy_G)
     assert np.array_equal(r.histograms.sum(1), Gp)
@@ -83,6 +83,6 @@ def test_inconsistent_counts_rejected():
     h, H = _setup(rng)
     G = H.sum(1).copy()
     G[0] += 1
-    q = hierarchy_queries(h, H, 30, "hc")
+    q = hierarchy_queries(h, H, 30, "hc", unit="person")
     with pytest.raises(ValueError):
         run_hierarchy(h, {lv: q[lv].values for lv in q}, 1.0, K=30, group_counts=G)

@@ -86,7 +86,7 @@ def _noisy_estimates(h, rng, K=20, eps=0.7):
         Hl[v] = np.bincount(np.minimum(rng.geometric(0.4, rng.integers(0, 300)), K), minlength=K + 1)
     H = h.aggregate_up(Hl)
     G = H.sum(1)
-    q = hc_query(H, K)
+    q = hc_query(H, K, "person")
     noisy = double_geometric(q.values, 1 / eps, rng)
     return H, G, estimate_hc(noisy, G, eps, node_ids=np.arange(h.n_nodes))
 
@@ -120,7 +120,7 @@ def test_top_down_unbalanced_and_exact():
     Hl[h.index["b1"]] = [0, 1, 1, 1, 0, 0, 0]
     Hl[h.index["b2"]] = [0, 0, 4, 0, 2, 0, 0]
     H = h.aggregate_up(Hl)
-    est = estimate_hc(hc_query(H, K).values, H.sum(1), 1.0, node_ids=np.arange(5))
+    est = estimate_hc(hc_query(H, K, "person").values, H.sum(1), 1.0, node_ids=np.arange(5))
     out = consistent_histograms(h, top_down(h, est, K), K)
     assert np.array_equal(out, H)
 

@@ -42,20 +42,48 @@ def test_sensitivities_bruteforce():
         sizes = rng.integers(0, 8, rng.integers(1, 8))
         H = hist(sizes, K)
         base = {
-            "naive": naive_query(H, K),
-            "hc": hc_query(H, K),
-            "hg": hg_query(H, K),
-            "max": max_size_query(np.bincount(sizes)),
+            "naive": naive_query(H, K, "person"),
+            "hc": hc_query(H, K, "person"),
+            "hg": hg_query(H, K, "person"),
+            "max": max_size_query(np.bincount(sizes), "person"),
         }
         for s2 in neighbours(sizes, K):
             H2 = hist(s2, K)
             for name, q2 in (
-                ("naive", naive_query(H2, K)),
-                ("hc", hc_query(H2, K)),
-                ("hg", hg_query(H2, K)),
-                ("max", max_size_query(np.bincount(s2))),
+                ("naive", naive_query(H2, K, "person")),
+                ("hc", hc_query(H2, K, "person")),
+                ("hg", hg_query(H2, K, "person")),
+                ("max", max_size_query(np.bincount(s2), "person")),
             ):
                 assert np.abs(base[name].values - q2.values).sum() <= base[name].l1_sensitivity
+
+
+def test_household_unit_sensitivities_bruteforce():
+    """Neighbours under the household unit: one group of any size 1..M added or removed. The
+    reported L1 sensitivities bound every change and are attained (hc: K-1, a one-person group)."""
+    rng = np.random.default_rng(3)
+    K, M = 5, 8
+    worst = {"naive": 0, "hc": 0, "max": 0}
+    for _ in range(30):
+        sizes = rng.integers(1, M + 1, rng.integers(0, 8))
+        neighbours_ = [np.append(sizes, s) for s in range(1, M + 1)] + [np.delete(sizes, i) for i in range(sizes.size)]
+        q = {"naive": naive_query(hist(sizes, K), K, "household"), "hc": hc_query(hist(sizes, K), K, "household"),
+             "max": max_size_query(np.bincount(sizes, minlength=1), "household", max_size=M)}
+        for s2 in neighbours_:
+            q2 = {"naive": naive_query(hist(s2, K), K, "household"), "hc": hc_query(hist(s2, K), K, "household"),
+                  "max": max_size_query(np.bincount(s2, minlength=1), "household", max_size=M)}
+            for name in q:
+                d = np.abs(q[name].values - q2[name].values).sum()
+                assert d <= q[name].l1_sensitivity, (name, sizes, s2)
+                worst[name] = max(worst[name], d)
+    assert worst == {"naive": 1, "hc": K - 1, "max": M}
+    assert hc_query(hist(np.array([2]), K), K, "household").l1_sensitivity == K - 1 != hc_query(hist(np.array([2]), K), K, "person").l1_sensitivity
+    with pytest.raises(ValueError, match="household unit"):
+        hg_query(hist(np.array([2]), K), K, "household")
+    with pytest.raises(ValueError, match="max_size"):
+        max_size_query(np.bincount([2]), "household")
+    with pytest.raises(ValueError, match="privacy unit"):
+        hc_query(hist(np.array([2]), K), K, "persons")
 
 
 def test_projection_is_nnls():
@@ -92,7 +120,7 @@ def test_hc_estimator(norm):
     K, eps = 25, 0.5
     H = _true(rng, 6, K)
     G = H.sum(1)
-    q = hc_query(H, K)
+    q = hc_query(H, K, "person")
     noisy = double_geometric(q.values, q.l1_sensitivity / eps, rng)
     runs, Hh = estimate_hc(noisy, G, eps, norm=norm, node_ids=np.arange(10, 16), return_histograms=True)
     assert Hh.dtype.kind == "i" and np.all(Hh >= 0) and np.array_equal(Hh.sum(1), G)
@@ -111,7 +139,7 @@ def test_hg_estimator():
     rng = np.random.default_rng(3)
     K, eps = 25, 1.0
     H = _true(rng, 4, K)
-    vecs = [double_geometric(hg_query(h, K).values, 1 / eps, rng) for h in H]
+    vecs = [double_geometric(hg_query(h, K, "person").values, 1 / eps, rng) for h in H]
     runs = estimate_hg(vecs, K, eps)
     est = runs.histograms(np.arange(4), K)
     assert np.all(est >= 0) and np.array_equal(est.sum(1), H.sum(1))
@@ -119,7 +147,7 @@ def test_hg_estimator():
     # variance 2/(eps^2 s) for a block of s groups: count is a multiple of 2/(eps^2 var)
     s = 2 / (eps**2 * runs.var)
     assert np.allclose(s, np.round(s)) and np.all(runs.count % np.round(s).astype(int) == 0)
-    exact = estimate_hg([hg_query(h, K).values for h in H], K, eps).histograms(np.arange(4), K)
+    exact = estimate_hg([hg_query(h, K, "person").values for h in H], K, eps).histograms(np.arange(4), K)
     assert np.array_equal(exact, H)
     # concatenated form with offsets gives the same answer
     offs = np.concatenate([[0], np.cumsum([v.size for v in vecs])])

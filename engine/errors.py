@@ -1,0 +1,19 @@
+"""One error base class for everything dprelease refuses on purpose, with the command line's
+exit code: 2 bad input, config or release contents (a gate refused); 3 a privacy refusal (the
+budget would be exceeded, an exact statistic was asked for that is not a declared invariant);
+4 stored measurements fail their integrity check. Other exceptions are bugs (exit 1, traceback).
+Each subclass also derives from the built-in type callers caught before (``ValueError``, ...)."""
+
+from __future__ import annotations
+
+__all__ = ["DPReleaseError", "EXIT_BAD_INPUT", "EXIT_INTEGRITY", "EXIT_PRIVACY"]
+
+EXIT_BAD_INPUT = 2
+EXIT_PRIVACY = 3
+EXIT_INTEGRITY = 4
+
+
+class DPReleaseError(Exception):
+    """Base of dprelease's deliberate refusals; ``exit_code`` is what ``dprelease`` exits with."""
+
+    exit_code: int = EXIT_BAD_INPUT

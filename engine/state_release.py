@@ -1,0 +1,122 @@
+"""One state's release without Prefect, run directories or files: a notebook's entry point.
+
+:func:`synthesize_state` composes the engine's pieces the way the pipeline does, for one state:
+
+1. every PUMA's household count, measured through the session (discrete Gaussian, sensitivity
+   1 under both privacy units), the state's count their sum;
+2. workloads chosen from the **public** data by mutual information (no privacy cost);
+3. the state posterior: the public households reweighted by the state's measured workloads
+   (:func:`engine.synthesis.synthesize_node`, household total estimated jointly with it);
+4. per PUMA, the state posterior updated with the PUMA's workloads, and its households sampled
+   systematically along the households sorted by their attributes.
+
+Every read of the confidential data is a charged measurement of the :class:`PrivateSession`; the
+budget split is :func:`state_plan`'s (three stages, ρ shares of :data:`STATE_SHARES`), charged by
+the session's ledger — in memory (``PrivacyLedger(None, plan)``) or in a file. The flow's per-node
+tasks run steps 3 and 4 with the same functions; this module has no count-of-counts stage (the
+flow's household counts also borrow from the nation and size histograms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from engine.geography import Node, node_key
+from engine.hierarchical_data import HierarchicalData
+from engine.prior_update import household_order, sample_households
+from engine.privacy.budget import BudgetPlan
+from engine.privacy.session import PrivateSession
+from engine.queries import Workload
+from engine.support import Support
+from engine.synthesis import MeasureFn, UpdateRule, synthesize_node
+from engine.workload_selection import select_workloads
+
+__all__ = ["STATE_SHARES", "StateRelease", "node_rng", "session_measure", "state_plan", "synthesize_state"]
+
+STATE_SHARES: Mapping[str, Fraction] = {
+    "group_counts": Fraction(1, 10), "state_synthesis": Fraction(9, 20), "puma_synthesis": Fraction(9, 20),
+}
+_LEVEL = {"group_counts": "puma", "state_synthesis": "state", "puma_synthesis": "puma"}
+
+
+def state_plan(*, rho: float | Fraction | None = None, epsilon: float | None = None, delta: float = 1e-10,
+               shares: Mapping[str, Fraction | float] = STATE_SHARES) -> BudgetPlan:
+    """The budget of :func:`synthesize_state`: ``rho`` (ρ-zCDP), or (``epsilon``, ``delta``)
+    converted by the CKS bound; ``shares`` over its three stages (each at one level)."""
+    if (rho is None) == (epsilon is None):
+        raise ValueError("give rho or epsilon (with delta), not both")
+    if set(shares) != set(STATE_SHARES):
+        raise ValueError(f"shares must be given for exactly {sorted(STATE_SHARES)}")
+    levels = {st: {_LEVEL[st]: 1} for st in shares}
+    if rho is not None:
+        return BudgetPlan(rho, shares, levels, delta=delta)
+    return BudgetPlan.from_eps_delta(epsilon, delta, shares, levels)
+
+
+def node_rng(seed: int, node: Node) -> np.random.Generator:
+    """Post-processing randomness of one node, reproducible from the sampling seed."""
+    return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=tuple(int(x) for x in node)))
+
+
+def session_measure(session: PrivateSession, stage: str, level: str, node: Node) -> MeasureFn:
+    """The measure callable of :func:`engine.synthesis.synthesize_node` for one node: every noisy
+    answer is charged and persisted by the session before it is used (read back on a rerun)."""
+
+    def measure(w: Workload, rho):
+        m = session.measure_workload(stage, level, node, w, rho)
+        return m.noisy_answer, m.scale
+
+    return measure
+
+
+@dataclass
+class StateRelease:
+    """``data``: the synthetic households and persons of every PUMA (geography filled in);
+    ``households``: {PUMA: released household count}; ``workloads``: what was measured at each
+    level; ``diagnostics``: {node key: the update's diagnostics}."""
+
+    data: HierarchicalData
+    households: dict[Node, int]
+    workloads: dict[str, list[str]]
+    diagnostics: dict[str, dict] = field(default_factory=dict)
+
+
+def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,
+                     person_first: int = 2, update_rule: UpdateRule = "map", prior_strength: float = 0.1) -> StateRelease:
+    """One state's synthetic microdata (module docstring). ``public``: the public prior's
+    households (other states; their geography is ignored); ``seed``: the sampling seed (the
+    release is a function of it, the public data and the stored measurements);
+    ``person_first``, ``update_rule``, ``prior_strength``: as the release config's ``synthesis``."""
+    plan = session.ledger.plan
+    pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
+    if not pumas:
+        raise ValueError(f"state {state} has no PUMA in the private input")
+    count = {n: session.measure_household_count("group_counts", "puma", n, plan.allocation("group_counts", "puma")) for n in pumas}
+    sd = {n: float(m.scale) for n, m in count.items()}
+    G = {n: max(float(m.noisy_answer[0]), 0.0) for n, m in count.items()}
+    sel = select_workloads(public, person_first=person_first)
+    support = Support.from_data(public)
+    node = (int(state),)
+    state_res = synthesize_node(
+        support, support.weights, sel.state, plan.allocation("state_synthesis", "state"),
+        session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),
+        rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))),
+    )
+    diagnostics = {node_key(node): state_res.diagnostics}
+    order = household_order(public)
+    parts, released = [], {}
+    for n in pumas:
+        res = synthesize_node(
+            support, state_res.weights, sel.puma, plan.allocation("puma_synthesis", "puma"),
+            session_measure(session, "puma_synthesis", "puma", n), max(G[n], 1.0),
+            rule=update_rule, prior_strength=prior_strength, total_sd=sd[n],
+        )
+        diagnostics[node_key(n)] = res.diagnostics
+        released[n] = int(round(res.total))
+        parts.append(sample_households(support, res.weights, released[n], node_rng(seed, n), geo=n, order=order))
+    return StateRelease(HierarchicalData.concat(parts), released, {"state": [w.id for w in sel.state], "puma": [w.id for w in sel.puma]},
+                        diagnostics)

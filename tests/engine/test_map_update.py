@@ -1,0 +1,92 @@
+"""The default update rule (MAP, engine.map_update): limits and a brute-force convex solve.
+
+    q* = argmin_q α KL(q ‖ p) + Σ_w ‖G A_w q − ỹ_w‖² / (2σ_w²) over the simplex of the support.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from engine.map_update import NoisyWorkload, map_update
+from engine.queries import Workload, answer
+from engine.support import Support
+from tests.engine._support_testdata import random_data, small_domain
+
+DOMAIN = small_domain(M=3)
+WORKLOADS = [Workload("group", ("NP",), ()), Workload("group", ("TEN",), ()), Workload("person", (), ("SEX",))]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    public = random_data(DOMAIN, 12, seed=31)
+    private = random_data(DOMAIN, 60, seed=32)
+    return Support.from_data(public), private
+
+
+def measurements(support, private, sigma, rng=None, G=None):
+    G = private.n_households if G is None else G
+    out = []
+    for w in WORKLOADS:
+        y = answer(private, w).astype(float)
+        if rng is not None:
+            y = y + rng.normal(0, sigma, y.size)
+        out.append(NoisyWorkload(w, y / G, sigma))
+    return out
+
+
+def objective(support, p, ms, G, alpha):
+    def f(q):
+        q = np.clip(q, 1e-300, None)
+        kl = float(np.sum(q * (np.log(q) - np.log(p))))
+        fit = sum(float(np.sum((G * support.answer(m.workload, q) - G * m.answer) ** 2)) / (2 * m.sigma**2) for m in ms)
+        return alpha * kl + fit
+    return f
+
+
+def brute_force(support, p, ms, G, alpha):
+    """The convex problem solved directly over the simplex (SLSQP from several starts)."""
+    f = objective(support, p, ms, G, alpha)
+    n = p.size
+    best = None
+    for start in (p, np.full(n, 1 / n), np.random.default_rng(0).dirichlet(np.ones(n))):
+        r = minimize(f, start, method="SLSQP", bounds=[(0, 1)] * n, constraints=[{"type": "eq", "fun": lambda q: q.sum() - 1}],
+                     options={"maxiter": 2000, "ftol": 1e-14})
+        if best is None or r.fun < best.fun:
+            best = r
+    return best.x, best.fun
+
+
+@pytest.mark.parametrize("alpha", [0.5, 5.0, 50.0])
+def test_map_update_equals_a_brute_force_convex_solve(tiny, alpha):
+    support, private = tiny
+    rng = np.random.default_rng(int(alpha * 10))
+    G = private.n_households
+    ms = measurements(support, private, 3.0, rng)
+    p = support.weights / support.weights.sum()
+    q, _ = map_update(support, p, ms, G, prior_strength=alpha)
+    q_bf, f_bf = brute_force(support, p, ms, G, alpha)
+    f = objective(support, p, ms, G, alpha)
+    assert f(q) <= f_bf + 1e-6 * max(1.0, abs(f_bf))  # at least as good as the direct solve
+    assert np.abs(q - q_bf).sum() < 1e-3
+
+
+def test_a_huge_prior_strength_keeps_the_prior(tiny):
+    support, private = tiny
+    p = support.weights / support.weights.sum()
+    q, _ = map_update(support, p, measurements(support, private, 3.0, np.random.default_rng(1)), private.n_households, prior_strength=1e9)
+    assert np.abs(q - p).max() < 1e-6
+
+
+def test_vanishing_noise_fits_producible_answers(tiny):
+    """Answers the support can produce exactly (those of some q₀ on it) are matched as σ → 0."""
+    support, _ = tiny
+    q0 = np.random.default_rng(2).dirichlet(np.ones(support.n_support))
+    G = 1000.0
+    ms = [NoisyWorkload(w, support.answer(w, q0), 1e-4) for w in WORKLOADS]
+    p = support.weights / support.weights.sum()
+    q, _ = map_update(support, p, ms, G, prior_strength=1.0)
+    for m in ms:
+        assert np.abs(support.answer(m.workload, q) - m.answer).max() < 1e-5
+    assert abs(q.sum() - 1) < 1e-9 and q.min() >= 0

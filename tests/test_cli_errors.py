@@ -1,0 +1,58 @@
+"""One error base class, one exit code per kind of refusal (engine/errors.py), a single line on
+stderr and no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import EXIT_BAD_INPUT, EXIT_INTEGRITY, EXIT_PRIVACY, DPReleaseError
+from engine.privacy.ledger import BudgetExceededError
+from engine.privacy.measurements import MeasurementIntegrityError
+from engine.privacy.session import InvariantNotDeclared
+from flows import cli
+from schemas.input_expectations import InputGateError
+from schemas.pums_reader import InputError, InputIssue
+from schemas.release_config import ConfigError
+from schemas.release_contract import ReleaseContractError
+from schemas.release_expectations import ReleaseGateError
+from tasks.run_context import RunRefused
+
+KINDS = [
+    (BudgetExceededError("refused charge"), EXIT_PRIVACY, RuntimeError),
+    (InvariantNotDeclared("no invariant"), EXIT_PRIVACY, PermissionError),
+    (MeasurementIntegrityError("hash differs"), EXIT_INTEGRITY, RuntimeError),
+    (InputError([InputIssue("csv_pvt.zip", "file is empty (0 bytes)", check="file")]), EXIT_BAD_INPUT, ValueError),
+    (InputGateError("bad input"), EXIT_BAD_INPUT, ValueError),
+    (ConfigError("bad key"), EXIT_BAD_INPUT, ValueError),
+    (ReleaseGateError("refused", {}), EXIT_BAD_INPUT, ValueError),
+    (ReleaseContractError("bad table"), EXIT_BAD_INPUT, ValueError),
+    (RunRefused("locked"), EXIT_BAD_INPUT, RuntimeError),
+]
+
+
+@pytest.mark.parametrize(("error", "code", "builtin"), KINDS, ids=[type(k[0]).__name__ for k in KINDS])
+def test_each_refusal_exits_with_its_code_and_one_line(error, code, builtin, monkeypatch, capsys):
+    assert isinstance(error, DPReleaseError) and isinstance(error, builtin)  # old except clauses still match
+
+    def raising(args):
+        raise error
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "cmd_plan", raising)
+    for action in parser._subparsers._group_actions[0].choices.values():  # noqa: SLF001 (argparse has no public way)
+        if action.get_default("func") is not None and action.prog.endswith(" plan"):
+            action.set_defaults(func=raising)
+    assert cli.main(["plan", "deploy/releases/acs2018_default.yaml"]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err  # one issue: one line
+
+
+def test_a_bug_is_not_swallowed(monkeypatch):
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    for action in parser._subparsers._group_actions[0].choices.values():  # noqa: SLF001
+        if action.prog.endswith(" plan"):
+            action.set_defaults(func=lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["plan", "deploy/releases/acs2018_default.yaml"])
