@@ -48,7 +48,7 @@ __all__ = [
 class Query:
     """An exact query answer and its L1 sensitivity (to be noised by the privacy engine)."""
 
-    values: np.ndarray
+    values: np.ndarray | list[np.ndarray]  # one array; for a whole level of Hg, one vector per node (ragged)
     l1_sensitivity: int
 
 

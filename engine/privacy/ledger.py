@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.privacy.accountant import Number, as_fraction, rho_to_eps
-from engine.privacy.file_lock import exclusive_lock
 from engine.privacy.budget import BudgetPlan
+from engine.privacy.file_lock import exclusive_lock
 
 __all__ = ["BudgetExceededError", "Charge", "PrivacyLedger", "node_id"]
 
@@ -111,7 +111,7 @@ class Charge:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Charge":
+    def from_json(cls, d: dict) -> Charge:
         return cls(
             key=d["key"],
             stage=d["stage"],
@@ -124,7 +124,7 @@ class Charge:
             timestamp=float(d["timestamp"]),
         )
 
-    def same_parameters(self, other: "Charge") -> bool:
+    def same_parameters(self, other: Charge) -> bool:
         fields = ("key", "stage", "level", "node", "mechanism", "sensitivity", "noise_scale", "rho")
         return all(getattr(self, f) == getattr(other, f) for f in fields)
 
