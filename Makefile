@@ -1,4 +1,4 @@
-# dprelease: `make release` runs the default release; `make test` runs the test suite.
+# dprelease: `make release` runs the default release; `make test` runs the linters (`make lint`) and the test suite.
 # Both create (or reuse) the virtualenv in .venv and install the project into it.
 PYTHON ?= python3
 VENV ?= .venv
@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= deploy/releases/acs2018_default.yaml
 RUN_ARGS ?=
 
-.PHONY: release test install plan clean-release
+.PHONY: release test lint install plan clean-release
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,5 +22,9 @@ release: $(BIN)/.installed
 plan: $(BIN)/.installed
 	$(BIN)/dprelease plan $(CONFIG)
 
-test: $(BIN)/.installed
+lint: $(BIN)/.installed
+	$(BIN)/ruff check engine schemas tasks flows tests benchmarks
+	$(BIN)/mypy
+
+test: $(BIN)/.installed lint
 	$(BIN)/python -m pytest

@@ -63,7 +63,7 @@ def _assemble(histograms_by_level, parent_map, K):
         K = max(len(np.trim_zeros(np.asarray(H), "b")) - 1 for lv in histograms_by_level for H in histograms_by_level[lv].values())
         K = max(K, 1)
     H = np.zeros((h.n_nodes, K + 1), np.int64)
-    for lv, nodes in histograms_by_level.items():
+    for _, nodes in histograms_by_level.items():
         for key, hist in nodes.items():
             hist = np.asarray(hist, dtype=np.int64)
             row = np.zeros(K + 1, np.int64)

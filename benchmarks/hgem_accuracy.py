@@ -25,16 +25,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.hierarchical_data import HierarchicalData  # noqa: E402
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers  # noqa: E402
 from engine.hgem.mixture import default_device  # noqa: E402
 from engine.hgem.mwem import MWEMConfig, reduce_data, train_mwem  # noqa: E402
@@ -56,6 +55,7 @@ from engine.hgem.train import (  # noqa: E402
     train_hgem,
 )
 from engine.hgem.workloads import kway_workloads  # noqa: E402
+from engine.hierarchical_data import HierarchicalData  # noqa: E402
 from engine.queries import PrivacyUnit, Workload  # noqa: E402
 
 _log = functools.partial(print, flush=True)
@@ -307,7 +307,7 @@ def run_real(
         true = exact_normalised_answers(priv, ws)
         plan = AnswerPlan(dom, ws, device=device)  # the model's own answers, per H-GEM run
 
-        def score(synth, method, eps, run, secs, extra=None):
+        def score(synth, method, eps, run, secs, extra=None, *, wg=wg, wp=wp, priv=priv, st=st):  # this state's workloads, bound now
             for level, wl in (("group", wg), ("person", wp)):
                 q = query_errors(priv, synth, wl, "ST")
                 rows.append({"state": int(st[0]), "method": method, "epsilon": eps, "run": run, "level": level,
@@ -348,7 +348,7 @@ def run_real(
                 if "prior_update" in methods:
                     t0 = time.perf_counter()
 
-                    def noise(counts, l2, rho_w):
+                    def noise(counts, l2, rho_w, *, rng=rng):  # this run's generator, bound now
                         sigma = sigma_for_rho(l2, rho_w)
                         return np.asarray(counts, float) + rng.normal(0.0, sigma, np.shape(counts)), sigma
 

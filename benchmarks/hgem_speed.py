@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.hgem.answers import exact_normalised_answers  # noqa: E402
-from engine.hgem.train import score_select, HGEMConfig, make_generator, train_hgem  # noqa: E402
+from engine.hgem.train import HGEMConfig, make_generator, score_select, train_hgem  # noqa: E402
 from engine.hgem.workloads import kway_workloads  # noqa: E402
 
 

@@ -72,10 +72,10 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -152,7 +152,7 @@ class Node:
     code: tuple[int, ...]
     data: HierarchicalData
     n_households: int
-    children: list["Node"] = field(default_factory=list)
+    children: list[Node] = field(default_factory=list)
 
 
 def node_tree(private: HierarchicalData) -> list[Node]:
@@ -200,12 +200,12 @@ class Context:
     failures: list = field(default_factory=list)   # failed node updates (see run_prior_update)
 
     @classmethod
-    def build(cls, private: HierarchicalData, public: HierarchicalData, selection: WorkloadSelection | None = None, mwem_rounds=(8, 3)) -> "Context":
+    def build(cls, private: HierarchicalData, public: HierarchicalData, selection: WorkloadSelection | None = None, mwem_rounds=(8, 3)) -> Context:
         support = Support.from_data(public)
         sel = selection or select_workloads(public)
         return cls(private, public, support, sel, node_tree(private), support.weights.copy(), None, tuple(mwem_rounds))
 
-    def fresh_support(self) -> "Context":
+    def fresh_support(self) -> Context:
         """Same context on a new Support (cold incidence cache), for timings."""
         c = Context(self.private, self.public, Support.from_data(self.public), self.selection, self.states, self.prior, self.uniform_prior, self.mwem_rounds)
         return c
@@ -420,7 +420,7 @@ def run_accuracy(ctx: Context, evaluator: Evaluator, epsilons: Sequence[float], 
     results: dict = {m: {} for m in methods}
     seconds: dict = {m: {} for m in methods}
     public_runs = None
-    for mi, m in enumerate(methods):
+    for _, m in enumerate(methods):
         fn = method_runner(m)
         for ei, eps in enumerate(epsilons):
             if m == "public" and public_runs is not None:   # ε-independent: reuse

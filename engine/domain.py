@@ -93,7 +93,7 @@ class Domain:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Domain":
+    def from_dict(cls, d: dict) -> Domain:
         mk = lambda a: Attribute(a["name"], tuple(a["codes"]), tuple(a["labels"]))  # noqa: E731
         return cls(
             group=tuple(mk(a) for a in d["group"]),

@@ -58,7 +58,7 @@ class HierarchicalData:
 
     # -- constructors ------------------------------------------------------------------
     @classmethod
-    def from_arrays(cls, domain: Domain, geo, group, person, person_offsets) -> "HierarchicalData":
+    def from_arrays(cls, domain: Domain, geo, group, person, person_offsets) -> HierarchicalData:
         return cls(
             domain,
             np.ascontiguousarray(geo, dtype=np.int32).reshape(-1, len(domain.geography)),
@@ -68,7 +68,7 @@ class HierarchicalData:
         )
 
     @classmethod
-    def concat(cls, parts: list["HierarchicalData"]) -> "HierarchicalData":
+    def concat(cls, parts: list[HierarchicalData]) -> HierarchicalData:
         if not parts:
             raise ValueError("concat of no parts")
         d = parts[0].domain
@@ -110,7 +110,7 @@ class HierarchicalData:
         return self.geo[:, self.domain.geography.index(level)]
 
     # -- selection ---------------------------------------------------------------------
-    def take(self, households: np.ndarray) -> "HierarchicalData":
+    def take(self, households: np.ndarray) -> HierarchicalData:
         """The households at the given indices (with repetition allowed), persons included."""
         households = np.asarray(households, dtype=np.int64)
         sizes = self.sizes[households]
@@ -125,10 +125,10 @@ class HierarchicalData:
             offsets,
         )
 
-    def select(self, mask: np.ndarray) -> "HierarchicalData":
+    def select(self, mask: np.ndarray) -> HierarchicalData:
         return self.take(np.flatnonzero(mask))
 
-    def with_geo(self, geo: np.ndarray) -> "HierarchicalData":
+    def with_geo(self, geo: np.ndarray) -> HierarchicalData:
         return HierarchicalData.from_arrays(self.domain, geo, self.group, self.person, self.person_offsets)
 
     def nodes(self, level: str) -> list[tuple[int, ...]]:
@@ -142,7 +142,7 @@ class HierarchicalData:
         k = len(node)
         return np.all(self.geo[:, :k] == np.asarray(node, dtype=np.int32), axis=1)
 
-    def project(self, group: list[str] | None, person: list[str] | None) -> "HierarchicalData":
+    def project(self, group: list[str] | None, person: list[str] | None) -> HierarchicalData:
         """Keep a subset of the attributes (the size attribute is always kept)."""
         d = self.domain
         g_names = [a.name for a in d.group] if group is None else list(dict.fromkeys([d.size_attribute, *group]))
@@ -166,14 +166,14 @@ class HierarchicalData:
         )
 
     @classmethod
-    def from_npz(cls, path) -> "HierarchicalData":
+    def from_npz(cls, path) -> HierarchicalData:
         import json
 
         with np.load(path, allow_pickle=False) as z:
             domain = Domain.from_dict(json.loads(z["domain"].tobytes().decode()))
             return cls.from_arrays(domain, z["geo"], z["group"], z["person"], z["person_offsets"])
 
-    def equals(self, other: "HierarchicalData") -> bool:
+    def equals(self, other: HierarchicalData) -> bool:
         return (
             self.domain == other.domain
             and np.array_equal(self.geo, other.geo)

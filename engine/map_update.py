@@ -34,6 +34,7 @@ import scipy.sparse as sp
 from scipy.optimize import minimize
 from scipy.special import logsumexp
 
+from engine.queries import Workload
 from engine.support import Support
 
 
@@ -41,7 +42,7 @@ from engine.support import Support
 class NoisyWorkload:
     """A measured workload at one node: answers per household (noisy counts / G) and σ in counts."""
 
-    workload: object  # engine.queries.Workload
+    workload: Workload
     answer: np.ndarray
     sigma: float
 

@@ -14,11 +14,12 @@ These numbers are computed against confidential data: internal QA and benchmarks
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import numpy as np
 
 from engine.hierarchical_data import HierarchicalData
-from engine.queries import Workload, household_cell_pairs
+from engine.queries import Level, Workload, household_cell_pairs
 
 
 def node_index(data: HierarchicalData, level: str, nodes: np.ndarray) -> np.ndarray:
@@ -27,8 +28,9 @@ def node_index(data: HierarchicalData, level: str, nodes: np.ndarray) -> np.ndar
     geo = data.geo[:, :k].astype(np.int64)
     if len(nodes) == 0:
         return np.full(len(geo), -1)
-    key_nodes = np.ravel_multi_index(nodes.T.astype(np.int64), [1 << 17] * k)
-    key = np.ravel_multi_index(geo.T, [1 << 17] * k)
+    # numpy's stubs pick the scalar overload for a 2-D array argument; these are 1-D arrays
+    key_nodes = cast(np.ndarray, np.ravel_multi_index(nodes.T.astype(np.int64), [1 << 17] * k))
+    key = cast(np.ndarray, np.ravel_multi_index(geo.T, [1 << 17] * k))
     order = np.argsort(key_nodes)
     pos = np.searchsorted(key_nodes[order], key)
     pos = np.clip(pos, 0, len(order) - 1)
@@ -49,7 +51,7 @@ def answers_by_node(data: HierarchicalData, w: Workload, level: str, nodes: np.n
     return counts / np.maximum(denom, 1.0)[:, None]
 
 
-def k_way_workloads(domain, k: int = 3, level: str = "group", limit: int | None = None, rng: np.random.Generator | None = None) -> list[Workload]:
+def k_way_workloads(domain, k: int = 3, level: Level = "group", limit: int | None = None, rng: np.random.Generator | None = None) -> list[Workload]:
     """All (or ``limit`` random) workloads of k attributes (group and person attributes mixed;
     person level needs at least one person attribute)."""
     g = [a.name for a in domain.group]
@@ -60,7 +62,7 @@ def k_way_workloads(domain, k: int = 3, level: str = "group", limit: int | None 
         pa = tuple(a for a in combo if a in p)
         if level == "person" and not pa:
             continue
-        out.append(Workload(level, ga, pa))  # type: ignore[arg-type]
+        out.append(Workload(level, ga, pa))
     if limit is not None and len(out) > limit:
         rng = rng or np.random.default_rng(0)
         out = [out[i] for i in sorted(rng.choice(len(out), limit, replace=False))]
@@ -106,7 +108,7 @@ def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "pu
     for a, b in pairs:
         m = sizes[a] * sizes[b]
 
-        def marg(cols, node):
+        def marg(cols, node, *, a=a, b=b, m=m):  # this pair's attributes, bound now
             ok = node >= 0
             cell = cols[ok, a] * sizes[b] + cols[ok, b]
             counts = np.bincount(node[ok] * m + cell, minlength=len(nodes) * m).reshape(len(nodes), m).astype(np.float64)

@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -337,7 +338,7 @@ def _entropy_newton(q, patterns: Patterns, y_target, interior: float, tol: float
     it = 0
     resid = np.inf
     d = np.zeros(n_cells)
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - `it` is read after the loop (the iterations taken), so it cannot be `_`
         mean = (Pt @ pi)[used]
         g = mean - yu
         resid = float(np.abs(g).sum())
@@ -430,7 +431,7 @@ class _Target:
         P = self.patterns.matrix[np.flatnonzero(self.reachable)]
         self.y, self.l1_optimal = project_to_hull_l1(P, self.noisy, reference=(self.A @ p0) if tie_break else None)
         self.p0 = p0
-        self.lam = None
+        self.lam: np.ndarray | None = None  # the last dual solution, warm-starts the next projection
 
     def apply(self, q: np.ndarray, newton_tol: float, newton_max_iter: int, revive: float) -> np.ndarray:
         if self.partition:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -62,11 +62,12 @@ class Workload:
         return f"{base};first={self.first}" if self.first else base
 
     @classmethod
-    def from_id(cls, wid: str) -> "Workload":
+    def from_id(cls, wid: str) -> Workload:
         wid, _, first = wid.partition(";first=")
         level, rest = wid.split(":", 1)
         g, p = rest.split("|", 1)
-        return cls(level, tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a),  # type: ignore[arg-type]
+        # the level is parsed text here; __post_init__ rejects anything but "group" / "person"
+        return cls(cast(Level, level), tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a),
                    int(first) if first else 0)
 
     def counted_persons(self, max_size: int) -> int:
@@ -186,6 +187,7 @@ def normalised_answer(data: HierarchicalData, w: Workload, weights: np.ndarray |
     With ``weights`` (a weighted support), N_G = Σ_h w_h and N_I = Σ_h w_h · size_h.
     """
     counts = answer(data, w, weights)
+    total: float
     if weights is None:
         total = data.n_households if w.level == "group" else data.n_persons
     else:
@@ -332,7 +334,7 @@ class IncidenceCache:
         """Σ_h weights_h · A[:, h] (counts if weights are counts, proportions if a distribution)."""
         return self.matrix(w) @ np.asarray(weights, dtype=np.float64)
 
-    def prepare(self, workloads) -> "IncidenceCache":
+    def prepare(self, workloads) -> IncidenceCache:
         for w in workloads:
             self.matrix(w)
             if not w.is_partition():

@@ -54,6 +54,8 @@ def state_plan(*, rho: float | Fraction | None = None, epsilon: float | None = N
     levels = {st: {_LEVEL[st]: 1} for st in shares}
     if rho is not None:
         return BudgetPlan(rho, shares, levels, delta=delta)
+    if epsilon is None:
+        raise ValueError("give rho or epsilon (with delta)")
     return BudgetPlan.from_eps_delta(epsilon, delta, shares, levels)
 
 

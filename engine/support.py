@@ -36,7 +36,7 @@ class Support:
 
     data: HierarchicalData
     weights: np.ndarray
-    cache: IncidenceCache = field(repr=False, default=None)  # type: ignore[assignment]
+    cache: IncidenceCache = field(repr=False, default=None)  # type: ignore[assignment]  # None: __post_init__ builds one, so it is never None after
 
     def __post_init__(self) -> None:
         w = np.ascontiguousarray(self.weights, dtype=np.float64)
@@ -52,18 +52,18 @@ class Support:
 
     # -- constructors ----------------------------------------------------------------------
     @classmethod
-    def from_data(cls, data: HierarchicalData, weights: np.ndarray | None = None) -> "Support":
+    def from_data(cls, data: HierarchicalData, weights: np.ndarray | None = None) -> Support:
         """The empirical distribution of ``data`` (uniform 1/N_G per household) unless weights given."""
         if weights is None:
             n = max(data.n_households, 1)
             weights = np.full(data.n_households, 1.0 / n)
         return cls(data, weights)
 
-    def with_weights(self, weights: np.ndarray) -> "Support":
+    def with_weights(self, weights: np.ndarray) -> Support:
         """Same households (and incidence cache), new weights."""
         return Support(self.data, weights, self.cache)
 
-    def uniform(self) -> "Support":
+    def uniform(self) -> Support:
         """Uniform weights over the households (MWEM's start in PMW-Pub's ablation, Fig. 8)."""
         return self.with_weights(np.full(self.data.n_households, 1.0 / max(self.data.n_households, 1)))
 
@@ -86,7 +86,7 @@ class Support:
         """Weighted number of persons Σ_h w_h · size_h."""
         return float(self.weights @ self.data.sizes)
 
-    def normalised(self) -> "Support":
+    def normalised(self) -> Support:
         t = self.total_weight
         if t <= 0:
             raise ValueError("cannot normalise a support of zero total weight")
@@ -99,7 +99,7 @@ class Support:
     def patterns(self, w: Workload) -> Patterns:
         return self.cache.patterns(w)
 
-    def prepare(self, workloads) -> "Support":
+    def prepare(self, workloads) -> Support:
         """Precompute incidences (and patterns) of the workloads; returns self."""
         self.cache.prepare(workloads)
         return self

@@ -178,7 +178,7 @@ def synthesize_node(
         raise ValueError("workloads to measure at rho > 0 need a measure callable")
     if total_sd < 0:
         raise ValueError("total_sd must be >= 0")
-    measured = measure_counts(workloads, Fraction(rho), measure) if rho > 0 and workloads else []
+    measured = measure_counts(workloads, Fraction(rho), measure) if rho > 0 and workloads and measure is not None else []  # None raised above
     if not measured and not extra:
         return NodeResult(p / p.sum(), {"measured": 0}, float(total))
     joint = total_sd > 0 and bool(measured)

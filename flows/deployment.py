@@ -27,7 +27,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = "flows/release.py:release_flow"
@@ -113,6 +113,8 @@ def dask_worker_commands(spec: DaskSpec) -> list[str]:
     """Shell commands that start a remote spec's scheduler and workers (``dask scheduler`` / ``dask worker``)."""
     if spec.cluster != "remote":
         return []
+    if not spec.address:
+        raise ValueError("a remote cluster needs the scheduler address (address: tcp://host:8786)")
     from urllib.parse import urlparse
 
     u = urlparse(spec.address)
@@ -198,7 +200,7 @@ def register_release_deployment(
     The code is not copied anywhere: the deployment's pull step changes into ``repo_dir`` on the worker.
     """
     _prefect_env()
-    from prefect import get_client
+    from prefect import Flow, get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
@@ -210,7 +212,8 @@ def register_release_deployment(
                 client.create_work_pool(WorkPoolCreate(name=work_pool, type="process"))
             except ObjectAlreadyExists:
                 pass
-    remote = release_flow.from_source(source=str(Path(repo_dir).resolve()), entrypoint=ENTRYPOINT)
+    # from_source is sync-compatible: called from sync code it returns the Flow (its stub also lists the coroutine)
+    remote = cast("Flow[..., Any]", release_flow.from_source(source=str(Path(repo_dir).resolve()), entrypoint=ENTRYPOINT))
     return remote.deploy(
         name=deployment_name,
         work_pool_name=work_pool,

@@ -22,13 +22,21 @@ from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
 from engine.hierarchical_data import HierarchicalData
+from flows.plan import invariants_statement
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
 from tasks.audit import AuditLog
 from tasks.context import RunContext
 from tasks.count_of_counts import as_table as coc_as_table
-from tasks.count_of_counts import (count_of_counts_task, has_histograms, household_counts_task, node_household_sd, node_households,
-                                   release_histograms, size_measurements)
+from tasks.count_of_counts import (
+    count_of_counts_task,
+    has_histograms,
+    household_counts_task,
+    node_household_sd,
+    node_households,
+    release_histograms,
+    size_measurements,
+)
 from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, validation_record, write_validation
 from tasks.measurements_table import manifest_entry as measurements_entry
@@ -37,7 +45,6 @@ from tasks.publish import code_version, input_identity, library_versions, sha256
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
-from flows.plan import invariants_statement
 from tasks.synthesize import public_only_baseline, puma_task, select_workload_task, state_update_task
 
 
@@ -220,7 +227,8 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
     sizes = size_measurements(counts_path, "puma") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "puma")
     futures = []
-    for node, g in nodes_at(counts_path, "puma").items():
+    for (st, puma), g in nodes_at(counts_path, "puma").items():
+        node = (st, puma)  # a PUMA node is (ST, PUMA)
         futures.append(
             puma_task.submit(
                 ctx, node, g, sizes.get(node),

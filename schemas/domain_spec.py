@@ -83,7 +83,7 @@ class PersonAttributeSpec(_Strict):
         if self.codes is not None:
             return Attribute(name, tuple(self.codes), tuple(self.codes.values()))
         items = self.bins if self.bins is not None else self.groups
-        labels = tuple(x.label for x in items)  # type: ignore[union-attr]
+        labels = tuple(x.label for x in items)  # type: ignore[union-attr]  # the validator requires exactly one of codes/bins/groups
         return Attribute(name, labels, labels)
 
     def encode(self, values: np.ndarray) -> np.ndarray:
@@ -91,7 +91,7 @@ class PersonAttributeSpec(_Strict):
             return encoding.map_codes(values, [[int(c)] for c in self.codes])
         if self.bins is not None:
             return encoding.bin_ranges(values, np.array([b.min for b in self.bins]), np.array([b.max for b in self.bins]))
-        return encoding.map_codes(values, [g.codes for g in self.groups])  # type: ignore[union-attr]
+        return encoding.map_codes(values, [g.codes for g in self.groups])  # type: ignore[union-attr]  # the validator requires exactly one of codes/bins/groups
 
 
 class HouseholdAttributeSpec(_Strict):
@@ -145,10 +145,10 @@ class DomainSpec(_Strict):
                 codes = tuple(str(i) for i in range(1, max_size + 1))
                 group.append(Attribute(n, codes, codes))
             elif h.derive == "householder":
-                src = by_name[h.attribute]  # type: ignore[index]
+                src = by_name[h.attribute]  # type: ignore[index]  # _check_refs requires a known attribute for "householder"
                 group.append(Attribute(n, src.codes, src.labels))
             else:
-                group.append(Attribute(n, tuple(h.codes), tuple(h.codes.values())))  # type: ignore[arg-type,union-attr]
+                group.append(Attribute(n, tuple(h.codes), tuple(h.codes.values())))  # type: ignore[arg-type,union-attr]  # _check_refs requires codes here
         return Domain(tuple(group), person, tuple(self.geography), max_size, self.size_attribute)
 
     # -- encoding --------------------------------------------------------------------
@@ -171,15 +171,15 @@ class DomainSpec(_Strict):
         group = np.empty((n_hh, len(domain.group)), dtype=np.int64)
         pidx = {n: i for i, n in enumerate(self.person_attributes)}
         first = offsets[:-1]
-        for j, (name, h) in enumerate(self.household_attributes.items()):
+        for j, (_, h) in enumerate(self.household_attributes.items()):
             if h.derive == "size":
                 group[:, j] = np.diff(offsets) - 1
             elif h.derive == "householder":
-                group[:, j] = person[first, pidx[h.attribute]]  # type: ignore[index]
+                group[:, j] = person[first, pidx[h.attribute]]  # type: ignore[index]  # attribute required by _check_refs; numpy stubs reject int column indices
             elif h.derive == "any_person":
-                attr = domain.person_attribute(h.attribute)  # type: ignore[arg-type]
+                attr = domain.person_attribute(h.attribute)  # type: ignore[arg-type]  # _check_refs requires a known attribute for "any_person"
                 wanted = [attr.codes.index(v) for v in h.values or []]
-                group[:, j] = encoding.segment_any(np.isin(person[:, pidx[h.attribute]], wanted), offsets)  # type: ignore[index]
+                group[:, j] = encoding.segment_any(np.isin(person[:, pidx[h.attribute]], wanted), offsets)  # type: ignore[index]  # as above
             else:
                 group[:, j] = encoding.multigenerational(
                     cols[h.source or self.relationship_column], offsets, h.child_codes or [], h.grandchild_codes or [], h.parent_codes or []

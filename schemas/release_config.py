@@ -196,7 +196,7 @@ class ReleaseConfig(_Strict):
         return self
 
     # -- resolved paths --------------------------------------------------------------------
-    def resolved(self) -> "ReleaseConfig":
+    def resolved(self) -> ReleaseConfig:
         """The config with every location absolute, resolved once where it is loaded (the
         client): ``data_root`` (from the config, ``$DPRELEASE_DATA`` or ``../shared/data``),
         ``output_dir``, ``work_dir`` and a domain given as a path. Tasks on Dask workers, whose

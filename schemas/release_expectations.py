@@ -58,7 +58,7 @@ class ReleaseGeography:
     pumas: tuple[tuple[int, int], ...]
 
     @classmethod
-    def from_node_keys(cls, keys) -> "ReleaseGeography":
+    def from_node_keys(cls, keys) -> ReleaseGeography:
         from engine.geography import parse_node_key
 
         nodes = [parse_node_key(str(k)) for k in keys]
@@ -99,7 +99,7 @@ def householder_of(spec, domain: Domain) -> Householder | None:
         if a.bins is not None or len(members) != len(attr.codes):
             continue
 
-        def release_codes(source_codes) -> list[str]:
+        def release_codes(source_codes, *, attr=attr, members=members) -> list[str]:  # this attribute, bound now
             return [code for code, m in zip(attr.codes, members) if any(c in m for c in source_codes)]
 
         head = release_codes([spec.householder_code])

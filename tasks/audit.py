@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.privacy.file_lock import exclusive_lock
@@ -52,7 +52,7 @@ class AuditLog:
     def append(self, event: str, **fields) -> dict:
         with exclusive_lock(self.path.with_name(self.path.name + ".lock")):
             seq, prev = self._last()
-            record = {"seq": seq + 1, "time": datetime.now(timezone.utc).isoformat(), "event": event, **fields, "prev": prev}
+            record = {"seq": seq + 1, "time": datetime.now(UTC).isoformat(), "event": event, **fields, "prev": prev}
             record["hash"] = record_hash(record)
             with open(self.path, "ab") as f:
                 f.write(_canonical(record) + b"\n")

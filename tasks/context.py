@@ -19,6 +19,7 @@ from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementStore
 from engine.privacy.session import PrivateSession
+from engine.queries import PrivacyUnit
 from schemas.release_config import ReleaseConfig
 from tasks.run_context import RunPaths
 
@@ -29,7 +30,9 @@ def budget_plan(cfg: ReleaseConfig) -> BudgetPlan:
     b, a = cfg.budget, cfg.allocation
     if b.rho is not None:
         return BudgetPlan(b.rho, a.stages, a.levels, delta=b.delta)
-    return BudgetPlan.from_eps_delta(b.epsilon, b.delta, a.stages, a.levels, method=b.conversion)
+    if b.epsilon is not None:
+        return BudgetPlan.from_eps_delta(b.epsilon, b.delta, a.stages, a.levels, method=b.conversion)
+    raise ValueError("the budget needs budget.rho or budget.epsilon")  # the config validator already requires one
 
 
 @lru_cache(maxsize=8)
@@ -55,7 +58,7 @@ class RunContext:
     private_npz: str = ""
     public_npz: str = ""
 
-    def with_inputs(self, private_npz: str, public_npz: str) -> "RunContext":
+    def with_inputs(self, private_npz: str, public_npz: str) -> RunContext:
         return replace(self, private_npz=str(private_npz), public_npz=str(public_npz))
 
     @cached_property
@@ -85,5 +88,5 @@ class RunContext:
 
 
 @lru_cache(maxsize=4)
-def _session(private_npz: str, unit: str, ledger_path: str, store_dir: str, invariants: tuple[str, ...], cfg_json: str) -> PrivateSession:
-    return PrivateSession(HierarchicalData.from_npz(private_npz), unit, _ledger(ledger_path, cfg_json), _store(store_dir), invariants)  # type: ignore[arg-type]
+def _session(private_npz: str, unit: PrivacyUnit, ledger_path: str, store_dir: str, invariants: tuple[str, ...], cfg_json: str) -> PrivateSession:
+    return PrivateSession(HierarchicalData.from_npz(private_npz), unit, _ledger(ledger_path, cfg_json), _store(store_dir), invariants)

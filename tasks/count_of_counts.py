@@ -25,6 +25,8 @@ and size measurements from there.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 from prefect import task
@@ -90,13 +92,15 @@ def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple
     return G, np.sqrt(np.where(np.isnan(var), np.inf, var))
 
 
-def _save(ctx: RunContext, name: str, h: Hierarchy, G: tuple[np.ndarray, np.ndarray], histograms: np.ndarray | None = None,
-          histogram_sd: np.ndarray | None = None) -> str:
+def _save(ctx: RunContext, name: str, h: Hierarchy, G: tuple[np.ndarray, np.ndarray],
+          histograms: tuple[np.ndarray, np.ndarray] | None = None) -> str:
+    """``histograms``: (the histograms, the noise sd of one raw entry per node), saved together."""
     out = ctx.paths.node_path(name, "hierarchy")
-    arrays = dict(keys=np.array(h.keys), level=h.level, households=np.asarray(G[0], dtype=np.int64),
-                  households_sd=np.asarray(G[1], dtype=np.float64))
+    arrays: dict[str, Any] = dict(keys=np.array(h.keys), level=h.level, households=np.asarray(G[0], dtype=np.int64),
+                                  households_sd=np.asarray(G[1], dtype=np.float64))
     if histograms is not None:
-        arrays.update(histograms=histograms, K=histograms.shape[1] - 1, histogram_sd=histogram_sd)
+        H, histogram_sd = histograms
+        arrays.update(histograms=H, K=H.shape[1] - 1, histogram_sd=histogram_sd)
     save_npz_atomic(out, lambda f: np.savez(f, **arrays))
     return str(out)
 
@@ -126,7 +130,7 @@ def count_of_counts_task(ctx: RunContext) -> str:
     # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
     hc = {lv: G[0][h.level_range(lv), None] - at_least[lv] for lv in at_least}
     res = run_hierarchy(h, hc, eps, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G[0])
-    return _save(ctx, STAGE, h, G, res.histograms, sd)
+    return _save(ctx, STAGE, h, G, (res.histograms, sd))
 
 
 @task(name="household-counts")

@@ -10,19 +10,19 @@ import secrets
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from engine.hierarchical_data import HierarchicalData
-from tasks.audit import AuditLog
 from schemas.release_contract import validate_release_tables
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
+from tasks.audit import AuditLog
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "great-expectations", "prefect", "prefect-dask", "dask", "distributed", "torch")
@@ -96,7 +96,7 @@ def input_identity(record: dict, run_dir: Path) -> dict:
 
 
 def code_version() -> dict:
-    info = {"package": "dprelease", "version": _version("dprelease")}
+    info: dict[str, str | bool | None] = {"package": "dprelease", "version": _version("dprelease")}
     try:
         commit = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
@@ -181,7 +181,7 @@ def write_release(
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(blob)
         manifest = dict(manifest)
-        manifest["published_at"] = datetime.now(timezone.utc).isoformat()
+        manifest["published_at"] = datetime.now(UTC).isoformat()
         manifest["outputs"] = hash_tree(tmp)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
         if audit is not None:

@@ -19,6 +19,7 @@ No task here reads the private data: only ``RunContext.session()`` measurements.
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
@@ -116,14 +117,14 @@ def puma_task(
     support = cached_support(support_npz or ctx.public_npz)
     s = ctx.cfg.synthesis
     baseline = state_posterior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
-    if baseline:
+    if state_posterior is None:
         prior = support.weights
     else:
         with np.load(state_posterior) as z:
             prior = z["weights"]
     res = synthesize_node(
         support, prior, [] if baseline else [Workload.from_id(w) for w in workload_ids],
-        0 if baseline else ctx.allocation("puma_synthesis", "puma"),
+        Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
         None if baseline else session_measure(ctx.session(), "puma_synthesis", "puma", node), total=n_households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate, n_households), total_sd=households_sd,

@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 DATA = Path(os.environ.get("DPRELEASE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 ACS2018 = DATA / "acs2018_1yr"
@@ -60,7 +60,7 @@ class Table:
     def col(self, name: str) -> int:
         return self.names.index(name)
 
-    def copy(self) -> "Table":
+    def copy(self) -> Table:
         return Table(list(self.header), [list(r) for r in self.rows])
 
     @staticmethod
@@ -86,7 +86,7 @@ class Table:
 
     def find_household(self, size: int, gq: bool = False) -> list[int]:
         """Record indices of the first household of exactly ``size`` persons (GQ or HU)."""
-        for s, idx in self.households().items():
+        for _, idx in self.households().items():
             is_gq = self.get(idx[0], "RELP") in ("16", "17")
             if len(idx) == size and is_gq == gq:
                 return idx

@@ -2,9 +2,9 @@
 
 import json
 import os
-from fractions import Fraction
 import stat
 import zipfile
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd

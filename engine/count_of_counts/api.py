@@ -15,8 +15,8 @@ Privacy flow (Kuo et al., VLDB 2018, Algorithm 1 and Theorem 1):
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def hierarchy_queries(hierarchy: Hierarchy, histograms, K: int, method: str = "h
             out[lv] = naive_query(H[ids], K, unit)
         elif method == "hg":
             qs = [hg_query(H[i], K, unit) for i in ids]
-            out[lv] = Query([q.values for q in qs], 1)  # type: ignore[arg-type]
+            out[lv] = Query([np.asarray(q.values) for q in qs], 1)
         else:
             raise ValueError(f"method must be one of {METHODS}")
     return out
@@ -99,7 +99,7 @@ def estimate_level(method: str, noisy, G, K: int, epsilon: float, node_ids, norm
 
 def run_hierarchy(
     hierarchy: Hierarchy,
-    noisy: Mapping[int, object],
+    noisy: Mapping[int, np.ndarray | Sequence[np.ndarray]],
     epsilons,
     *,
     K: int,
@@ -147,7 +147,7 @@ def run_hierarchy(
     elif method == "hg":
         G = np.zeros(h.n_nodes, dtype=np.int64)
         for lv in range(h.n_levels):
-            G[h.level_range(lv)] = [len(v) for v in noisy[lv]]  # type: ignore[union-attr]
+            G[h.level_range(lv)] = [len(v) for v in noisy[lv]]
     else:
         raise ValueError("group_counts (public G_v) or noisy_group_counts is required")
     leaf = h.is_leaf()
@@ -157,7 +157,7 @@ def run_hierarchy(
     parts = []
     for lv in range(h.n_levels):
         ids = h.level_range(lv)
-        if method == "hg" and any(len(v) != g for v, g in zip(noisy[lv], G[ids])):  # type: ignore[arg-type]
+        if method == "hg" and any(len(v) != g for v, g in zip(noisy[lv], G[ids])):
             raise ValueError(f"level {lv}: Hg vector lengths differ from the group counts")
         parts.append(estimate_level(method, noisy[lv], G[ids], K, eps[lv], ids, norm))
     est = RunsTable.concat(parts)

@@ -52,7 +52,7 @@ __all__ = [
 class Query:
     """An exact query answer and its L1 sensitivity (to be noised by the privacy engine)."""
 
-    values: np.ndarray
+    values: np.ndarray | list[np.ndarray]  # one array; for a whole level of Hg, one vector per node (ragged)
     l1_sensitivity: int
 
 
@@ -95,11 +95,15 @@ def max_size_query(H, unit: PrivacyUnit, max_size: int | None = None) -> Query:
     removing one person changes it by at most one); ``max_size`` (the largest size a group may
     have, required) under the household unit.  Used to choose K privately."""
     _check_unit(unit)
-    if unit == "household" and (max_size is None or max_size < 1):
+    if unit == "person":
+        sensitivity = 1
+    elif max_size is None or max_size < 1:
         raise ValueError("the household unit needs max_size (the largest possible group) for this sensitivity")
+    else:
+        sensitivity = int(max_size)
     H = np.asarray(H, dtype=np.int64)
     nz = np.flatnonzero(H)
-    return Query(np.array([int(nz[-1]) if nz.size else 0], dtype=np.int64), 1 if unit == "person" else int(max_size))
+    return Query(np.array([int(nz[-1]) if nz.size else 0], dtype=np.int64), sensitivity)
 
 
 def k_from_noisy_max(noisy_max: float, epsilon_k: float) -> int:

@@ -185,12 +185,12 @@ class RunsTable:
         return int(self.node.shape[0])
 
     @classmethod
-    def empty(cls) -> "RunsTable":
+    def empty(cls) -> RunsTable:
         z = np.zeros(0, np.int64)
         return cls(z, z, z, np.zeros(0))
 
     @classmethod
-    def concat(cls, tables: list["RunsTable"]) -> "RunsTable":
+    def concat(cls, tables: list[RunsTable]) -> RunsTable:
         if not tables:
             return cls.empty()
         return cls(
@@ -200,14 +200,14 @@ class RunsTable:
             np.concatenate([t.var for t in tables]),
         ).sorted()
 
-    def sorted(self) -> "RunsTable":
+    def sorted(self) -> RunsTable:
         """Sort by (node, size) (stable) and drop empty runs."""
         keep = self.count > 0
         t = RunsTable(self.node[keep], self.size[keep], self.count[keep], self.var[keep])
         order = np.lexsort((t.size, t.node))
         return RunsTable(t.node[order], t.size[order], t.count[order], t.var[order])
 
-    def coalesced(self) -> "RunsTable":
+    def coalesced(self) -> RunsTable:
         """Sort by (node, size, var) and add up rows with identical (node, size, var)."""
         t = self
         keep = t.count > 0
@@ -225,7 +225,7 @@ class RunsTable:
         lo, hi = np.searchsorted(self.node, [v, v + 1])
         return slice(int(lo), int(hi))
 
-    def for_node(self, v: int) -> "RunsTable":
+    def for_node(self, v: int) -> RunsTable:
         s = self.node_slice(v)
         return RunsTable(self.node[s], self.size[s], self.count[s], self.var[s])
 

@@ -7,21 +7,24 @@ nodes are therefore the id range ``level_range(l)``.  Leaves may sit at any leve
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 __all__ = ["Hierarchy"]
 
+_Key = TypeVar("_Key", bound=Hashable)  # node labels (Mapping is invariant in its key type)
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, init=False)
 class Hierarchy:
     parent: np.ndarray  # (N,) int64, -1 for roots
-    keys: list = field(default=None)  # optional node labels, keys[i] labels node i
+    keys: list  # node labels, keys[i] labels node i (the node ids 0..N-1 unless given)
 
-    def __post_init__(self) -> None:
-        p = np.asarray(self.parent, dtype=np.int64)
+    def __init__(self, parent: np.ndarray, keys: list | None = None) -> None:
+        p = np.asarray(parent, dtype=np.int64)
         self.parent = p
         n = p.size
         if np.any((p < -1) | (p >= n)):
@@ -39,8 +42,7 @@ class Hierarchy:
             if np.any(np.diff(pl) < 0):
                 raise ValueError("children of one parent must be contiguous and ordered by parent")
         self.level = level
-        if self.keys is None:
-            self.keys = list(range(n))
+        self.keys = list(range(n)) if keys is None else keys
         if len(self.keys) != n:
             raise ValueError("keys must label every node")
         self.index = {k: i for i, k in enumerate(self.keys)}
@@ -48,7 +50,7 @@ class Hierarchy:
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
-    def from_parent_map(cls, parent_of: Mapping[Hashable, Hashable | None]) -> "Hierarchy":
+    def from_parent_map(cls, parent_of: Mapping[_Key, _Key | None]) -> Hierarchy:
         """From ``{node_key: parent_key or None}``; keys are kept in insertion order within
         each parent."""
         keys = list(parent_of)
@@ -81,15 +83,15 @@ class Hierarchy:
         return cls(parent, order)
 
     @classmethod
-    def from_levels(cls, level_parents: Sequence[Sequence[int]], keys=None) -> "Hierarchy":
+    def from_levels(cls, level_parents: Sequence[Sequence[int]], keys: list | None = None) -> Hierarchy:
         """``level_parents[l][i]`` = index (within level l-1) of the parent of the i-th node of
         level l; ``level_parents[0]`` is ignored except for its length (the roots).
         Level l's nodes must be given grouped by parent in nondecreasing order."""
         parent = []
         base_prev = 0
         base = 0
-        for lv, lp in enumerate(level_parents):
-            lp = np.asarray(lp, dtype=np.int64)
+        for lv, level_lp in enumerate(level_parents):
+            lp = np.asarray(level_lp, dtype=np.int64)
             parent.append(np.full(lp.size, -1, np.int64) if lv == 0 else lp + base_prev)
             base_prev, base = base, base + lp.size
         return cls(np.concatenate(parent) if parent else np.zeros(0, np.int64), keys)

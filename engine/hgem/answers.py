@@ -29,15 +29,15 @@ Everything is vectorised: all cells of a workload at once, and all workloads of 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
 
 from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
 from engine.hgem.mixture import MixtureLayout, ProductMixture, resolve_device
+from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload, answer
 
 
@@ -93,6 +93,8 @@ class AnswerPlan:
         self._person_cells = is_person[self.segment_ids]
         lay = self.layout
         buckets: dict[tuple, _Bucket] = {}
+        gstarts: dict[tuple, list[list[int]]] = {}  # per bucket, per member: first column of each attribute
+        pstarts: dict[tuple, list[list[int]]] = {}
         for i, w in enumerate(self.workloads):
             np_pos = w.group_attrs.index(domain.size_attribute) if domain.size_attribute in w.group_attrs else -1
             gnames = [a for a in w.group_attrs if a != domain.size_attribute]
@@ -102,14 +104,15 @@ class AnswerPlan:
             b = buckets.get(key)
             if b is None:
                 b = buckets[key] = _Bucket(w.level, np_pos, gs, ps, [], [], [], w.n_cells(domain))
+                gstarts[key], pstarts[key] = [], []
             b.members.append(i)
-            b.gidx.append([lay.group_offsets[lay.group_names.index(a)] for a in gnames])  # type: ignore[arg-type]
-            b.pidx.append([lay.person_offsets[lay.person_names.index(a)] for a in w.person_attrs])  # type: ignore[arg-type]
+            gstarts[key].append([lay.group_offsets[lay.group_names.index(a)] for a in gnames])
+            pstarts[key].append([lay.person_offsets[lay.person_names.index(a)] for a in w.person_attrs])
         self._buckets: list[_Bucket] = []
         order: list[int] = []
-        for b in buckets.values():
-            starts_g = torch.as_tensor(b.gidx, dtype=torch.long).reshape(len(b.members), len(b.group_sizes))
-            starts_p = torch.as_tensor(b.pidx, dtype=torch.long).reshape(len(b.members), len(b.person_sizes))
+        for key, b in buckets.items():
+            starts_g = torch.as_tensor(gstarts[key], dtype=torch.long).reshape(len(b.members), len(b.group_sizes))
+            starts_p = torch.as_tensor(pstarts[key], dtype=torch.long).reshape(len(b.members), len(b.person_sizes))
             b.gidx = [(starts_g[:, j : j + 1] + torch.arange(s)).to(self.device) for j, s in enumerate(b.group_sizes)]
             b.pidx = [(starts_p[:, j : j + 1] + torch.arange(s)).to(self.device) for j, s in enumerate(b.person_sizes)]
             self._buckets.append(b)
@@ -130,10 +133,11 @@ class AnswerPlan:
         # indexing's backward sorts the indices (a third of a GPU step's time)
         gfac = [mix.group_probs.index_select(1, idx[rows].reshape(-1)).view(B, W, -1) for idx in b.gidx]  # (B, W, s)
         if b.person_sizes:
-            p = None
-            for idx in b.pidx:
-                q = mix.person_probs.index_select(2, idx[rows].reshape(-1)).view(B, M, W, -1)  # (B, M, W, t)
-                p = q if p is None else (p.unsqueeze(-1) * q.unsqueeze(-2)).flatten(-2)
+            # one index tensor per person attribute (b.pidx is built from b.person_sizes)
+            pfac = [mix.person_probs.index_select(2, idx[rows].reshape(-1)).view(B, M, W, -1) for idx in b.pidx]  # (B, M, W, t)
+            p = pfac[0]
+            for q in pfac[1:]:
+                p = (p.unsqueeze(-1) * q.unsqueeze(-2)).flatten(-2)
             if b.level == "group":
                 # contains within the first m slots: 1 − Π_{j≤m} (1 − p_j), the product as exp Σ log
                 # (cumprod's backward checks its input for zeros on the host, a sync that a CUDA

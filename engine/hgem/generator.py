@@ -42,6 +42,11 @@ class SegmentSoftmax(nn.Module):
     loop launched three per attribute, forward and backward, and H-GEM's GPU steps are launch-bound).
     """
 
+    # registered buffers (declared for the type checker: nn.Module.__getattr__ is typed Tensor | Module)
+    gather: torch.Tensor
+    padding: torch.Tensor
+    back: torch.Tensor
+
     def __init__(self, sizes: tuple[int, ...]) -> None:
         super().__init__()
         self.sizes = tuple(int(s) for s in sizes)
@@ -80,6 +85,8 @@ class HGEMGenerator(nn.Module):
     seed        seed of the torch.Generator that draws z and the initial weights.
     device      ``None`` → cuda if available, else cpu.
     """
+
+    z: torch.Tensor  # registered buffer (declared for the type checker: nn.Module.__getattr__ is typed Tensor | Module)
 
     def __init__(
         self,

@@ -49,7 +49,7 @@ class MixtureLayout:
     person_offsets: tuple[int, ...]
 
     @classmethod
-    def from_domain(cls, domain: Domain) -> "MixtureLayout":
+    def from_domain(cls, domain: Domain) -> MixtureLayout:
         g = [a for a in domain.group if a.name != domain.size_attribute]
         gs = tuple(a.size for a in g)
         ps = tuple(a.size for a in domain.person)
@@ -123,11 +123,11 @@ class ProductMixture:
     def device(self) -> torch.device:
         return self.size_probs.device
 
-    def detach(self) -> "ProductMixture":
+    def detach(self) -> ProductMixture:
         w = None if self.weights is None else self.weights.detach()
         return ProductMixture(self.layout, self.size_probs.detach(), self.group_probs.detach(), self.person_probs.detach(), w)
 
-    def to(self, device) -> "ProductMixture":
+    def to(self, device) -> ProductMixture:
         w = None if self.weights is None else self.weights.to(device)
         return ProductMixture(
             self.layout, self.size_probs.to(device), self.group_probs.to(device), self.person_probs.to(device), w

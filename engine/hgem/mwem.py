@@ -26,15 +26,16 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
 
 from engine.domain import Attribute, Domain
-from engine.hierarchical_data import HierarchicalData
 from engine.hgem.mixture import resolve_device
+from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload
 
 # ----------------------------------------------------------------------------------------------

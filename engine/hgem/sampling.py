@@ -41,8 +41,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.hierarchical_data import HierarchicalData
 from engine.hgem.mixture import ProductMixture
+from engine.hierarchical_data import HierarchicalData
 
 
 def stratified_uniforms(strata: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

@@ -24,7 +24,8 @@ run on a side stream as PyTorch's documentation prescribes ("whole-network captu
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -140,16 +141,17 @@ class GraphedEval:
             with torch.cuda.stream(side), torch.no_grad():
                 fn()  # warm-up outside the capture
             torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.no_grad():
-                self.out = fn()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.no_grad():
+                out = fn()
+            self.graph, self.out = graph, out  # set together: a captured graph always has its output
 
     def __call__(self) -> torch.Tensor:
-        if self.graph is None:
+        if self.graph is None or self.out is None:  # not captured (both are set by the capture)
             with torch.no_grad():
                 return self.fn()
         self.graph.replay()
-        return self.out  # type: ignore[return-value]
+        return self.out
 
 
 def _host(stats: torch.Tensor) -> np.ndarray:

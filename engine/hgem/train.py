@@ -88,20 +88,21 @@ import contextlib
 import copy
 import functools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import HouseholdCells, ProductMixture, household_log_likelihood, mixture_kl_bound, resolve_device
 from engine.hgem.steps import AdamSteps, GraphedEval, make_adam, set_lr, use_cuda_graphs
-from engine.queries import Workload
+from engine.hierarchical_data import HierarchicalData
 from engine.privacy.session import max_abs_error_scores
+from engine.queries import Workload
 
 SelectFn = Callable[[np.ndarray], int]  # the model's answers of all candidates, concatenated -> index
 MeasureFn = Callable[[Workload], np.ndarray]
@@ -339,7 +340,7 @@ def train_hgem(
     dev = G.device
     plan_all = AnswerPlan(domain, workloads, device=dev, max_elements=cfg.max_elements)
     graphs = use_cuda_graphs(dev, cfg.cuda_graphs)
-    groups = [{"params": [G.component_logits]}]
+    groups: list[dict[str, Any]] = [{"params": [G.component_logits]}]  # Adam parameter groups
     network = [p for name, p in G.named_parameters() if name != "component_logits"]
     if cfg.network_lr_scale > 0:
         groups.append({"params": network, "lr": cfg.lr * cfg.network_lr_scale})
@@ -493,8 +494,8 @@ def _map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term, max_s
     so a round never ends above its own best. Returns (steps, γ = 0 (unused), max err)."""
     best_prev, hist = float("inf"), []
     params = [p for p in G.parameters() if p.requires_grad]
-    best = {"loss": float("inf"), "max_err": float("nan"), "params": [torch.empty_like(p) for p in params]}
-    last = {"loss": float("inf")}
+    best_loss, best_max_err, best_params = float("inf"), float("nan"), [torch.empty_like(p) for p in params]
+    last_loss = float("inf")
 
     def evaluate():
         mix = G()
@@ -505,13 +506,13 @@ def _map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term, max_s
         return loss, torch.stack([loss.detach(), plan_m.max_abs_error(ans_m.detach(), tgt_m).max()])
 
     def stop(i: int, stats: np.ndarray) -> bool:
-        nonlocal best_prev
+        nonlocal best_prev, best_loss, best_max_err, last_loss
         hist.append(float(stats[0]))
-        last["loss"] = float(stats[0])
-        if float(stats[0]) < best["loss"]:  # stats describe the current parameters (before step i)
-            best["loss"], best["max_err"] = float(stats[0]), float(stats[1])
+        last_loss = float(stats[0])
+        if float(stats[0]) < best_loss:  # stats describe the current parameters (before step i)
+            best_loss, best_max_err = float(stats[0]), float(stats[1])
             with torch.no_grad():  # one fused copy (a launch per tensor would slow graphed GPU steps)
-                torch._foreach_copy_(best["params"], params)
+                torch._foreach_copy_(best_params, params)
         if len(hist) % 10 == 0 and i < max_steps:
             best_now = min(hist[-10:])
             if best_now > best_prev * (1 - cfg.update_tol):
@@ -520,10 +521,10 @@ def _map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term, max_s
         return False
 
     steps = runner.run(evaluate, lambda loss: loss, stop, max_steps)
-    if np.isfinite(best["loss"]) and not last["loss"] <= best["loss"]:  # worse, or NaN
+    if np.isfinite(best_loss) and not last_loss <= best_loss:  # worse, or NaN
         with torch.no_grad():  # in place: CUDA graphs of later rounds read the same tensors
-            torch._foreach_copy_(params, best["params"])
-    return steps, 0.0, best["max_err"]
+            torch._foreach_copy_(params, best_params)
+    return steps, 0.0, best_max_err
 
 
 def fit_hgem(

@@ -9,12 +9,12 @@ attribute set S gives one group-level and one person-level workload (Table 1).
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from engine.domain import Domain
-from engine.queries import Workload
+from engine.queries import Level, Workload
 
 
 def kway_attribute_sets(
@@ -42,7 +42,7 @@ def kway_workloads(
     k: int = 3,
     per_group_count: int | None = None,
     seed: int = 0,
-    levels: Sequence[str] = ("group", "person"),
+    levels: Sequence[Level] = ("group", "person"),
 ) -> list[Workload]:
     """Group- and person-level workloads for every k-way attribute set (see module docstring)."""
-    return [Workload(lv, g, p) for g, p in kway_attribute_sets(domain, k, per_group_count, seed) for lv in levels]  # type: ignore[arg-type]
+    return [Workload(lv, g, p) for g, p in kway_attribute_sets(domain, k, per_group_count, seed) for lv in levels]

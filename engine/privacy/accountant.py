@@ -42,11 +42,11 @@ import math
 from collections.abc import Iterable
 from fractions import Fraction
 from numbers import Rational
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 
-Number = Union[int, float, Fraction, str]
+Number = int | float | Fraction | str
 ConversionMethod = Literal["cks", "simple"]
 
 __all__ = [

@@ -95,7 +95,7 @@ class BudgetPlan:
         level_shares: Mapping[str, Mapping[str, Number]],
         *,
         method: ConversionMethod = "cks",
-    ) -> "BudgetPlan":
+    ) -> BudgetPlan:
         """The plan whose total ρ is the largest with ``rho_to_eps(ρ, δ, method) ≤ ε``."""
         rho = eps_delta_to_rho(epsilon, delta, method)
         total = as_fraction(rho)
@@ -104,7 +104,7 @@ class BudgetPlan:
         return cls(total, stage_shares, level_shares, delta=delta)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "BudgetPlan":
+    def from_dict(cls, d: Mapping) -> BudgetPlan:
         return cls(
             Fraction(d["total_rho"]),
             {st: Fraction(v["share"]) for st, v in d["stages"].items()},
@@ -202,7 +202,7 @@ class BudgetPlan:
             for r in self.rows()
         ]
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-        fmt = "  ".join("{:<%d}" % w for w in widths)
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         sep = "  ".join("-" * w for w in widths)
         lines = [fmt.format(*head), sep, *(fmt.format(*b) for b in body), sep]
         lines.append(f"total rho = {float(self._total):.6g} (exact {self._total})")

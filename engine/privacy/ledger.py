@@ -114,7 +114,7 @@ class Charge:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Charge":
+    def from_json(cls, d: dict) -> Charge:
         return cls(
             key=d["key"],
             stage=d["stage"],
@@ -127,7 +127,7 @@ class Charge:
             timestamp=float(d["timestamp"]),
         )
 
-    def same_parameters(self, other: "Charge") -> bool:
+    def same_parameters(self, other: Charge) -> bool:
         fields = ("key", "stage", "level", "node", "mechanism", "sensitivity", "noise_scale", "rho")
         return all(getattr(self, f) == getattr(other, f) for f in fields)
 

@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -293,6 +293,7 @@ class MeasurementStore:
         # σ is a deterministic function of (Δ, ρ[, n]): computed before drawing, so that the charge
         # (made before any noise exists) records the σ that will be used.
         d = float(l2_sensitivity)
+        fn: Callable[[Any, float, Number], tuple[np.ndarray, float]]
         if mechanism == "gaussian":
             fn = mechanisms.gaussian
             scale = mechanisms.gaussian_sigma(d, r, int(np.size(true_answer)))
@@ -325,14 +326,14 @@ class MeasurementStore:
         Give exactly one of ``epsilon`` (charged ``pure_dp_rho(epsilon)``) or ``rho`` (ε is the
         largest float with ε²/2 ≤ ρ, and ρ itself is charged).
         """
-        if (epsilon is None) == (rho is None):
-            raise ValueError("give exactly one of epsilon or rho")
-        if rho is not None:
+        if rho is not None and epsilon is None:
             r = as_fraction(rho)
             eps = epsilon_for_pure_rho(r)
-        else:
+        elif epsilon is not None and rho is None:
             eps = float(epsilon)
             r = pure_dp_rho(eps)
+        else:
+            raise ValueError("give exactly one of epsilon or rho")
         d = float(l1_sensitivity)
         scale = mechanisms.discrete_laplace_scale(d, eps)
         return self._measure(

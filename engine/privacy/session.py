@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -119,7 +119,7 @@ class NoisySizes:
     measurement: Measurement
 
     @classmethod
-    def of(cls, m: Measurement, form: SizeForm) -> "NoisySizes":
+    def of(cls, m: Measurement, form: SizeForm) -> NoisySizes:
         y = np.asarray(m.noisy_answer, dtype=np.float64)
         K = y.size
         if form == "histogram":
@@ -220,8 +220,8 @@ class PrivateSession:
         sizes = self._node_data(node).sizes
         counts = size_histogram(sizes, K) if form == "histogram" else size_counts(sizes, K)
         l1, l2 = size_counts_sensitivity(K, self._unit, form)
-        common = dict(key=self.key(stage, node, "sizes"), ledger=self._ledger, stage=stage, level=level,
-                      node=node_key(node), workload_id=f"size_{form}", true_answer=counts, rho=rho)
+        common: dict[str, Any] = dict(key=self.key(stage, node, "sizes"), ledger=self._ledger, stage=stage, level=level,
+                                      node=node_key(node), workload_id=f"size_{form}", true_answer=counts, rho=rho)
         if mechanism == "laplace":
             return NoisySizes.of(self._store.measure_laplace(l1_sensitivity=l1, **common), form)
         return NoisySizes.of(self._store.measure(l2_sensitivity=l2, **common), form)

@@ -93,8 +93,8 @@ def test_projection_is_nnls():
         G = rng.integers(0, 30)
         x = project_simplex(y, G)
         assert np.all(x >= 0) and abs(x.sum() - G) < 1e-9
-        res = minimize(lambda z: ((z - y) ** 2).sum(), np.full(7, G / 7), bounds=[(0, None)] * 7,
-                       constraints=[{"type": "eq", "fun": lambda z: z.sum() - G}], method="SLSQP")
+        res = minimize(lambda z, y=y: ((z - y) ** 2).sum(), np.full(7, G / 7), bounds=[(0, None)] * 7,
+                       constraints=[{"type": "eq", "fun": lambda z, G=G: z.sum() - G}], method="SLSQP")
         assert ((x - y) ** 2).sum() <= res.fun + 1e-6
 
 

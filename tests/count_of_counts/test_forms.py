@@ -1,5 +1,6 @@
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.count_of_counts import (
     clip_histogram,
@@ -27,9 +28,12 @@ def test_paper_example():
 def test_emd_paper_intro():
     # 100 groups of size 1 vs all of size 2 (distance 100) vs all of size 5 (400)
     K = 6
-    H = np.zeros(K + 1, int); H[1] = 100
-    H2 = np.zeros(K + 1, int); H2[2] = 100
-    H5 = np.zeros(K + 1, int); H5[5] = 100
+    H = np.zeros(K + 1, int)
+    H[1] = 100
+    H2 = np.zeros(K + 1, int)
+    H2[2] = 100
+    H5 = np.zeros(K + 1, int)
+    H5[5] = 100
     assert emd(H, H2) == 100 and emd(H, H5) == 400
 
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.count_of_counts import isotonic_l1, isotonic_l2, isotonic_segments
 from engine.count_of_counts.isotonic import equal_value_blocks
@@ -19,11 +20,15 @@ def pav_reference(y, w):
     """Textbook stack PAV (L2)."""
     vals, wts, cnt = [], [], []
     for yi, wi in zip(y, w):
-        vals.append(yi); wts.append(wi); cnt.append(1)
+        vals.append(yi)
+        wts.append(wi)
+        cnt.append(1)
         while len(vals) > 1 and vals[-2] > vals[-1]:
             v2, w2, c2 = vals.pop(), wts.pop(), cnt.pop()
             v1, w1, c1 = vals.pop(), wts.pop(), cnt.pop()
-            vals.append((v1 * w1 + v2 * w2) / (w1 + w2)); wts.append(w1 + w2); cnt.append(c1 + c2)
+            vals.append((v1 * w1 + v2 * w2) / (w1 + w2))
+            wts.append(w1 + w2)
+            cnt.append(c1 + c2)
     return np.repeat(vals, cnt)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from scipy.linalg import null_space
 from scipy.optimize import linprog, minimize
 
@@ -14,15 +13,15 @@ from engine.prior_update import (
     household_order,
     kl_divergence,
     least_relative_entropy_update,
-    normalise_counts,
     noisy_total_to_count,
+    normalise_counts,
     pmw_pub,
     prior_update,
     project_simplex_l1,
     project_to_hull_l1,
     sample_households,
 )
-from engine.queries import Workload, answer, incidence_patterns
+from engine.queries import Workload, answer
 from engine.support import Support
 from tests.engine._support_testdata import random_data, small_domain
 

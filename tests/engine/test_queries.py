@@ -8,7 +8,6 @@ import zlib
 import numpy as np
 import pytest
 
-from tests.engine._support_testdata import all_workloads, brute_force_answer, random_data, small_domain
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import (
     IncidenceCache,
@@ -19,6 +18,7 @@ from engine.queries import (
     normalised_answer,
 )
 from engine.support import Support
+from tests.engine._support_testdata import all_workloads, brute_force_answer, random_data, small_domain
 
 DOMAIN = small_domain(M=4)
 DATA = random_data(DOMAIN, 60, seed=3)

@@ -33,7 +33,7 @@ def test_mutual_information_matches_brute_force():
         obs = []
         for h in range(DATA.n_households):
             persons = range(int(DATA.person_offsets[h]), int(DATA.person_offsets[h + 1]))
-            gval = lambda n: int(DATA.group[h, d.group_index(n)])  # noqa: E731
+            gval = lambda n, h=h: int(DATA.group[h, d.group_index(n)])  # noqa: E731
             pval = lambda n, r: int(DATA.person[r, d.person_index(n)])  # noqa: E731
             ki, kj = info.kinds[i], info.kinds[j]
             if ki == kj == "group":

@@ -8,7 +8,7 @@ import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
 from engine.hgem.mixture import HouseholdCells, household_log_likelihood
-from engine.hgem.train import score_select, HGEMConfig, make_generator, pretrain_households, train_hgem
+from engine.hgem.train import HGEMConfig, make_generator, pretrain_households, score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 
 from .conftest import synthetic_data

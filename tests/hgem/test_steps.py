@@ -11,7 +11,7 @@ import torch
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
 from engine.hgem.generator import SegmentSoftmax
 from engine.hgem.steps import AdamSteps, GraphedEval, make_adam, set_lr
-from engine.hgem.train import score_select, HGEMConfig, fit_answers, make_generator, train_hgem
+from engine.hgem.train import HGEMConfig, fit_answers, make_generator, score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -87,7 +87,7 @@ def test_graphed_steps_follow_the_eager_trajectory():
         runner = AdamSteps(make_adam([p], 0.05, "cuda"), graphs=graphs)
         total = 0
         for _ in range(3):  # several rounds: warm-up, then one capture per round
-            total += runner.run(evaluate, lambda loss: loss, lambda i, s: trace.append(float(s[0])) or i >= 9, 50)
+            total += runner.run(evaluate, lambda loss: loss, lambda i, s, trace=trace: trace.append(float(s[0])) or i >= 9, 50)
         runs[graphs] = (total, trace, p.detach().cpu())
     assert runs[True][0] == runs[False][0] == 27
     np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=1e-5)

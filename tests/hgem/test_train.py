@@ -17,7 +17,7 @@ from engine.hgem.privacy import (
     score_sensitivity,
     split_initial,
 )
-from engine.hgem.train import score_select, HGEMConfig, InitialMeasurement, fit_hgem, make_generator, pretrain_public, train_hgem
+from engine.hgem.train import HGEMConfig, InitialMeasurement, fit_hgem, make_generator, pretrain_public, score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 from engine.queries import Workload
 
@@ -171,7 +171,7 @@ def test_map_update_with_public_prior_improves_on_public_start(domain, data):
     after = _errors(res.generator, plan, tgt)
     assert after[0] < start[0] and after[1] < start[1]
     # output="last" for the MAP rule: the returned generator is the final iterate
-    for (k, a), (_, b) in zip(res.generator.named_parameters(), res.last_generator.named_parameters()):
+    for (_, a), (_, b) in zip(res.generator.named_parameters(), res.last_generator.named_parameters()):
         torch.testing.assert_close(a, b)
 
 
