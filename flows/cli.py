@@ -69,6 +69,36 @@ def cmd_audit_verify(args) -> int:
     return 0
 
 
+def cmd_query(args) -> int:
+    from tasks.release_query import QueryError, query_release
+
+    where = {}
+    for item in args.where:
+        col, sep, code = item.partition("=")
+        if not sep or not col or not code:
+            raise QueryError(f"--where {item!r}: expected COLUMN=CODE (e.g. ST=50, PUMA=00100)")
+        where[col] = code
+    table = query_release(args.release_dir, [a.strip() for a in args.margin.split(",") if a.strip()], args.level, where)
+    if args.format == "parquet" and args.out is None:
+        raise QueryError("--format parquet needs --out FILE")
+    if args.format == "parquet":
+        table.to_parquet(args.out, index=False)
+    else:
+        text = {"csv": lambda: table.to_csv(index=False), "json": lambda: table.to_json(orient="records", indent=1) + "\n",
+                "table": lambda: table.to_string(index=False, float_format=lambda x: f"{x:.4g}") + "\n"}[args.format]()
+        if args.format == "table":
+            unit = "persons" if args.level == "person" else "households"
+            scope = ", ".join(f"{k}={v}" for k, v in where.items()) or "the whole release"
+            note = ("measured: the run's noisy measurement of this marginal at this node, with its 90 % interval"
+                    if "measured" in table.columns else "no measurement of exactly this marginal at this node: no error estimate")
+            text = f"{args.margin} over {int(table['count'].sum())} synthetic {unit} ({scope}); {note}\n" + text
+        if args.out is None:
+            sys.stdout.write(text)
+        else:
+            Path(args.out).write_text(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dprelease", description="Differentially private synthetic microdata releases from hierarchical surveys (ACS PUMS).")
     sub = p.add_subparsers(dest="command", required=True)
@@ -94,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     av = au_sub.add_parser("verify", help="recompute every hash of a release", description="Recompute the hash chain of audit.jsonl, the manifest's hash and every output file's SHA-256; exit 1 on any difference.")
     av.add_argument("release_dir", type=Path, help="a release directory (e.g. releases/acs2018-default)")
     av.set_defaults(func=cmd_audit_verify)
+    q = sub.add_parser("query", help="answer a marginal query from a published release",
+                       description="A marginal of a published release (its microdata alone), with the run's noisy measurement "
+                                   "of the same marginal and its 90 %% interval where one exists.")
+    q.add_argument("release_dir", type=Path, help="a release directory (e.g. releases/acs2018-default)")
+    q.add_argument("--margin", required=True, help="comma-separated attributes, e.g. AGEP_BAND,SEX")
+    q.add_argument("--level", required=True, choices=["person", "group"], help="count persons or households")
+    q.add_argument("--where", action="append", default=[], help="COLUMN=CODE filter, repeatable (e.g. --where ST=50 --where PUMA=00100)")
+    q.add_argument("--format", default="table", choices=["table", "csv", "json", "parquet"])
+    q.add_argument("--out", default=None, help="write to this file (required for parquet)")
+    q.set_defaults(func=cmd_query)
     return p
 
 

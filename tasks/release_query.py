@@ -1,0 +1,166 @@
+"""Marginal queries against a published release alone (``dprelease query``).
+
+Reads only the release directory — the partitioned microdata, ``domain.json`` and
+``measurements.parquet`` — never the work directory. The answer is the marginal of the synthetic
+microdata (persons, or households at group level), every cell of the domain in domain order
+(zeros included), with its share.
+
+Error estimate: where the run measured this very marginal at this very node (a group-level
+partition workload, or the household-size histogram), the table also gives that noisy
+measurement — an unbiased estimate of the confidential answer whose noise standard deviation is
+published — merged by inverse variance when several stages measured it, and its 90 % interval
+± 1.645 sd (Gaussian; the sd of a discrete Gaussian is at most its σ). Other marginals carry no
+error estimate yet: the synthetic answer's error also holds sampling and model error, which no
+published number bounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from engine.domain import Attribute, Domain
+from engine.errors import DPReleaseError
+from tasks.publish import PARTITION_SCHEMA
+
+__all__ = ["QueryError", "Z90", "node_of", "query_release"]
+
+Z90 = 1.6448536269514722  # standard normal 95th percentile: a two-sided 90 % interval
+
+Level = Literal["person", "group"]
+
+
+class QueryError(DPReleaseError, ValueError):
+    """A query the release cannot answer (unknown attribute, bad filter, not a release)."""
+
+
+def _domain(release: Path) -> Domain:
+    path = release / "domain.json"
+    if not path.exists():
+        raise QueryError(f"{release} is not a dprelease release: it has no domain.json")
+    return Domain.from_dict(json.loads(path.read_text()))
+
+
+def node_of(where: dict[str, str], geography: list[str]) -> str | None:
+    """The measurement node key a filter selects ("nation", "ST=50", "ST=50/PUMA=00100"), or
+    None when the filter is not exactly a geography node (then no measurement matches)."""
+    if set(where) - set(geography):
+        return None
+    parts = []
+    for g in geography:
+        if g not in where:
+            break
+        parts.append(f"{g}={where[g]}")
+    if len(parts) != len(where):
+        return None  # e.g. a PUMA without its state
+    return "/".join(parts) if parts else "nation"
+
+
+def _read(release: Path, what: str, columns: list[str], where: dict[str, str]) -> pd.DataFrame:
+    part = pads.partitioning(PARTITION_SCHEMA, flavor="hive")
+    ds = pads.dataset(release / what, format="parquet", partitioning=part)
+    missing = [c for c in [*columns, *where] if c not in ds.schema.names]
+    if missing:
+        raise QueryError(f"{what} has no column {', '.join(missing)}; it has {', '.join(ds.schema.names)}")
+    flt = None
+    for k, v in where.items():
+        term = pads.field(k) == pads.scalar(str(v)).cast(ds.schema.field(k).type)
+        flt = term if flt is None else flt & term
+    return ds.to_table(columns=list(dict.fromkeys(columns)), filter=flt).to_pandas()
+
+
+def _attributes(domain: Domain, margin: list[str], level: Level) -> list[Attribute]:
+    group_names = [a.name for a in domain.group]
+    person_names = [a.name for a in domain.person]
+    if len(set(margin)) != len(margin):
+        raise QueryError("an attribute appears twice in --margin")
+    attrs = []
+    for name in margin:
+        if name in group_names:
+            attrs.append(domain.group_attribute(name))
+        elif name in person_names and level == "person":
+            attrs.append(domain.person_attribute(name))
+        elif name in person_names:
+            raise QueryError(f"{name} is a person attribute: query it with --level person")
+        else:
+            raise QueryError(f"unknown attribute {name!r}; group: {', '.join(group_names)}; person: {', '.join(person_names)}")
+    return attrs
+
+
+def _cell_key(parts: Iterable[str]) -> str:
+    """One cell's codes in a canonical order ("A=1; B=2"), whatever the workload's attribute order."""
+    return "; ".join(sorted(parts))
+
+
+def _measured(release: Path, margin: list[str], level: Level, node: str | None, domain: Domain) -> pd.DataFrame | None:
+    """The stored noisy measurements of exactly this marginal at this node, merged by inverse
+    variance, indexed by canonical cell key: ``measured``, ``measured_sd`` (None when none)."""
+    path = release / "measurements.parquet"
+    if node is None or level != "group" or not path.exists():
+        return None
+    m = pq.read_table(path, columns=["workload_id", "node", "cell_codes", "noisy_value", "noise_sd"]).to_pandas()
+    ids = {f"group:{','.join(p)}|" for p in itertools.permutations(margin)}
+    if margin == [domain.size_attribute]:
+        ids.add("size_histogram")
+    m = m[(m.node == node) & m.workload_id.isin(ids)]
+    if m.empty:
+        return None
+    w = 1.0 / m.noise_sd.astype(float) ** 2
+    key = m.cell_codes.map(lambda c: _cell_key(str(c).split("; ")))
+    merged = pd.DataFrame({"key": key, "w": w, "wy": w * m.noisy_value.astype(float)}).groupby("key")[["w", "wy"]].sum()
+    return pd.DataFrame({"measured": merged.wy / merged.w, "measured_sd": 1.0 / np.sqrt(merged.w)})
+
+
+def query_release(release_dir: str | Path, margin: list[str], level: Level, where: dict[str, str] | None = None) -> pd.DataFrame:
+    """The marginal ``margin`` of the release at ``level`` ("person": persons, with their
+    household's attributes joined; "group": households) among the records matching ``where``
+    ({column: code}, e.g. {"ST": "50", "PUMA": "00100"}). Columns: one code and one label column
+    per attribute, ``count``, ``share``, and where the run measured this marginal at this node
+    ``measured``, ``measured_sd``, ``lower_90``, ``upper_90`` (module docstring)."""
+    release = Path(release_dir)
+    where = {str(k): str(v) for k, v in (where or {}).items()}
+    if level not in ("person", "group"):
+        raise QueryError("--level must be person or group")
+    if not margin:
+        raise QueryError("--margin needs at least one attribute")
+    domain = _domain(release)
+    attrs = _attributes(domain, margin, level)
+    geography, group_names = list(domain.geography), {g.name for g in domain.group}
+    group_cols = [a.name for a in attrs if a.name in group_names]
+    hh_where = {k: v for k, v in where.items() if k in geography or k in group_names}
+    if level == "group":
+        if set(where) - set(hh_where):
+            raise QueryError(f"--where {', '.join(sorted(set(where) - set(hh_where)))}: not a household column")
+        rows = _read(release, "households", margin, where)
+    else:
+        person_cols = [a.name for a in attrs if a.name not in group_names]
+        rows = _read(release, "persons", ["SERIALNO", *person_cols], {k: v for k, v in where.items() if k not in group_names})
+        household_filters = [k for k in hh_where if k not in geography]
+        if group_cols or household_filters:
+            hh = _read(release, "households", ["SERIALNO", *group_cols, *household_filters], hh_where)
+            rows = rows.merge(hh[["SERIALNO", *group_cols]], on="SERIALNO", how="inner")
+    grid = pd.MultiIndex.from_product([list(a.codes) for a in attrs], names=margin)
+    counts = rows[margin].astype(str).value_counts().reindex(grid, fill_value=0) if len(rows) else pd.Series(0, index=grid)
+    out = counts.rename("count").reset_index()
+    for a in attrs:
+        out.insert(out.columns.get_loc(a.name) + 1, f"{a.name}_label", out[a.name].map(dict(zip(a.codes, a.labels))))
+    out["count"] = out["count"].astype(np.int64)
+    total = int(out["count"].sum())
+    out["share"] = out["count"] / total if total else 0.0
+    measured = _measured(release, margin, level, node_of(where, geography), domain)
+    if measured is not None:
+        cell = out[margin].astype(str).apply(lambda r: _cell_key(f"{k}={v}" for k, v in r.items()), axis=1)
+        if cell.isin(measured.index).all():  # every cell measured (a K-capped size histogram may not be)
+            out["measured"] = measured.loc[cell, "measured"].to_numpy()
+            out["measured_sd"] = measured.loc[cell, "measured_sd"].to_numpy()
+            out["lower_90"] = out["measured"] - Z90 * out["measured_sd"]
+            out["upper_90"] = out["measured"] + Z90 * out["measured_sd"]
+    return out

@@ -1,0 +1,113 @@
+"""dprelease query: marginals of a published release alone, checked against a brute-force count
+of the microdata, with the run's measurement of the same marginal and its 90 % interval."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flows.cli import main
+from schemas.release_schema import to_tables
+from tasks.publish import _write_dataset
+from tasks.release_query import Z90, QueryError, node_of, query_release
+from tests.engine._support_testdata import random_data, small_domain
+
+DOMAIN = small_domain()
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """A tiny release: two PUMAs of state 50, and measurements of TEN,R18 at ST=50 by two stages."""
+    data = random_data(DOMAIN, 120, seed=4)
+    data = data.with_geo(np.stack([np.full(120, 50), np.where(np.arange(120) < 70, 100, 200)], axis=1))
+    d = tmp_path_factory.mktemp("release")
+    hh, pp = to_tables(data)
+    _write_dataset(hh, d / "households")
+    _write_dataset(pp, d / "persons")
+    (d / "domain.json").write_text(json.dumps(DOMAIN.to_dict()))
+    rows = []
+    for stage, sd in (("state_synthesis", 4.0), ("puma_synthesis", 3.0)):
+        for i, (r, t) in enumerate(itertools.product(range(2), range(3))):  # workload order R18, TEN
+            rows.append({"workload_id": "group:R18,TEN|", "node": "ST=50", "cell_codes": f"R18={r}; TEN={t}",
+                         "noisy_value": float(10 * i + (1 if stage == "state_synthesis" else -1)), "noise_sd": sd, "stage": stage})
+    pq.write_table(pa.Table.from_pylist(rows), d / "measurements.parquet")
+    return d, data
+
+
+def brute(data, level, attrs, where_puma=None):
+    """Counts by explicit loops over households and persons."""
+    out = {}
+    for h in range(data.n_households):
+        if where_puma is not None and data.geo[h, 1] != where_puma:
+            continue
+        persons = range(int(data.person_offsets[h]), int(data.person_offsets[h + 1]))
+        for r in (persons if level == "person" else [None]):
+            key = []
+            for a in attrs:
+                if a in [g.name for g in DOMAIN.group]:
+                    key.append(DOMAIN.group_attribute(a).codes[data.group[h, DOMAIN.group_index(a)]])
+                else:
+                    key.append(DOMAIN.person_attribute(a).codes[data.person[r, DOMAIN.person_index(a)]])
+            out[tuple(key)] = out.get(tuple(key), 0) + 1
+    return out
+
+
+@pytest.mark.parametrize(("level", "margin", "puma"), [("group", ["TEN", "R18"], None), ("person", ["SEX", "TEN"], 100),
+                                                       ("person", ["AGE"], None), ("group", ["NP"], 200)])
+def test_answers_equal_a_brute_force_count(release, level, margin, puma):
+    d, data = release
+    where = {"ST": "50", **({"PUMA": f"{puma:05d}"} if puma else {})}
+    t = query_release(d, margin, level, where)
+    expected = brute(data, level, margin, puma)
+    assert len(t) == int(np.prod([len(DOMAIN.group_attribute(a).codes) if a in [g.name for g in DOMAIN.group]
+                                  else len(DOMAIN.person_attribute(a).codes) for a in margin]))  # every cell, zeros too
+    got = {tuple(r[a] for a in margin): int(r["count"]) for _, r in t.iterrows()}
+    assert {k: v for k, v in got.items() if v} == expected
+    assert abs(t.share.sum() - 1) < 1e-12 and all(f"{a}_label" in t.columns for a in margin)
+
+
+def test_the_measured_marginal_is_attached_merged_by_inverse_variance(release):
+    d, _ = release
+    t = query_release(d, ["TEN", "R18"], "group", {"ST": "50"})
+    w = np.array([1 / 16, 1 / 9])
+    for _, r in t.iterrows():
+        i = int(r["R18"]) * 3 + int(r["TEN"])  # the stored cell order (R18 slowest)
+        expected = (w @ [10 * i + 1, 10 * i - 1]) / w.sum()
+        assert r["measured"] == pytest.approx(expected) and r["measured_sd"] == pytest.approx(1 / np.sqrt(w.sum()))
+        assert r["upper_90"] - r["measured"] == pytest.approx(Z90 * r["measured_sd"])
+    assert "measured" not in query_release(d, ["TEN", "R18"], "group", {"ST": "50", "PUMA": "00100"}).columns  # other node
+    assert "measured" not in query_release(d, ["TEN"], "group", {"ST": "50"}).columns  # other marginal
+
+
+def test_node_keys_and_refusals(release):
+    d, _ = release
+    assert node_of({}, ["ST", "PUMA"]) == "nation" and node_of({"ST": "50"}, ["ST", "PUMA"]) == "ST=50"
+    assert node_of({"PUMA": "00100"}, ["ST", "PUMA"]) is None and node_of({"ST": "50", "SEX": "1"}, ["ST", "PUMA"]) is None
+    with pytest.raises(QueryError, match="person attribute"):
+        query_release(d, ["SEX"], "group")
+    with pytest.raises(QueryError, match="unknown attribute"):
+        query_release(d, ["FOO"], "person")
+    with pytest.raises(QueryError, match="not a household column"):
+        query_release(d, ["TEN"], "group", {"SEX": "1"})
+    with pytest.raises(QueryError, match="no domain.json"):
+        query_release(d / "households", ["TEN"], "group")
+
+
+def test_the_command_line(release, tmp_path, capsys):
+    d, data = release
+    assert main(["query", str(d), "--margin", "TEN,R18", "--level", "group", "--where", "ST=50"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"TEN,R18 over {data.n_households} synthetic households (ST=50); measured") and "lower_90" in out
+    assert main(["query", str(d), "--margin", "SEX", "--level", "person", "--format", "csv"]) == 0
+    csv = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out))
+    assert list(csv.columns) == ["SEX", "SEX_label", "count", "share"] and csv["count"].sum() == data.n_persons
+    assert main(["query", str(d), "--margin", "SEX", "--level", "person", "--format", "parquet", "--out", str(tmp_path / "a.parquet")]) == 0
+    assert pd.read_parquet(tmp_path / "a.parquet")["count"].sum() == data.n_persons
+    assert main(["query", str(d), "--margin", "SEX", "--level", "person", "--where", "ST50"]) == 2
+    assert "expected COLUMN=CODE" in capsys.readouterr().err
