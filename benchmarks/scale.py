@@ -1,0 +1,133 @@
+"""Scale curve of the whole pipeline (issue 17 item 4): the default release config on K re-keyed
+copies of the 12 shared states (``benchmarks/national_input.py``), every copy private, the 12
+originals public, end to end with ``dprelease run`` (count-of-counts and synthesis included).
+
+Per size: households, PUMAs, wall time, peak memory of the whole process tree (client, Prefect
+server and Dask workers, sampled every 0.5 s with psutil), each stage's time from the release's
+audit log, the dominant stage, and the ratios to the smallest size (time per household: 1.0 is
+linear growth).
+
+    python benchmarks/scale.py --scales 1,4,16 [--national]
+
+Inputs and runs live in a temporary directory that is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from national_input import build  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results"
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def run(config: Path, env: dict) -> dict:
+    start = time.time()
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("dprelease")), "run", str(config)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak, done = [0], threading.Event()
+
+    def sample():
+        ps = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], tree_rss(ps))
+            except psutil.NoSuchProcess:
+                return
+            done.wait(0.5)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, _ = proc.communicate()
+    done.set()
+    t.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"dprelease run failed ({proc.returncode}):\n{out[-3000:]}")
+    return {"wall_s": time.time() - start, "peak_rss_mb": peak[0] / 2**20}
+
+
+def stage_times(release: Path) -> dict[str, float]:
+    starts, out = {}, {}
+    for line in (release / "audit.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "stage_start":
+            starts[e["stage"]] = datetime.fromisoformat(e["time"])
+        elif e.get("event") == "stage_end" and e["stage"] in starts:
+            out[e["stage"]] = (datetime.fromisoformat(e["time"]) - starts[e["stage"]]).total_seconds()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scales", default="1,4,16", help="copies of the 12 shared states")
+    ap.add_argument("--national", action="store_true", help="also the national-size input (~2,400 PUMAs)")
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "acs2018_1yr"))
+    ap.add_argument("--out", default=str(OUT / "scale.txt"))
+    args = ap.parse_args(argv)
+    sizes = [(f"{k}x", dict(scale=int(k), pumas_per_state=None)) for k in args.scales.split(",") if k.strip()]
+    if args.national:
+        sizes.append(("national", dict(scale=None, pumas_per_state=46)))
+    env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dprelease-scale-") as tmp:
+        env["PREFECT_HOME"] = str(Path(tmp) / "prefect")
+        for label, how in sizes:
+            d = Path(tmp) / label
+            summary = build(Path(args.data), d, how["pumas_per_state"], how["scale"])
+            print(f"[scale] {label}: {summary['households']} households, {summary['pumas']} PUMAs; running ...", flush=True)
+            r = run(d / "national.yaml", env)
+            r.update(label=label, households=summary["households"], pumas=summary["pumas"], states=summary["states"],
+                     stages=stage_times(d / "releases" / "national"))
+            rows.append(r)
+            print(f"[scale] {label}: {r['wall_s']:.0f} s, peak {r['peak_rss_mb']:.0f} MB, stages {r['stages']}", flush=True)
+            import shutil
+
+            shutil.rmtree(d)
+    base = rows[0]
+    lines = ["Scale curve (issue 17 item 4): deploy/releases/acs2018_default.yaml settings on K re-keyed copies of the 12",
+             "shared 2018 states (benchmarks/national_input.py), all private, the 12 originals public; "
+             f"{os.cpu_count()} CPUs (shared); {time.strftime('%Y-%m-%d')}.",
+             "time/hh ratio: (wall / households) relative to the first size (1.0 = linear growth).", "",
+             f"{'size':<10}{'states':>7}{'PUMAs':>7}{'households':>12}{'wall s':>9}{'peak MB':>9}{'time ratio':>11}"
+             f"{'time/hh':>9}{'mem ratio':>10}  dominant stage"]
+    for r in rows:
+        dom = max(r["stages"], key=r["stages"].get)
+        lines.append(f"{r['label']:<10}{r['states']:>7}{r['pumas']:>7}{r['households']:>12}{r['wall_s']:>9.0f}{r['peak_rss_mb']:>9.0f}"
+                     f"{r['wall_s'] / base['wall_s']:>11.2f}{(r['wall_s'] / r['households']) / (base['wall_s'] / base['households']):>9.2f}"
+                     f"{r['peak_rss_mb'] / base['peak_rss_mb']:>10.2f}  {dom} ({r['stages'][dom]:.0f} s of {sum(r['stages'].values()):.0f})")
+    lines += ["", "stage seconds per size:"] + [f"  {r['label']}: " + ", ".join(f"{k} {v:.0f}" for k, v in r["stages"].items()) for r in rows]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
