@@ -24,13 +24,7 @@ dependence *between* households changes, to cut the sampling noise of every rele
   component's draws cover its distribution evenly. Strata are permuted independently per
   attribute, so the attributes of one household stay independent given its component.
 
-Measured on the public-pretrained ACS Vermont mixture (B = 1000, 2,714 households, 3-way
-workloads, 5 draws): mean |sampled − model| answer 0.00085 (group) / 0.00065 (person), against
-0.00135 / 0.00102 for i.i.d. draws. The sorted order for the extra households (8 draws, 64 3-way
-workloads of the full-domain benchmark, mean |sampled − model|, group / person): 0.00063 / 0.00045
-against 0.00065 / 0.00047 in a random order for that mixture, and 0.00042 / 0.00030 against
-0.00075 / 0.00055 for the household-pretrained one (B = 5,529 near point masses, where every
-n w_k < 1 and the order decides everything).
+Both cut the sampling noise well below i.i.d. draws (measurements: ``benchmarks/results/HISTORY.md``).
 
 Vectorised: every attribute is one inverse-CDF draw over all households (persons for all M slots
 are drawn and the slots beyond m are dropped by a mask), with a seeded ``torch.Generator``.

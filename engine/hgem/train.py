@@ -41,12 +41,6 @@ measured workload also moves the answers of the correlated workloads that were n
 σ_i are the measurements' standard deviations in normalised units (``measurement_sigma``; when not
 given, a conservative estimate, the RMS of m̃_i − a_i with a the public fit's answers).
 
-Measured on ACS Vermont (New Hampshire public, one run each): an earlier version anchored every
-candidate answer to the public fit instead. That held every unmeasured workload at its public value
-and evaluated all candidates at every step; at ε = 0.5 it was 5× slower per run than the KL prior
-with uniform component weights, for the same error. At ε = 1, freeing the weights cut the model's
-mean 3-way error from 0.00167 to 0.00140 (group) and from 0.00111 to 0.00094 (person).
-
 Each round warm-starts from the previous weights and stops when the loss stops improving; it
 keeps its best iterate (a step that made the loss worse is undone at the end of the round: Adam's
 normalised steps can overshoot on saturated softmax heads, which is how household-pretrained runs
@@ -58,12 +52,7 @@ Initial measurements (``initial``: :class:`InitialMeasurement`): workloads chose
 with a share of ρ and no selection cost (``engine.hgem.privacy.split_initial``). Round 0 fits them
 all at once (at most ``initial_update_steps``); the adaptive rounds, if any, spend the rest and
 select against the model that already reflects them. This is how the prior update spends its
-budget: measured on Vermont (benchmarks/results/hgem_accuracy_real*.txt), the paper's all-adaptive
-split (α = 1/2 of every round on selection, 30 rounds) leaves each measured workload about ρ/60,
-against ρ/17 for the prior update's workloads, and that thinner budget, not the model, was
-H-GEM's gap to the prior update at ε ≥ 0.5 (8–16 % in mean error). With 4/5 of ρ on the prior
-update's workloads and 4 rounds (hgem_accuracy_real_initial.txt, 20 runs) the gap is gone: ε = 0.5
-0.00166 vs 0.00168, ε = 1 0.00151 vs 0.00150 (mean group-level error of the released households).
+budget (the measurements that decided it: ``benchmarks/results/HISTORY.md``).
 Pretraining runs to convergence (``pretrain_public``: plateau stopping, learning-rate decay).
 
 On a GPU every update step (and every round's scoring of all candidates) is a CUDA-graph replay
@@ -76,10 +65,7 @@ of the public data on the workloads, which costs no privacy. ``pretrain_househol
 alternative with one component per public household, each fitted to its household, so that the
 private phase starts from the public empirical distribution itself (the prior update's prior);
 ``network_lr_scale`` slows (or, at 0, freezes) the network in the rounds while the component
-weights keep ``lr``. Measured on Vermont (benchmarks/results/hgem_accuracy_real_households.txt):
-closer to the prior update at ε = 1 than GEM^Pub, but one run in five failed at ε = 0.5, and the
-frozen network (the prior update's model family, adaptive measurements) did no better than the
-prior update, so GEM^Pub stays the default.
+weights keep ``lr``. GEM^Pub stays the default (``benchmarks/results/HISTORY.md``).
 """
 
 from __future__ import annotations
