@@ -101,13 +101,13 @@ def build(data: Path, out: Path, pumas_per_state: int | None, scale: int | None)
             df = sources[s].copy()
             old = df.PUMA.to_numpy()
             codes, inverse = np.unique(old, return_inverse=True)
-            df["PUMA"] = pd.Series(inverse + puma_base, index=df.index).map(lambda k: f"{100 * k:05d}")
+            df["PUMA"] = pd.Series(100 * (inverse + puma_base), index=df.index).astype(str).str.zfill(5)
             puma_base += codes.size
             serial_index, uniq = pd.factorize(df.SERIALNO)
             kind = pd.Series(uniq.str.slice(4, 6)).to_numpy()[serial_index]
             numbers = serial_index + next_serial
             next_serial += len(uniq)
-            df["SERIALNO"] = pd.Series(kind, index=df.index).radd("2018") + pd.Series(numbers, index=df.index).map("{:07d}".format)
+            df["SERIALNO"] = "2018" + pd.Series(kind, index=df.index) + pd.Series(numbers, index=df.index).astype(str).str.zfill(7)
             df["ST"] = fips
             parts.append(df)
         state = pd.concat(parts, ignore_index=True)

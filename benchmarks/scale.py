@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,8 +106,6 @@ def main(argv=None) -> int:
                      stages=stage_times(d / "releases" / "national"))
             rows.append(r)
             print(f"[scale] {label}: {r['wall_s']:.0f} s, peak {r['peak_rss_mb']:.0f} MB, stages {r['stages']}", flush=True)
-            import shutil
-
             shutil.rmtree(d)
     base = rows[0]
     lines = ["Scale curve (issue 17 item 4): deploy/releases/acs2018_default.yaml settings on K re-keyed copies of the 12",

@@ -100,6 +100,15 @@ def _cell_key(parts: Iterable[str]) -> str:
     return "; ".join(sorted(parts))
 
 
+def _cell_keys(table: pd.DataFrame, margin: list[str]) -> pd.Series:
+    """:func:`_cell_key` of every row of ``table``, built column-wise (attributes in name order)."""
+    names = sorted(margin)
+    key = names[0] + "=" + table[names[0]].astype(str)
+    for name in names[1:]:
+        key = key + f"; {name}=" + table[name].astype(str)
+    return key
+
+
 def _measured(release: Path, margin: list[str], level: Level, node: str | None, domain: Domain) -> pd.DataFrame | None:
     """The stored noisy measurements of exactly this marginal at this node, merged by inverse
     variance, indexed by canonical cell key: ``measured``, ``measured_sd`` (None when none)."""
@@ -157,7 +166,7 @@ def query_release(release_dir: str | Path, margin: list[str], level: Level, wher
     out["share"] = out["count"] / total if total else 0.0
     measured = _measured(release, margin, level, node_of(where, geography), domain)
     if measured is not None:
-        cell = out[margin].astype(str).apply(lambda r: _cell_key(f"{k}={v}" for k, v in r.items()), axis=1)
+        cell = _cell_keys(out, margin)
         if cell.isin(measured.index).all():  # every cell measured (a K-capped size histogram may not be)
             out["measured"] = measured.loc[cell, "measured"].to_numpy()
             out["measured_sd"] = measured.loc[cell, "measured_sd"].to_numpy()

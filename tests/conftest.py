@@ -41,3 +41,19 @@ def vermont(data_root, domain_spec):
     from schemas.ingestion import HouseholdRules, load_person_file
 
     return load_person_file(ACS2018 / "csv_pvt.zip", domain_spec, HouseholdRules())
+
+
+def load_benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` as module ``name`` (the benchmarks folder is not a package;
+    it goes on sys.path so that a benchmark's own imports of its siblings resolve)."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -4,24 +4,20 @@ evaluator against engine.metrics."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("synthesis_accuracy", ROOT / "benchmarks" / "synthesis_accuracy.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["synthesis_accuracy"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("synthesis_accuracy")
 
 
 def test_benchmark_runs_end_to_end(bench, data_root, tmp_path, capsys):

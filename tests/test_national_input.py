@@ -3,8 +3,6 @@ the same records, new geography and globally unique serial numbers."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import zipfile
 from pathlib import Path
 
@@ -12,16 +10,14 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def national():
-    spec = importlib.util.spec_from_file_location("national_input", ROOT / "benchmarks" / "national_input.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["national_input"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("national_input")
 
 
 def read(path: Path) -> pd.DataFrame:

@@ -6,13 +6,13 @@ marginals AIM selects with equal mbi's own, and the scorer gives 0 on the truth.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.conftest import load_benchmark
 
 pytest.importorskip("mbi")
 
@@ -21,12 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def pc():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("peer_comparison", ROOT / "benchmarks" / "peer_comparison.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["peer_comparison"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("peer_comparison")
 
 
 @pytest.fixture(scope="module")
