@@ -30,9 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 from scipy.optimize import minimize
-from scipy.special import logsumexp
 
 from engine.queries import Workload
 from engine.support import Support
@@ -56,45 +54,94 @@ def map_update(
     prior_strength: float = 1.0,
     max_iter: int = 500,
     tol: float = 1e-10,
+    dual0: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict]:
     """The MAP distribution on the support (module docstring). Returns (weights, diagnostics)."""
+    fit = map_fit(support, prior, measurements, total, prior_strength=prior_strength, max_iter=max_iter, tol=tol, dual0=dual0)
+    return fit.weights, fit.diagnostics
+
+
+@dataclass
+class MapFit:
+    """The MAP posterior ``weights``, the dual solution ``dual`` (one entry per measured cell, the
+    measurements' order; ``None`` when nothing was measured) and the solver's ``diagnostics``."""
+
+    weights: np.ndarray
+    dual: np.ndarray | None
+    diagnostics: dict
+
+
+def map_fit(
+    support: Support,
+    prior: np.ndarray,
+    measurements: Sequence[NoisyWorkload],
+    total: float,
+    *,
+    prior_strength: float = 1.0,
+    max_iter: int = 500,
+    tol: float = 1e-10,
+    dual0: np.ndarray | None = None,
+) -> MapFit:
+    """:func:`map_update` with its dual. ``dual0``: a starting point for the dual (for example the
+    solution at a nearby household total, scaled by the ratio of totals: λ ∝ G·(ỹ − G·A q)/σ², and
+    the prior strength grows with G too, so q's exponent Aᵀλ/α barely moves); the problem is
+    strictly convex in λ, so the start changes only the number of iterations, not the optimum."""
     p = np.asarray(prior, dtype=np.float64)
     p = p / p.sum()
     if not measurements:
-        return p, {"iterations": 0, "converged": True}
+        return MapFit(p, None, {"iterations": 0, "converged": True})
     G = max(float(total), 1.0)
     alpha = float(prior_strength)
     if alpha <= 0:
         raise ValueError("prior_strength must be > 0")
-    A = sp.vstack([support.incidence(m.workload) for m in measurements]).tocsr().astype(np.float64)
+    # households with equal columns of the stacked incidence get the same factor exp((Aᵀλ)_h / α):
+    # solve on those patterns u with the prior mass P_u = Σ_{h∈u} p_h (the dual is unchanged,
+    # α log Σ_h p_h e^{a_h·λ/α} = α log Σ_u P_u e^{a_u·λ/α}), then q_h = q_u · p_h / P_u.
+    # Patterns of prior mass 0 keep mass 0.
+    A, pattern_of = support.cache.joint_patterns([m.workload for m in measurements])
     y = np.concatenate([np.asarray(m.answer, dtype=np.float64) for m in measurements])
     s2 = np.concatenate([np.full(len(m.answer), (m.sigma / G) ** 2) for m in measurements])
     if A.shape[0] != y.shape[0]:
         raise ValueError("answers do not match the workloads' cells")
+    P = np.bincount(pattern_of, weights=p, minlength=A.shape[1])
+    live = np.flatnonzero(P > 0)
+    if live.size < P.size:
+        A = A[:, live].tocsr()
     At = A.T.tocsr()
-    live = p > 0
-    logp = np.full(p.shape, -np.inf)
-    logp[live] = np.log(p[live])
+    logp = np.log(P[live])
+    inv_alpha = 1.0 / alpha
+
+    def dual_q(lam: np.ndarray) -> tuple[np.ndarray, float]:
+        """q on the live patterns and log Σ_u P_u exp(a_u·λ/α), with one exponential pass."""
+        u = At @ lam
+        u *= inv_alpha
+        u += logp
+        top = float(u.max())
+        u -= top
+        np.exp(u, out=u)
+        z = float(u.sum())
+        u /= z
+        return u, top + float(np.log(z))
 
     def f(lam):
-        u = logp + (At @ lam) / alpha
-        lse = logsumexp(u[live])
-        q = np.zeros_like(p)
-        q[live] = np.exp(u[live] - lse)
-        val = alpha * lse - lam @ y + 0.5 * np.sum(s2 * lam * lam)
-        grad = A @ q - y + s2 * lam
+        q, lse = dual_q(lam)
+        s2lam = s2 * lam
+        val = alpha * lse - lam @ y + 0.5 * float(s2lam @ lam)
+        grad = A @ q - y + s2lam
         return val, grad
 
-    res = minimize(f, np.zeros(A.shape[0]), jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-9})
-    u = logp + (At @ res.x) / alpha
-    q = np.zeros_like(p)
-    q[live] = np.exp(u[live] - logsumexp(u[live]))
-    fit = A @ q
+    x0 = np.zeros(A.shape[0]) if dual0 is None or np.shape(dual0) != (A.shape[0],) else np.asarray(dual0, dtype=np.float64)
+    res = minimize(f, x0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-9})
+    q_live, _ = dual_q(res.x)
+    q_pattern = np.zeros(P.size)
+    q_pattern[live] = q_live / P[live]
+    q = q_pattern[pattern_of] * p
+    fit = A @ q_live
     diag = {
         "iterations": int(res.nit),
         "converged": bool(res.success),
         "l1_to_noisy_answers": float(np.abs(fit - y).sum()),
-        "kl_to_prior": float(np.sum(q[live] * (np.log(np.maximum(q[live], 1e-300)) - logp[live]))),
+        "kl_to_prior": float(np.sum(q_live * (np.log(np.maximum(q_live, 1e-300)) - logp))),
         "prior_strength": alpha,
     }
-    return q, diag
+    return MapFit(q, np.asarray(res.x), diag)

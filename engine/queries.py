@@ -18,6 +18,7 @@ groups households with identical incidence columns (used by the entropy projecti
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
@@ -308,6 +309,7 @@ class IncidenceCache:
         self._A: dict[Workload, sp.csr_matrix] = {}
         self._patterns: dict[Workload, Patterns] = {}
         self._cells: dict[Workload, np.ndarray] = {}
+        self._joint: dict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray]] = {}
 
     def matrix(self, w: Workload) -> sp.csr_matrix:
         A = self._A.get(w)
@@ -320,6 +322,25 @@ class IncidenceCache:
         if P is None:
             P = self._patterns[w] = incidence_patterns(self.data, w, self.matrix(w))
         return P
+
+    def joint_patterns(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
+        """The households grouped by their column of the stacked incidence of ``workloads`` (equal
+        in every one of them): ``(matrix, pattern_of)`` with ``matrix`` (Σ cells × U) holding one
+        column per pattern and ``pattern_of`` (N_G,) each household's pattern, so that
+        ``vstack(incidences)[:, h] == matrix[:, pattern_of[h]]``. Exact: the per-workload
+        patterns (:func:`incidence_patterns`) are combined by successive 1-D ``np.unique``."""
+        key = tuple(workloads)
+        got = self._joint.get(key)
+        if got is None:
+            gid = np.zeros(self.data.n_households, dtype=np.int64)
+            for w in key:
+                pat = self.patterns(w)
+                _, gid = np.unique(gid * pat.n_patterns + pat.pattern_of, return_inverse=True)
+                gid = gid.reshape(-1).astype(np.int64)
+            _, first = np.unique(gid, return_index=True)  # gid runs over 0..U-1: first[u] is a household of pattern u
+            stacked = sp.vstack([self.matrix(w) for w in key]).tocsc() if key else sp.csc_matrix((0, self.data.n_households))
+            got = self._joint[key] = (stacked[:, first].tocsr().astype(np.float64), gid)
+        return got
 
     def partition_cells(self, w: Workload) -> np.ndarray:
         """Cell of every household for a partition workload (group level, S_I = ∅)."""

@@ -44,7 +44,7 @@ from typing import Literal
 import numpy as np
 
 from engine.hierarchical_data import HierarchicalData
-from engine.map_update import NoisyWorkload, map_update
+from engine.map_update import NoisyWorkload, map_fit
 from engine.prior_update import Measurement, normalise_counts, prior_update
 from engine.queries import PrivacyUnit, Workload, answer
 from engine.support import Support
@@ -62,6 +62,7 @@ class NodeResult:
     weights: np.ndarray
     diagnostics: dict
     total: float = 0.0
+    dual: np.ndarray | None = None  # the MAP rule's dual solution (a warm start at a nearby total)
 
 
 @dataclass(frozen=True)
@@ -133,12 +134,14 @@ def local_measure(private: HierarchicalData, unit: PrivacyUnit, noise: Callable[
     return measure
 
 
-def update_node(support: Support, prior: np.ndarray, measurements: list[NoisyWorkload], total: float, rule: UpdateRule = "map", prior_strength: float = 0.1, sweeps: int = 3) -> NodeResult:
+def update_node(support: Support, prior: np.ndarray, measurements: list[NoisyWorkload], total: float, rule: UpdateRule = "map",
+                prior_strength: float = 0.1, sweeps: int = 3, dual0: np.ndarray | None = None) -> NodeResult:
     """Update ``prior`` with the node's measurements. ``prior_strength`` is relative to the node's
-    household total (α = prior_strength · total pseudo-households) for the MAP rule."""
+    household total (α = prior_strength · total pseudo-households) for the MAP rule; ``dual0``: its
+    solver's starting point (:func:`engine.map_update.map_fit`)."""
     if rule == "map":
-        q, diag = map_update(support, prior, measurements, total, prior_strength=max(prior_strength * float(total), 1e-6))
-        return NodeResult(q, diag)
+        fit = map_fit(support, prior, measurements, total, prior_strength=max(prior_strength * float(total), 1e-6), dual0=dual0)
+        return NodeResult(fit.weights, fit.diagnostics, dual=fit.dual)
     res = prior_update(support, [Measurement(m.workload, m.answer) for m in measurements], prior=prior, T=sweeps)
     return NodeResult(res.weights, res.diagnostics())
 
@@ -186,8 +189,12 @@ def synthesize_node(
     # and person counts can be met by other household sizes) the alternation may not run off
     bounds = (max(float(total) - 3 * total_sd, 0.0), float(total) + 3 * total_sd)
     G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
+    res = update_node(support, p, [m.normalised(G) for m in measured] + list(extra), G, rule, prior_strength, sweeps)
     for r in range(TOTAL_ROUNDS if joint else 1):
-        res = update_node(support, p, [m.normalised(G) for m in measured] + list(extra), G, rule, prior_strength, sweeps)
+        if r > 0:  # warm start: the previous round's dual, which scales with the total (engine.map_update.map_fit)
+            dual0 = None if res.dual is None else res.dual * (max(G, 1.0) / max(res.total, 1.0))
+            res = update_node(support, p, [m.normalised(G) for m in measured] + list(extra), G, rule, prior_strength, sweeps, dual0)
+        res.total = G
         if not joint:
             break
         F = fit_total(support, res.weights, measured, total, total_sd)

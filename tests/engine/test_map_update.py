@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from engine.map_update import NoisyWorkload, map_update
+from engine.map_update import NoisyWorkload, map_fit, map_update
 from engine.queries import Workload, answer
 from engine.support import Support
 from tests.engine._support_testdata import random_data, small_domain
@@ -90,3 +90,34 @@ def test_vanishing_noise_fits_producible_answers(tiny):
     for m in ms:
         assert np.abs(support.answer(m.workload, q) - m.answer).max() < 1e-5
     assert abs(q.sum() - 1) < 1e-9 and q.min() >= 0
+
+
+def test_a_warm_start_changes_the_iterations_not_the_optimum(tiny):
+    """The dual is strictly convex: starting from the (rescaled) solution at another total reaches
+    the same posterior, in fewer iterations (what the joint household-total fit relies on)."""
+    support, private = tiny
+    p = support.weights / support.weights.sum()
+    raw = measurements(support, private, 3.0, np.random.default_rng(5), G=1.0)  # noisy counts
+    G0, G1 = private.n_households * 0.95, float(private.n_households)
+    at = lambda G: [NoisyWorkload(m.workload, m.answer / G, m.sigma) for m in raw]  # noqa: E731
+    first = map_fit(support, p, at(G0), G0, prior_strength=0.1 * G0)
+    cold = map_fit(support, p, at(G1), G1, prior_strength=0.1 * G1)
+    warm = map_fit(support, p, at(G1), G1, prior_strength=0.1 * G1, dual0=first.dual * G1 / G0)
+    assert np.abs(warm.weights - cold.weights).sum() < 1e-4  # both within the solver's tolerance of the optimum
+    assert warm.diagnostics["iterations"] <= cold.diagnostics["iterations"]
+
+
+def test_households_outside_the_prior_stay_at_zero_and_ties_split_by_prior(tiny):
+    """Households the prior excludes keep weight 0; households with equal columns in every measured
+    workload keep their prior ratio (the solver works on the distinct columns)."""
+    support, private = tiny
+    p = np.random.default_rng(3).dirichlet(np.ones(support.n_support))
+    p[0] = 0.0
+    ms = measurements(support, private, 3.0, np.random.default_rng(4))
+    q, _ = map_update(support, p, ms, private.n_households, prior_strength=1.0)
+    assert q[0] == 0.0 and abs(q.sum() - 1) < 1e-12
+    _, pattern_of = support.cache.joint_patterns([m.workload for m in ms])
+    ratio = np.divide(q, p, out=np.zeros_like(q), where=p > 0)
+    for u in np.unique(pattern_of):
+        members = np.flatnonzero((pattern_of == u) & (p > 0))
+        np.testing.assert_allclose(ratio[members], ratio[members][0], rtol=1e-9)

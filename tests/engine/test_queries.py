@@ -7,6 +7,7 @@ import zlib
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import (
@@ -96,6 +97,16 @@ def test_patterns_reconstruct_the_incidence(w: Workload):
     assert np.unique(dense, axis=0).shape[0] == P.n_patterns
     x = np.random.default_rng(0).random(DATA.n_households)
     np.testing.assert_allclose(P.matrix.T @ P.mass(x), A @ x)
+
+
+def test_joint_patterns_group_households_with_equal_stacked_columns():
+    """Households share a joint pattern exactly when their columns agree in every workload."""
+    ws = [w for w in WORKLOADS if len(w.attrs) <= 2][:4]
+    B, pattern_of = IncidenceCache(DATA).joint_patterns(ws)
+    stacked = sp.vstack([incidence_matrix(DATA, w) for w in ws]).toarray()
+    np.testing.assert_array_equal(B.toarray()[:, pattern_of], stacked)  # every household's column
+    assert np.unique(B.toarray(), axis=1).shape[1] == B.shape[1]  # distinct patterns
+    assert B.shape[1] < DATA.n_households  # the test data has repeated columns: the grouping is not trivial
 
 
 def test_cache_builds_each_incidence_once_and_is_shared():
