@@ -13,6 +13,7 @@ No identifiers are stored: a HierarchicalData holds codes only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -96,15 +97,20 @@ class HierarchicalData:
     def sizes(self) -> np.ndarray:
         return np.diff(self.person_offsets)
 
-    @property
+    @cached_property
     def person_household(self) -> np.ndarray:
-        """Index of the household of every person, (N_I,) int64."""
-        return np.repeat(np.arange(self.n_households, dtype=np.int64), self.sizes)
+        """Index of the household of every person, (N_I,) int64 (computed once, read-only)."""
+        out = np.repeat(np.arange(self.n_households, dtype=np.int64), self.sizes)
+        out.flags.writeable = False
+        return out
 
-    @property
+    @cached_property
     def person_slot(self) -> np.ndarray:
-        """Position of every person inside its household (0 = first / householder)."""
-        return np.arange(self.n_persons, dtype=np.int64) - np.repeat(self.person_offsets[:-1], self.sizes)
+        """Position of every person inside its household (0 = first / householder; computed once,
+        read-only)."""
+        out = np.arange(self.n_persons, dtype=np.int64) - np.repeat(self.person_offsets[:-1], self.sizes)
+        out.flags.writeable = False
+        return out
 
     def geo_column(self, level: str) -> np.ndarray:
         return self.geo[:, self.domain.geography.index(level)]

@@ -149,23 +149,31 @@ def person_cells(data: HierarchicalData, attrs: tuple[str, ...]) -> np.ndarray:
     return np.ravel_multi_index(cols, [d.person_attribute(a).size for a in attrs])
 
 
-def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The sparse incidence of a workload: (household index, cell index, count) triples.
-
-    group level: each (household, cell) pair at most once, count 1 (a household "contains");
-    person level: count = number of the household's persons in that cell.
-    """
+def counted_person_cells(data: HierarchicalData, w: Workload, g: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(household, cell) of every person the workload counts (its first ``w.first`` per household,
+    or all), the cell over dom(S_G) × dom(S_I); ``g``: the households' group cells if known."""
     d = data.domain
-    g = group_cells(data, w.group_attrs)
-    if w.level == "group" and not w.person_attrs:
-        return np.arange(data.n_households, dtype=np.int64), g, np.ones(data.n_households, dtype=np.int64)
+    g = group_cells(data, w.group_attrs) if g is None else g
     n_i = int(np.prod([d.person_attribute(a).size for a in w.person_attrs], dtype=np.int64)) if w.person_attrs else 1
     hh = data.person_household
     cells = g[hh] * n_i + person_cells(data, w.person_attrs)
     if w.first:
         keep = data.person_slot < w.first
         hh, cells = hh[keep], cells[keep]
-    n_cells = w.n_cells(d)
+    return hh, cells
+
+
+def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sparse incidence of a workload: (household index, cell index, count) triples.
+
+    group level: each (household, cell) pair at most once, count 1 (a household "contains");
+    person level: count = number of the household's persons in that cell.
+    """
+    g = group_cells(data, w.group_attrs)
+    if w.level == "group" and not w.person_attrs:
+        return np.arange(data.n_households, dtype=np.int64), g, np.ones(data.n_households, dtype=np.int64)
+    hh, cells = counted_person_cells(data, w, g)
+    n_cells = w.n_cells(data.domain)
     key = hh * n_cells + cells
     uniq, counts = np.unique(key, return_counts=True)
     h, c = np.divmod(uniq, n_cells)
@@ -177,6 +185,10 @@ def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarra
 def answer(data: HierarchicalData, w: Workload, weights: np.ndarray | None = None) -> np.ndarray:
     """Exact answer (counts, float64) of workload ``w``; ``weights`` per household (default 1)."""
     n_cells = w.n_cells(data.domain)
+    if w.level == "person":  # one entry per counted person: no need to pair households with cells
+        hh, cells = counted_person_cells(data, w)
+        wt_p = None if weights is None else np.asarray(weights, dtype=np.float64)[hh]
+        return np.bincount(cells, weights=wt_p, minlength=n_cells).astype(np.float64)
     h, c, k = household_cell_pairs(data, w)
     wt = k.astype(np.float64) if weights is None else k * np.asarray(weights, dtype=np.float64)[h]
     return np.bincount(c, weights=wt, minlength=n_cells)

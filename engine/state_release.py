@@ -25,6 +25,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from engine.adaptive import AdaptiveRounds, SelectFn
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.prior_update import household_order, sample_households
@@ -35,7 +36,7 @@ from engine.support import Support
 from engine.synthesis import MeasureFn, UpdateRule, synthesize_node
 from engine.workload_selection import select_workloads
 
-__all__ = ["STATE_SHARES", "StateRelease", "node_rng", "session_measure", "state_plan", "synthesize_state"]
+__all__ = ["STATE_SHARES", "StateRelease", "node_rng", "session_measure", "session_select", "state_plan", "synthesize_state"]
 
 STATE_SHARES: Mapping[str, Fraction] = {
     "group_counts": Fraction(1, 10), "state_synthesis": Fraction(9, 20), "puma_synthesis": Fraction(9, 20),
@@ -64,6 +65,16 @@ def node_rng(seed: int, node: Node) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=tuple(int(x) for x in node)))
 
 
+def session_select(session: PrivateSession, stage: str, level: str, node: Node) -> SelectFn:
+    """The select callable of the adaptive rounds (:mod:`engine.adaptive`) for one node: the
+    session's exponential mechanism over the private answers, charged and persisted before use."""
+
+    def select(candidates, model_counts, penalty, epsilon, tag):
+        return session.select_worst_fit(stage, level, node, tag, candidates, model_counts, penalty, epsilon)
+
+    return select
+
+
 def session_measure(session: PrivateSession, stage: str, level: str, node: Node) -> MeasureFn:
     """The measure callable of :func:`engine.synthesis.synthesize_node` for one node: every noisy
     answer is charged and persisted by the session before it is used (read back on a rerun)."""
@@ -88,11 +99,13 @@ class StateRelease:
 
 
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,
-                     person_first: int = 2, update_rule: UpdateRule = "map", prior_strength: float = 0.1) -> StateRelease:
+                     person_first: int = 2, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
+                     adaptive: AdaptiveRounds | None = None) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
-    ``person_first``, ``update_rule``, ``prior_strength``: as the release config's ``synthesis``."""
+    ``person_first``, ``update_rule``, ``prior_strength``: as the release config's ``synthesis``;
+    ``adaptive``: adaptive rounds at the state level (``synthesis.adaptive``)."""
     plan = session.ledger.plan
     pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
     if not pumas:
@@ -107,6 +120,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
         support, support.weights, sel.state, plan.allocation("state_synthesis", "state"),
         session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),
         rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))),
+        adaptive=adaptive, select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
     )
     diagnostics = {node_key(node): state_res.diagnostics}
     order = household_order(public)

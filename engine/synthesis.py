@@ -43,6 +43,7 @@ from typing import Literal
 
 import numpy as np
 
+from engine.adaptive import AdaptiveRounds, CandidateAnswers, SelectFn, candidate_workloads, expected_measurement_l1, round_budget
 from engine.hierarchical_data import HierarchicalData
 from engine.map_update import NoisyWorkload, map_fit
 from engine.prior_update import Measurement, normalise_counts, prior_update
@@ -158,6 +159,54 @@ def size_measurement(domain, histogram: Sequence[float], sd: float, total: float
     return NoisyWorkload(w, normalise_counts(h, total), float(sd))
 
 
+def adaptive_measure(
+    support: Support,
+    prior: np.ndarray,
+    measured: Sequence[NoisyCounts],
+    extra: Sequence[NoisyWorkload],
+    total: float,
+    plan: AdaptiveRounds,
+    rho: Fraction,
+    measure: MeasureFn,
+    select: SelectFn,
+    unit: PrivacyUnit,
+    rule: UpdateRule = "map",
+    prior_strength: float = 0.1,
+) -> tuple[list[NoisyCounts], list[str]]:
+    """The adaptive rounds of one node (:mod:`engine.adaptive`): ``plan.rounds`` times, fit the
+    posterior to everything measured so far at the household total ``total`` (a DP value), choose
+    the candidate workload it answers worst (``select``: the private session's exponential
+    mechanism) and measure it (``measure``). ``rho``: the node's whole ρ (split by
+    :func:`engine.adaptive.round_budget`). Returns the new measurements and the chosen ids."""
+    budget = round_budget(Fraction(rho), plan)
+    domain = support.data.domain
+    first = next((w.first for w in (m.workload for m in measured) if w.level == "person"), 0)
+    candidates = candidate_workloads(domain, first=first, max_cells=plan.max_cells, max_attributes=plan.max_attributes,
+                                     exclude=[m.workload for m in measured] + [m.workload for m in extra])
+    if not candidates:
+        raise ValueError("adaptive rounds: no candidate workload is left to measure")
+    G = max(float(total), 1.0)
+    penalty = expected_measurement_l1(candidates, domain, unit, budget.measure)
+    model_answers = CandidateAnswers(support.data, candidates)
+    fitted = list(extra) + [m.normalised(G) for m in measured]  # new measurements go last: the dual stays aligned
+    res = update_node(support, prior, fitted, G, rule, prior_strength)
+    new, chosen = [], []
+    for r in range(plan.rounds):
+        # the model's expected counts of every candidate (answers of the weighted support, no incidences)
+        model = G * model_answers.answers(candidates, res.weights)
+        i = select(candidates, model, penalty, budget.epsilon0, f"round-{r}")
+        w = candidates.pop(i)
+        penalty = np.delete(penalty, i)
+        noisy, sigma = measure(w, budget.measure)
+        m = NoisyCounts(w, np.asarray(noisy, dtype=np.float64), float(sigma))
+        new.append(m)
+        chosen.append(w.id)
+        fitted.append(m.normalised(G))
+        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(m.counts.size)])
+        res = update_node(support, prior, fitted, G, rule, prior_strength, dual0=dual0)
+    return new, chosen
+
+
 def synthesize_node(
     support: Support,
     prior: np.ndarray,
@@ -170,24 +219,38 @@ def synthesize_node(
     sweeps: int = 3,
     extra: Sequence[NoisyWorkload] = (),
     total_sd: float = 0.0,
+    adaptive: AdaptiveRounds | None = None,
+    select: SelectFn | None = None,
+    unit: PrivacyUnit = "household",
 ) -> NodeResult:
     """PRIOR_UPDATE of one node: measure, normalise, update. ``extra``: measurements made
     elsewhere (the count-of-counts size marginal, :func:`size_measurement`) fitted jointly with
     the node's own, each by its precision. ``total_sd`` > 0: ``total`` is a noisy count of that
     standard deviation, and the node's total is estimated jointly with the posterior (module
-    docstring); 0: ``total`` is taken as given. With nothing to fit the prior is returned unchanged."""
+    docstring); 0: ``total`` is taken as given. ``adaptive`` (with ``select``; ``unit`` the
+    privacy unit of the selection's sensitivity): part of ρ goes to adaptive rounds after the
+    given workloads (:func:`adaptive_measure`). With nothing to fit the prior is returned unchanged."""
     p = np.asarray(prior, dtype=np.float64)
     if rho > 0 and workloads and measure is None:
         raise ValueError("workloads to measure at rho > 0 need a measure callable")
     if total_sd < 0:
         raise ValueError("total_sd must be >= 0")
-    measured = measure_counts(workloads, Fraction(rho), measure) if rho > 0 and workloads and measure is not None else []  # None raised above
-    if not measured and not extra:
-        return NodeResult(p / p.sum(), {"measured": 0}, float(total))
+    rounds = adaptive is not None and adaptive.active and rho > 0 and measure is not None
+    if rounds and select is None:
+        raise ValueError("adaptive rounds need a select callable")
+    rho_given = round_budget(Fraction(rho), adaptive).initial if rounds and adaptive is not None else Fraction(rho)
+    measured = measure_counts(workloads, rho_given, measure) if rho > 0 and workloads and measure is not None else []  # None raised above
     joint = total_sd > 0 and bool(measured)
     # a trust region of three of the count's sd: where the workloads pin G only weakly ("contains"
     # and person counts can be met by other household sizes) the alternation may not run off
     bounds = (max(float(total) - 3 * total_sd, 0.0), float(total) + 3 * total_sd)
+    chosen: list[str] = []
+    if rounds and adaptive is not None and measure is not None and select is not None:
+        G0 = float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)
+        more, chosen = adaptive_measure(support, p, measured, extra, G0, adaptive, Fraction(rho), measure, select, unit, rule, prior_strength)
+        measured += more
+    if not measured and not extra:
+        return NodeResult(p / p.sum(), {"measured": 0}, float(total))
     G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
     res = update_node(support, p, [m.normalised(G) for m in measured] + list(extra), G, rule, prior_strength, sweeps)
     for r in range(TOTAL_ROUNDS if joint else 1):
@@ -208,4 +271,6 @@ def synthesize_node(
                 G_next = max((F - c * G) / (1.0 - c), 0.0)
         previous, G = (G, F), float(np.clip(G_next, *bounds))
     res.diagnostics["total"] = {"given": float(total), "given_sd": float(total_sd), "fitted": G, "trace": trace}
+    if chosen:
+        res.diagnostics["adaptive"] = chosen
     return NodeResult(res.weights, res.diagnostics, G)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import re
+from fractions import Fraction
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engine.adaptive import AdaptiveRounds
 from engine.errors import DPReleaseError
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
@@ -120,6 +122,35 @@ class CountOfCountsSpec(_Strict):
         return v
 
 
+AdaptiveLevel = Literal["state", "puma"]
+
+
+class AdaptiveSpec(_Strict):
+    """Adaptive measurement rounds after the public-chosen workloads (``engine.adaptive``): at each
+    level in ``levels``, ``rounds`` workloads chosen by the exponential mechanism where the model is
+    most wrong, measured with ``share`` of the node's ρ (each round: ``select_share`` of its ρ to the
+    selection); candidates on 2..``max_attributes`` attributes with at most ``max_cells`` cells."""
+
+    rounds: int = Field(default=0, ge=0, le=1000)
+    share: float = Field(default=0.0, ge=0, lt=1)
+    select_share: float = Field(default=0.1, gt=0, lt=1)
+    levels: list[AdaptiveLevel] = ["state"]  # pydantic copies the default per instance
+    max_cells: int = Field(default=1024, ge=2)
+    max_attributes: int = Field(default=3, ge=2, le=4)
+
+    @model_validator(mode="after")
+    def _rounds_need_budget(self) -> AdaptiveSpec:
+        if (self.rounds == 0) != (self.share == 0):
+            raise ValueError("synthesis.adaptive: rounds > 0 needs share > 0, and share > 0 needs rounds > 0")
+        return self
+
+    def plan(self, level: str) -> AdaptiveRounds | None:
+        """The engine's plan at ``level`` (None: no rounds there); shares as exact decimals."""
+        if self.rounds == 0 or level not in self.levels:
+            return None
+        return AdaptiveRounds(self.rounds, Fraction(str(self.share)), Fraction(str(self.select_share)), self.max_cells, self.max_attributes)
+
+
 class SynthesisSpec(_Strict):
     """Prior-update settings: ``map`` (noise-aware, default) or ``ide`` (Tao et al.'s exact rule).
     ``prior_strength`` is also the strength of H-GEM's relative-entropy prior to its public fit."""
@@ -131,6 +162,7 @@ class SynthesisSpec(_Strict):
     person_first: int = Field(default=2, ge=0, description="person-level workloads count the first this many "
                               "persons of each household (sensitivity person_first instead of M under the "
                               "household unit); 0: every person")
+    adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
 
 
 class ReleaseConfig(_Strict):

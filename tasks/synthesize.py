@@ -30,7 +30,7 @@ from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.prior_update import household_order, sample_households
 from engine.queries import Workload
-from engine.state_release import node_rng, session_measure
+from engine.state_release import node_rng, session_measure, session_select
 from engine.support import Support
 from engine.synthesis import size_measurement, synthesize_node
 from engine.workload_selection import select_workloads
@@ -87,6 +87,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         session_measure(ctx.session(), "state_synthesis", "state", node), total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate, households), total_sd=households_sd,
+        adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics})
@@ -128,6 +129,8 @@ def puma_task(
         None if baseline else session_measure(ctx.session(), "puma_synthesis", "puma", node), total=n_households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate, n_households), total_sd=households_sd,
+        adaptive=None if baseline else s.adaptive.plan("puma"),
+        select=None if baseline else session_select(ctx.session(), "puma_synthesis", "puma", node), unit=ctx.cfg.privacy_unit,
     )
     write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics})
     synth = sample_households(support, res.weights, int(round(res.total)), node_rng(seed, node), geo=node,

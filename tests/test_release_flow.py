@@ -158,13 +158,14 @@ def test_bad_input_fails_the_run_and_publishes_nothing(tmp_path, data_root, caps
 def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     """One run through the options the default release does not take: the person privacy unit,
     the IDE update rule, the discrete-Laplace count-of-counts, a group_counts stage beside it,
-    every person counted (person_first 0) and the average consistency. The ledger and the audit
-    must hold as on the default path."""
+    every person counted (person_first 0), the average consistency and adaptive rounds at both
+    levels. The ledger and the audit must hold as on the default path."""
     from flows.cli import main
 
     cfg = small_config(
         tmp_path, data_root, privacy_unit="person",
-        synthesis={"update_rule": "ide", "person_first": 0},
+        synthesis={"update_rule": "ide", "person_first": 0,
+                   "adaptive": {"rounds": 2, "share": 0.3, "levels": ["state", "puma"], "max_cells": 64}},
         count_of_counts={"mechanism": "laplace", "consistency": "average"},
         allocation={
             "stages": {"group_counts": 0.05, "count_of_counts": 0.05, "state_synthesis": 0.45, "puma_synthesis": 0.45},
@@ -181,6 +182,8 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     assert manifest["config"]["privacy_unit"] == "person"
     meas = pq.read_table(rel / "measurements.parquet").to_pandas()
     assert "discrete_laplace" in set(meas.mechanism) and "discrete_gaussian" in set(meas.mechanism)
+    selections = meas[meas.mechanism == "exponential_mechanism"]
+    assert set(selections.level) == {"state", "puma"} and selections.node.nunique() == len(set(meas.node[meas.level != "nation"]))
     assert not any(";first=" in w for w in manifest["workload"]["state"] + manifest["workload"]["puma"])
     from tasks.publish import read_release
 

@@ -138,6 +138,16 @@ def max_abs_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequenc
     return np.maximum.reduceat(err, starts)
 
 
+def l1_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequence[int]) -> np.ndarray:
+    """Per workload, Σ over its cells of |target − model| (cells concatenated in order,
+    ``n_cells`` per workload): AIM's selection score before its penalty."""
+    err = np.abs(np.asarray(target, dtype=np.float64) - np.asarray(model, dtype=np.float64))
+    if err.size != int(np.sum(n_cells)):
+        raise ValueError(f"{err.size} answers for {int(np.sum(n_cells))} cells")
+    starts = np.concatenate(([0], np.cumsum(n_cells)[:-1])).astype(np.int64)
+    return np.add.reduceat(err, starts)
+
+
 class PrivateSession:
     """The private input, reachable only through charged, persisted measurements."""
 
@@ -253,6 +263,28 @@ class PrivateSession:
             node=node_key(node), workload_id=f"select:{len(workloads)}:{hash_ids(ids)}",
             scores=max_abs_error_scores(model_answers, self._targets[key], n_cells),
             sensitivity=sensitivity, epsilon=epsilon)
+        return int(m.noisy_answer[0])
+
+    def select_worst_fit(self, stage: str, level: str, node: Node, tag: str, workloads: Sequence[Workload],
+                         model_counts: np.ndarray, penalty: np.ndarray, epsilon: float) -> int:
+        """Exponential mechanism choosing the workload the model fits worst, by AIM's quality score
+        (McKenna et al. 2022, §4.2): ‖y_w(D) − m_w‖₁ − penalty_w, with m_w the model's expected
+        counts of w at this node and penalty_w a data-independent offset (AIM: √(2/π)·σ_w·cells_w,
+        the expected L1 error of measuring w). A neighbour moves each score by at most
+        ‖y_w(D) − y_w(D')‖₁ ≤ L1(w) (triangle inequality), so the sensitivity is max_w L1(w) under
+        the session's unit — computed here, never taken from the caller. Charged ε²/8 (bounded
+        range) before the draw; the draw is persisted: a rerun returns it and charges nothing."""
+        n_cells = [w.n_cells(self.domain) for w in workloads]
+        for w in workloads:  # the private answers, computed once per node and workload across rounds
+            if (tuple(node), w) not in self._targets:
+                self._targets[(tuple(node), w)] = np.asarray(answer(self._node_data(node), w), dtype=np.float64)
+        target = np.concatenate([self._targets[(tuple(node), w)] for w in workloads])
+        scores = l1_error_scores(np.asarray(model_counts, dtype=np.float64), target, n_cells) - np.asarray(penalty, dtype=np.float64)
+        sensitivity = max(w.sensitivity(self.domain, self._unit)[0] for w in workloads)
+        m = self._store.select(
+            key=self.key(stage, node, "select", tag), ledger=self._ledger, stage=stage, level=level,
+            node=node_key(node), workload_id=f"select:{len(workloads)}:{hash_ids('|'.join(w.id for w in workloads))}",
+            scores=scores, sensitivity=sensitivity, epsilon=epsilon)
         return int(m.noisy_answer[0])
 
     def __repr__(self) -> str:

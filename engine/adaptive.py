@@ -1,0 +1,181 @@
+"""Adaptive measurement rounds: spend part of a node's budget where the model is wrong.
+
+After a node's public-chosen workloads are measured and fitted, ``rounds`` more workloads are
+chosen one at a time from a candidate set — the one whose answers the current posterior gets most
+wrong on the private data — measured, and fitted (AIM, McKenna et al. 2022, Algorithm 1: select by
+the exponential mechanism, measure by the Gaussian mechanism, re-estimate; PMW-Pub, Liu et al.
+2021, does the same over the public support). Each round costs
+
+    ρ_select = ε₀²/8       (exponential mechanism, bounded range: Cesar & Rogers 2021, Lemma 3.2;
+                            ``engine.privacy.accountant.exponential_mechanism_rho``)
+    ρ_measure               (Gaussian mechanism, ρ = Δ₂²/(2σ²): Bun & Steinke 2016, Prop. 1.6)
+
+charged to the ledger by the private session before the draw and persisted, so a rerun reuses
+the draw. The split of the node's ρ (:func:`round_budget`) is exact in fractions.
+
+The score of a candidate workload w is AIM's quality: ‖y_w(D) − G·A_w q‖₁ − √(2/π)·σ_w·cells_w —
+the L1 distance between the private counts and the model's expected counts (G the node's DP
+household total, a constant for the mechanism), less the expected L1 error of measuring w at this
+round's σ_w (a data-independent offset that keeps large, noisy workloads from winning on noise).
+The private session computes the scores and their sensitivity, max_w L1(w) under the privacy unit
+(``PrivateSession.select_worst_fit``).
+
+Candidates (:func:`candidate_workloads`): every workload on two or three attributes of the domain
+(person level when it names a person attribute, with the measured workloads' ``first``; a
+group-level partition otherwise) within a cell cap, minus what the node already measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from engine.domain import Domain
+from engine.errors import DPReleaseError
+from engine.hierarchical_data import HierarchicalData
+from engine.privacy.accountant import exponential_mechanism_rho
+from engine.queries import PrivacyUnit, Workload
+
+# select(candidates, model counts (concatenated), penalty per candidate, ε₀, round tag) -> index
+SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], int]
+
+__all__ = ["AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "expected_measurement_l1", "round_budget",
+           "selection_epsilon"]
+
+
+@dataclass(frozen=True)
+class AdaptiveRounds:
+    """``rounds`` adaptive rounds taking ``share`` of the node's ρ, each round's ρ split
+    ``select_share`` to the selection and the rest to the measurement (AIM: 1/10);
+    ``max_cells``: the candidates' cell cap; ``max_attributes``: candidates on 2..max_attributes
+    attributes."""
+
+    rounds: int = 0
+    share: Fraction = Fraction(0)
+    select_share: Fraction = Fraction(1, 10)
+    max_cells: int = 1024
+    max_attributes: int = 3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "share", Fraction(self.share))
+        object.__setattr__(self, "select_share", Fraction(self.select_share))
+        if self.rounds < 0 or not 0 <= self.share < 1 or not 0 < self.select_share < 1:
+            raise ValueError(f"need rounds >= 0, 0 <= share < 1, 0 < select_share < 1; got {self.rounds}, {self.share}, {self.select_share}")
+        if (self.rounds == 0) != (self.share == 0):
+            raise ValueError("adaptive rounds need a budget share and a budget share needs rounds")
+        if self.max_attributes < 2:
+            raise ValueError("candidates name at least two attributes")
+
+    @property
+    def active(self) -> bool:
+        return self.rounds > 0
+
+
+@dataclass(frozen=True)
+class RoundBudget:
+    """The exact split of a node's ρ: ``initial`` for the public-chosen workloads (to be split
+    evenly over them), then per round ``select`` (= ε₀²/8) and ``measure``."""
+
+    initial: Fraction
+    select: Fraction
+    measure: Fraction
+    epsilon0: float
+    rounds: int
+
+    def total(self) -> Fraction:
+        return self.initial + self.rounds * (self.select + self.measure)
+
+
+def selection_epsilon(rho_select: Fraction) -> float:
+    """The largest float ε₀ (up to ulps) with ε₀²/8 ≤ ``rho_select`` exactly."""
+    eps = math.sqrt(8.0 * float(rho_select))
+    while eps > 0 and exponential_mechanism_rho(eps) > rho_select:
+        eps = float(np.nextafter(eps, 0.0))
+    return eps
+
+
+def round_budget(rho: Fraction, plan: AdaptiveRounds) -> RoundBudget:
+    """Split the node's ``rho`` (module docstring). Never spends more than ``rho``: raised, not
+    asserted."""
+    rho = Fraction(rho)
+    if not plan.active:
+        return RoundBudget(rho, Fraction(0), Fraction(0), 0.0, 0)
+    rounds_rho = plan.share * rho
+    per_round = rounds_rho / plan.rounds
+    eps0 = selection_epsilon(plan.select_share * per_round)
+    out = RoundBudget(rho - rounds_rho, exponential_mechanism_rho(eps0), per_round - plan.select_share * per_round, eps0, plan.rounds)
+    if out.total() > rho or out.measure <= 0 or eps0 <= 0:
+        raise DPReleaseError(f"adaptive rounds: the split {out} does not fit the node's ρ = {rho}")
+    return out
+
+
+def candidate_workloads(domain: Domain, *, first: int = 0, max_cells: int = 1024, max_attributes: int = 3,
+                        exclude: Sequence[Workload] = ()) -> list[Workload]:
+    """Every workload on 2..``max_attributes`` attributes within ``max_cells`` cells: person level
+    (counting the first ``first`` persons; 0: all) when it names a person attribute, a group-level
+    partition otherwise; minus ``exclude``. Deterministic order (the domain's)."""
+    names = [(a.name, "group", a.size) for a in domain.group] + [(a.name, "person", a.size) for a in domain.person]
+    out: list[Workload] = []
+    skip = set(exclude)
+    for k in range(2, max_attributes + 1):
+        for combo in itertools.combinations(names, k):
+            if math.prod(c[2] for c in combo) > max_cells:
+                continue
+            g = tuple(c[0] for c in combo if c[1] == "group")
+            p = tuple(c[0] for c in combo if c[1] == "person")
+            w = Workload("person", g, p, first) if p else Workload("group", g, ())
+            if w not in skip:
+                out.append(w)
+    return out
+
+
+def expected_measurement_l1(candidates: Sequence[Workload], domain: Domain, unit: PrivacyUnit, rho: Fraction) -> np.ndarray:
+    """AIM's penalty: √(2/π)·σ_w·cells_w, the expected L1 error of measuring each candidate with
+    the Gaussian mechanism at ``rho`` (σ_w = L2(w)/√(2ρ))."""
+    sigma = np.array([w.sensitivity(domain, unit)[1] for w in candidates]) / math.sqrt(2.0 * float(rho))
+    return math.sqrt(2.0 / math.pi) * sigma * np.array([w.n_cells(domain) for w in candidates], dtype=np.float64)
+
+
+class CandidateAnswers:
+    """Answers of many candidate workloads on one set of households for changing weights: the
+    integer codes of every attribute at the counted persons (and households) are gathered once, so
+    each round costs one weighted ``bincount`` per candidate (``engine.queries.answer`` rebuilds
+    the cells of every workload per call). Person-level candidates must share one ``first``."""
+
+    def __init__(self, data: HierarchicalData, candidates: Sequence[Workload]):
+        firsts = {w.first for w in candidates if w.level == "person"}
+        if len(firsts) > 1 or any(w.level == "group" and w.person_attrs for w in candidates):
+            raise ValueError("candidates: person level with one `first`, or group-level partitions")
+        self.domain, self.n_households = data.domain, data.n_households
+        first = firsts.pop() if firsts else 0
+        keep = np.flatnonzero(data.person_slot < first) if first else np.arange(data.n_persons)
+        self.person_household = data.person_household[keep]
+        d = data.domain
+        self.codes = {("group", a.name): data.group[:, j].astype(np.int64) for j, a in enumerate(d.group)}
+        self.person_codes = {a.name: data.person[keep, j].astype(np.int64) for j, a in enumerate(d.person)}
+        self.person_group_codes = {a.name: self.codes[("group", a.name)][self.person_household] for a in d.group}
+
+    def _cells(self, w: Workload) -> np.ndarray:
+        d = self.domain
+        if w.level == "group":
+            cols = [self.codes[("group", a)] for a in w.group_attrs]
+        else:
+            cols = [self.person_group_codes[a] for a in w.group_attrs] + [self.person_codes[a] for a in w.person_attrs]
+        cells = np.zeros_like(cols[0])
+        for a, c in zip(w.attrs, cols):
+            size = d.group_attribute(a).size if a in w.group_attrs else d.person_attribute(a).size
+            cells *= size
+            cells += c
+        return cells
+
+    def answers(self, workloads: Sequence[Workload], weights: np.ndarray) -> np.ndarray:
+        """Σ_h weights_h · A_w[:, h] for every workload, concatenated (as ``engine.queries.answer``)."""
+        wt = np.asarray(weights, dtype=np.float64)
+        wp = wt[self.person_household]
+        return np.concatenate([np.bincount(self._cells(w), weights=wp if w.level == "person" else wt, minlength=w.n_cells(self.domain))
+                               for w in workloads])

@@ -1,0 +1,185 @@
+"""Adaptive measurement rounds (engine.adaptive): the exact budget split, the candidates, their
+answers, the selection's sensitivity on worst-case neighbours (the ε²/8 bounded-range charge),
+and one node's rounds through a private session — charged, persisted, replayed."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from engine.adaptive import (
+    AdaptiveRounds,
+    CandidateAnswers,
+    candidate_workloads,
+    expected_measurement_l1,
+    round_budget,
+    selection_epsilon,
+)
+from engine.privacy.accountant import exponential_mechanism_rho
+from engine.privacy.budget import BudgetPlan
+from engine.privacy.ledger import PrivacyLedger
+from engine.privacy.measurements import MeasurementStore
+from engine.privacy.session import PrivateSession, l1_error_scores
+from engine.queries import Workload, answer
+from engine.state_release import session_measure, session_select
+from engine.support import Support
+from engine.synthesis import synthesize_node
+from tests.engine._support_testdata import random_data, small_domain
+from tests.privacy.test_workload_sensitivity import DATA, DOMAIN, rederive
+from tests.sensitivity_harness import neighbour_pairs
+
+
+@pytest.mark.parametrize("rho,rounds,share", [(Fraction(1, 100), 8, Fraction(3, 10)), (Fraction(7, 3), 1, Fraction(1, 2)),
+                                              (Fraction(1, 10**6), 16, Fraction(9, 10))])
+def test_the_round_budget_is_exact_and_never_exceeds_the_node(rho, rounds, share):
+    b = round_budget(rho, AdaptiveRounds(rounds, share))
+    assert b.initial == rho * (1 - share)
+    assert b.select == exponential_mechanism_rho(b.epsilon0) <= share * rho / rounds / 10  # ε₀²/8 ≤ the planned tenth
+    assert b.measure == share * rho / rounds * Fraction(9, 10)
+    assert b.total() <= rho and float(rho - b.total()) < 1e-12 * float(rho) + 1e-300
+    assert selection_epsilon(b.select) == b.epsilon0  # the largest float ε₀ with ε₀²/8 ≤ ρ_select
+
+
+def test_the_plan_is_validated():
+    with pytest.raises(ValueError):
+        AdaptiveRounds(4, 0)
+    with pytest.raises(ValueError):
+        AdaptiveRounds(0, Fraction(1, 2))
+    with pytest.raises(ValueError):
+        AdaptiveRounds(4, 1)
+    assert round_budget(Fraction(1, 3), AdaptiveRounds()).initial == Fraction(1, 3)  # no rounds: all to the given workloads
+
+
+def test_candidates_against_brute_force():
+    d = small_domain()
+    attrs = [(a.name, "group", a.size) for a in d.group] + [(a.name, "person", a.size) for a in d.person]
+    measured = Workload("person", (), (d.person[0].name, d.person[1].name), 2)
+    got = candidate_workloads(d, first=2, max_cells=40, max_attributes=3, exclude=[measured])
+    want = set()
+    for k in (2, 3):
+        for combo in itertools.combinations(attrs, k):
+            if math.prod(c[2] for c in combo) > 40:
+                continue
+            g = tuple(c[0] for c in combo if c[1] == "group")
+            p = tuple(c[0] for c in combo if c[1] == "person")
+            want.add(Workload("person", g, p, 2) if p else Workload("group", g, ()))
+    want.discard(measured)
+    assert set(got) == want and len(got) == len(want)
+    assert all(w.n_cells(d) <= 40 for w in got)
+
+
+@pytest.mark.parametrize("first", [0, 2])
+def test_candidate_answers_equal_the_engine_answers(first):
+    d = small_domain()
+    data = random_data(d, 200, seed=3)
+    cands = candidate_workloads(d, first=first, max_cells=10**6)
+    weights = np.random.default_rng(1).random(data.n_households)
+    got = CandidateAnswers(data, cands).answers(cands, weights)
+    want = np.concatenate([answer(data, w, weights) for w in cands])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_candidate_answers_refuse_mixed_first_and_contains():
+    d = small_domain()
+    data = random_data(d, 20)
+    with pytest.raises(ValueError):
+        CandidateAnswers(data, [Workload("person", (), ("SEX",), 2), Workload("person", (), ("AGE",), 0)])
+    with pytest.raises(ValueError):
+        CandidateAnswers(data, [Workload("group", ("TEN",), ("SEX",))])
+
+
+def em_log_probs(scores, sensitivity, epsilon):
+    z = epsilon * scores / (2.0 * sensitivity)
+    return z - np.logaddexp.reduce(z)
+
+
+@pytest.mark.parametrize("unit", ["household", "person"])
+@pytest.mark.parametrize("first", [0, 2])
+def test_l1_selection_scores_are_bounded_range(unit, first):
+    """The session's score ‖y_w(D) − m_w‖₁ − penalty_w moves by at most Δ = max_w L1(w) between
+    neighbours (so the differences span ≤ 2Δ and the ε²/8 charge holds), on random and worst-case
+    neighbours; the bound is attained to within a factor two."""
+    rng = np.random.default_rng(5)
+    cands = candidate_workloads(DOMAIN, first=first, max_cells=10**6)
+    n_cells = [w.n_cells(DOMAIN) for w in cands]
+    delta = max(w.sensitivity(DOMAIN, unit)[0] for w in cands)
+    penalty = expected_measurement_l1(cands, DOMAIN, unit, Fraction(1, 10))
+
+    def scores(data, model):
+        return l1_error_scores(model, np.concatenate([answer(data, w) for w in cands]), n_cells) - penalty
+
+    base = np.concatenate([answer(DATA, w) for w in cands])
+    models = [base, base + rng.normal(0, 2, base.size), rng.random(base.size) * base.max()]
+    widest = 0.0
+    for a, b in neighbour_pairs(DATA, unit, trials=60, rng=rng, rederive=rederive):
+        for model in models:
+            diff = scores(b, model) - scores(a, model)
+            assert np.abs(diff).max() <= delta + 1e-9
+            ratio = em_log_probs(scores(b, model), delta, 0.9) - em_log_probs(scores(a, model), delta, 0.9)
+            assert np.ptp(ratio) <= 0.9 + 1e-9  # ε-bounded range, directly
+            widest = max(widest, float(np.abs(diff).max()))
+    assert widest >= 0.5 * delta
+
+
+PLAN = {"stages": {"s": 1}, "levels": {"s": {"nation": Fraction(1, 5), "state": Fraction(3, 10), "puma": Fraction(1, 2)}}}
+
+
+def session(tmp_path, data, rho=2000):
+    ledger = PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(rho, PLAN["stages"], PLAN["levels"]))
+    return PrivateSession(data, "household", ledger, MeasurementStore(tmp_path / "m"))
+
+
+def test_the_session_selects_the_planted_error_charges_and_persists(tmp_path):
+    data = random_data(small_domain(), 150, seed=8).with_geo(np.tile([10, 1], (150, 1)))
+    s = session(tmp_path, data)
+    ws = [Workload("group", ("TEN",)), Workload("person", (), ("SEX",)), Workload("group", ("NP",))]
+    model = np.concatenate([answer(data, w) for w in ws])
+    model[-4:] += 30.0  # the model is far off on the third workload only
+    penalty = np.zeros(3)
+    eps = 5.0  # Δ = 4 (person level, M = 4): still sharp at an L1 gap of 120
+    assert s.select_worst_fit("s", "state", (10,), "round-0", ws, model, penalty, eps) == 2
+    charge = s.ledger.get("s/ST=10/round-0/select")
+    assert charge.mechanism == "exponential_mechanism" and float(charge.rho) == pytest.approx(eps**2 / 8)
+    assert float(charge.sensitivity) == 4.0  # max L1 over the candidates, from the session's unit
+    assert s.select_worst_fit("s", "state", (10,), "round-0", ws, np.zeros_like(model), penalty, eps) == 2  # persisted
+    assert len(s.ledger.charges()) == 1
+
+
+def test_the_penalty_keeps_a_noisy_workload_from_winning_on_noise(tmp_path):
+    data = random_data(small_domain(), 150, seed=9).with_geo(np.tile([10, 1], (150, 1)))
+    s = session(tmp_path, data)
+    ws = [Workload("group", ("TEN",)), Workload("group", ("NP",))]
+    model = np.concatenate([answer(data, w) for w in ws])
+    model[:3] += 10.0  # L1 error 30 on TEN
+    model[3:] += 9.0   # L1 error 36 on NP, but measuring NP would cost an expected L1 error of 40
+    assert s.select_worst_fit("s", "state", (10,), "r", ws, model, np.array([0.0, 40.0]), 50.0) == 0
+
+
+def test_a_node_with_adaptive_rounds_spends_its_budget_once_and_replays(tmp_path):
+    d = small_domain()
+    public = random_data(d, 300, seed=11)
+    private = random_data(d, 400, seed=12, dependence=0.2).with_geo(np.tile([10, 1], (400, 1)))
+    support = Support.from_data(public)
+    rho = Fraction(3, 10) * 5  # the plan's state share of ρ = 5
+    workloads = [Workload("group", ("TEN",)), Workload("person", (), ("AGE",), 2)]
+    plan = AdaptiveRounds(3, Fraction(1, 2))
+
+    def run(s):
+        return synthesize_node(support, support.weights, workloads, rho, session_measure(s, "s", "state", (10,)), 400.0,
+                               total_sd=5.0, adaptive=plan, select=session_select(s, "s", "state", (10,)), unit="household")
+
+    first = run(session(tmp_path, private, rho=5))
+    ledger = PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(5, PLAN["stages"], PLAN["levels"]))
+    spent = ledger.spent()
+    assert spent <= rho and float(rho - spent) < 1e-9 * float(rho)
+    keys = [c.key for c in ledger.charges()]
+    assert sum(k.endswith("/select") for k in keys) == 3 and len(keys) == 2 + 3 + 3
+    assert len(first.diagnostics["adaptive"]) == 3 and not set(first.diagnostics["adaptive"]) & {w.id for w in workloads}
+    again = run(session(tmp_path, private, rho=5))  # the same store and ledger: nothing new is drawn or charged
+    np.testing.assert_array_equal(again.weights, first.weights)
+    assert again.diagnostics["adaptive"] == first.diagnostics["adaptive"]
+    assert PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(5, PLAN["stages"], PLAN["levels"])).spent() == spent
