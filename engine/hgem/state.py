@@ -48,9 +48,10 @@ spent, the charges still missing are checked against the node's remaining budget
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import torch
@@ -251,7 +252,7 @@ def fit_state(
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
     public_fit: dict | None = None,
-    config: HGEMConfig | None = None,
+    overrides: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> StateFit:
     """Train one state's H-GEM (module docstring, steps 1-4).
@@ -266,13 +267,13 @@ def fit_state(
     seed               the generator's seed (post-processing: :func:`state_seeds`)
     public_fit         a ``state_dict`` of :func:`pretrained_generator`'s result for these settings
                        and seed (a cache of public-only work); None: pretrain here
-    config             the trainer's configuration; None: :func:`hgem_config` of ``settings``
-                       (benchmarks' ablations only)
+    overrides          fields of the trainer's configuration (:func:`hgem_config`) to replace:
+                       the benchmarks' ablations only (the pipeline passes none)
     log                progress lines (no private values)
     """
     say = log or (lambda _msg: None)
     domain: Domain = public.domain
-    initial_ws = list(initial_workloads)
+    initial_ws = list(initial_workloads) if settings.initial_share > 0 else []  # share 0: every round adaptive
     norm = Normalisers.of(households, public)
     candidates = candidate_workloads(domain, settings)
     delta_score = score_sensitivity(candidates, domain, unit, norm.households, norm.persons)
@@ -292,7 +293,7 @@ def fit_state(
         return InitialMeasurement(w, np.asarray(counts, dtype=np.float64) / norm(w), float(sigma) / norm(w))
 
     initial = [measured(INITIAL_TAG, w, budget.rho_initial) for w in initial_ws]
-    cfg = config or hgem_config(settings, seed, prior_households=prior_strength * norm.households)
+    cfg = replace(hgem_config(settings, seed, prior_households=prior_strength * norm.households), **(overrides or {}))
     dev = resolve_device(device)
     say(f"{len(initial)} initial workloads (rho {float(budget.rho_initial):.4g} each), {len(candidates)} candidate workloads, "
         f"{budget.rounds} rounds, rho={float(budget.rho_node):.6g} (eps0={budget.epsilon0:.4g}, "
@@ -341,15 +342,17 @@ def run_state(
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
     public_fit: dict | None = None,
+    overrides: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[HierarchicalData, StateFit]:
     """One state's H-GEM end to end (module docstring): :func:`fit_state` with the generator seed
     of :func:`state_seeds` (``seed``, ``state``), then ``n_samples`` households drawn with its
     sampling seed, geography (state, 0, ...). ``public_fit``: as :func:`fit_state`, for the
-    generator seed ``state_seeds(seed, state)[0]``."""
+    generator seed ``state_seeds(seed, state)[0]``; ``overrides``: as :func:`fit_state`."""
     gen_seed, sample_seed = state_seeds(seed, state)
     fit = fit_state(public, settings, rho_node, households, oracles, unit=unit, initial_workloads=initial_workloads,
-                    seed=gen_seed, prior_strength=prior_strength, device=device, public_fit=public_fit, log=log)
+                    seed=gen_seed, prior_strength=prior_strength, device=device, public_fit=public_fit, overrides=overrides,
+                    log=log)
     synth = sample_households(fit.result.mixture(), int(n_samples), seed=sample_seed,
                               geo=(int(state),) + (0,) * (len(public.domain.geography) - 1))
     return synth, fit
