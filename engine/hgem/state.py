@@ -177,7 +177,7 @@ class Normalisers:
     @classmethod
     def of(cls, households: float, public: HierarchicalData) -> Normalisers:
         n_g = float(max(households, 1))
-        return cls(n_g, n_g * public.n_persons / max(public.n_households, 1))
+        return cls(n_g, n_g * (public.n_persons / max(public.n_households, 1)))  # this order: stored selections record Δ
 
     def __call__(self, w: Workload) -> float:
         return self.households if w.level == "group" else self.persons
