@@ -100,12 +100,14 @@ class StateOracles:
     paid       ``(tag, name)`` of the charges already made for this node (a rerun reads them
                back; name ``"select"`` for a selection, the workload id for a measurement)
     remaining  the node's budget left, checked before anything is spent; None: not checked
+    name       what the oracles measure, for messages (e.g. ``"hgem ST=50"``)
     """
 
     measure: Callable[[str], MeasureFn]
     select: SelectAt
     paid: frozenset[tuple[str, str]] = frozenset()
     remaining: Fraction | None = None
+    name: str = "hgem"
 
 
 def session_oracles(session: PrivateSession, stage: str, level: str, node: Node) -> StateOracles:
@@ -127,7 +129,7 @@ def session_oracles(session: PrivateSession, stage: str, level: str, node: Node)
                                              sensitivity)
 
     paid = frozenset(_tag_and_name(c.key[len(prefix):]) for c in session.ledger.charges() if c.key.startswith(prefix))
-    return StateOracles(measure, select, paid, session.ledger.remaining(stage, level, nk))
+    return StateOracles(measure, select, paid, session.ledger.remaining(stage, level, nk), f"{stage} {nk}")
 
 
 def _tag_and_name(rest: str) -> tuple[str, str]:
@@ -283,7 +285,7 @@ def fit_state(
         missing = outstanding_rho(budget, [w.id for w in initial_ws], oracles.paid)
         if missing > oracles.remaining:
             raise BudgetExceededError(
-                f"hgem: {len(initial_ws)} initial workloads and {budget.rounds} rounds still need rho={missing} "
+                f"{oracles.name}: {len(initial_ws)} initial workloads and {budget.rounds} rounds still need rho={missing} "
                 f"(≈{float(missing):.6g}) but the node has {oracles.remaining} left of its allocation {budget.rho_node}")
 
     def measured(tag: str, w: Workload, rho: Fraction) -> InitialMeasurement:
