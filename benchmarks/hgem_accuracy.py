@@ -1,20 +1,31 @@
 """H-GEM accuracy: max / mean error of group- and person-level 3-way hierarchical queries.
 
-Reproduces the shape of the H-GEM paper's Figure 1: for ε ∈ {0.125, 0.25, 0.5, 1} and
-δ = 1/N_G², ≥ 5 runs, the max and mean absolute error of normalised group-level and person-level
-3-way queries for
-  * ``hgem``        H-GEM (public pretraining when public data is given) on the full domain,
-  * ``public``      the public-pretrained generator alone (ε-independent, no private rounds),
-  * ``mwem_small``  MWEM on the reduced ACS-SMALL-like domain (engine.hgem.mwem.reduce_data),
-  * ``hgem_small``  H-GEM on the same reduced domain (the like-for-like comparison with MWEM).
-Errors are computed on the model answers f_q (for MWEM on the histogram) against the exact
-answers of the private data — internal QA, never released. Privacy: ρ from (ε, δ) by
-ε = ρ + 2√(ρ log 1/δ); per round ρ/T split by α between the exponential mechanism (ε₀²/8) and the
-Gaussian measurement, through ``engine.privacy.mechanisms``.
+Every H-GEM number here is the shipped code's: each run is :func:`engine.hgem.state.fit_state` /
+:func:`engine.hgem.state.run_state` — the procedure ``tasks.hgem`` runs per state — with an
+:class:`engine.hgem.settings.HGEMSettings` (the release config's ``hgem:`` section), the same exact
+budget split (``engine.hgem.privacy.state_budget``), the same normalisers (N_G, N_G × the public
+mean household size) and the pipeline's mechanisms on in-memory data
+(:func:`engine.hgem.state.local_oracles`: discrete Gaussian on the integer counts, exponential
+mechanism on the session's scores; nothing charged). ρ from (ε, δ) by the pipeline's accountant
+(``engine.privacy.accountant.eps_delta_to_rho``, Canonne-Kamath-Steinke), δ = 1/N_G². Differences
+from a release: N_G is the exact household count of the private state (the pipeline's is a DP
+count from the household-count stages), and the public fit may be cached across runs (it is a
+function of public data and settings only).
 
-The lead wires real data and the prior-update comparison through :func:`run_accuracy`, which
-takes private / public HierarchicalData. ``python benchmarks/hgem_accuracy.py`` runs a small
-version on ACS 2018 Vermont (private) with New Hampshire as public data.
+Reproduces the shape of the H-GEM paper's Figure 1 (:func:`run_accuracy`): for ε ∈ {0.125, 0.25,
+0.5, 1}, ≥ 5 runs, the max and mean absolute error of the model's normalised answers for
+  * ``hgem``        H-GEM (public pretraining) on the full domain,
+  * ``public``      the public-pretrained generator alone (ε-independent, no private rounds),
+  * ``mwem_small``  MWEM (``benchmarks/baselines/mwem.py``) on the reduced ACS-SMALL-like domain,
+                    same budget split and mechanisms,
+  * ``hgem_small``  H-GEM on the same reduced domain (the like-for-like comparison with MWEM).
+:func:`run_real` (``--real``) compares what is released: H-GEM's sampled households against the
+prior update (``engine.synthesis.synthesize_node``, discrete Gaussian through ``local_measure``)
+and the public data resampled. Errors are against the exact answers of the private data —
+internal QA, never released.
+
+``python benchmarks/hgem_accuracy.py`` runs a small version on ACS 2018 Vermont (private) with New
+Hampshire as public data.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -34,32 +46,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.baselines.mwem import MWEMConfig, reduce_data, train_mwem  # noqa: E402
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers  # noqa: E402
+from engine.hgem.config import make_generator  # noqa: E402
 from engine.hgem.mixture import default_device  # noqa: E402
-from engine.hgem.mwem import MWEMConfig, reduce_data, train_mwem  # noqa: E402
-from engine.hgem.privacy import (  # noqa: E402
-    RoundBudget,
-    gem_budget,
-    measurement_l2_sensitivity,
-    rho_from_epsilon,
-    score_sensitivity,
-    split_initial,
-)
-from engine.hgem.train import (  # noqa: E402
-    HGEMConfig,
-    InitialMeasurement,
-    make_generator,
-    pretrain_households,
-    pretrain_public,
-    score_select,
-    train_hgem,
-)
-from engine.hgem.workloads import kway_workloads  # noqa: E402
+from engine.hgem.pretrain import pretrain_households  # noqa: E402
+from engine.hgem.privacy import score_sensitivity, state_budget  # noqa: E402
+from engine.hgem.settings import HGEMSettings  # noqa: E402
+from engine.hgem.state import Normalisers, fit_state, hgem_config, local_oracles, pretrained_generator, run_state  # noqa: E402
+from engine.hgem.workloads import candidate_workloads  # noqa: E402
 from engine.hierarchical_data import HierarchicalData  # noqa: E402
-from engine.queries import PrivacyUnit, Workload  # noqa: E402
+from engine.privacy.accountant import eps_delta_to_rho  # noqa: E402
+from engine.privacy.mechanisms import discrete_gaussian, exponential_mechanism  # noqa: E402
+from engine.queries import PrivacyUnit, Workload, answer  # noqa: E402
 
 _log = functools.partial(print, flush=True)
 DATA_ROOT = Path(os.environ.get("DPRELEASE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+EPSILONS = (0.125, 0.25, 0.5, 1.0)
 
 
 def load_state(file_name: str, year_dir: str = "acs2018_1yr") -> HierarchicalData:
@@ -71,45 +74,9 @@ def load_state(file_name: str, year_dir: str = "acs2018_1yr") -> HierarchicalDat
     return data
 
 
-def make_oracles(
-    private: HierarchicalData,
-    workloads: Sequence[Workload],
-    true_answers: Sequence[np.ndarray],
-    budget: RoundBudget,
-    unit: PrivacyUnit = "household",
-    selection: str = "exponential_mechanism",
-):
-    """``select(scores, sensitivity)`` and ``measure(workload)`` on engine.privacy.mechanisms.
-
-    Measurements are Gaussian on the normalised answers with the normalised L2 sensitivity
-    (count L2 from Workload.sensitivity / N_G or N_I), ρ_meas per round from ``budget``.
-    """
-    from engine.privacy import mechanisms
-
-    index = {w: i for i, w in enumerate(workloads)}
-    sel = getattr(mechanisms, selection)
-
-    def select(scores: np.ndarray, sensitivity: float) -> int:
-        return int(sel(np.asarray(scores, dtype=float), sensitivity, budget.epsilon0))
-
-    def measure(w: Workload) -> np.ndarray:
-        return gaussian_measurement(private, w, true_answers[index[w]], budget.rho_measure, unit).answers
-
-    return select, measure
-
-
-def gaussian_measurement(private: HierarchicalData, w: Workload, answers: np.ndarray, rho: float,
-                         unit: PrivacyUnit = "household") -> InitialMeasurement:
-    """Gaussian noise (engine.privacy.mechanisms) at cost ρ on ``w``'s normalised ``answers``, with
-    the normalised L2 sensitivity (count L2 from Workload.sensitivity / N_G or N_I), and its σ."""
-    from engine.privacy import mechanisms
-
-    l2 = measurement_l2_sensitivity(w, private.domain, unit, private.n_households, private.n_persons)
-    noisy, sigma = mechanisms.gaussian(np.asarray(answers, dtype=float), l2, rho)
-    return InitialMeasurement(w, np.asarray(noisy, dtype=float), float(sigma))
-
-
-EPSILONS = (0.125, 0.25, 0.5, 1.0)
+def rho_of(epsilon: float, delta: float) -> Fraction:
+    """The node's ρ for a target (ε, δ): the pipeline's conversion (CKS), exact as a Fraction."""
+    return Fraction(eps_delta_to_rho(float(epsilon), float(delta), "cks"))
 
 
 def level_errors(workloads: Sequence[Workload], answers: Sequence[np.ndarray], true: Sequence[np.ndarray]) -> dict:
@@ -128,63 +95,57 @@ def _hgem_answers(G, plan) -> list[np.ndarray]:
         return [x.cpu().numpy().astype(np.float64) for x in plan.split(plan.answers(G()))]
 
 
-def _run_hgem(private, workloads, true, eps, delta, cfg, unit, seed, device, pub_state=None, prior_strength=0.1,
-              initial_workloads: Sequence[Workload] = (), initial_share: float = 0.0):
-    """With a public fit (``pub_state``): the MAP update with the relative-entropy prior to it
-    (α = prior_strength × N_G, the measurements' σ known). Without public data there is no prior
-    to stay close to, and H-GEM is the paper's: H-GEM-Update (Algorithm 4) with the EMA output.
-    ``initial_share`` of ρ first measures ``initial_workloads`` evenly (no selection), the
-    ``cfg.rounds`` adaptive rounds split the rest (``engine.hgem.privacy.split_initial``)."""
-    rho = rho_from_epsilon(eps, delta)
-    rho_each, rho_rounds = split_initial(rho, initial_share, len(initial_workloads))
-    initial = [gaussian_measurement(private, w, a, rho_each, unit)
-               for w, a in zip(initial_workloads, exact_normalised_answers(private, initial_workloads))] if rho_each else []
-    if rho_rounds <= 1e-12 * rho:  # the initial workloads take all of ρ: no adaptive rounds
-        cfg = replace(cfg, rounds=0)
-    elif cfg.rounds == 0:
-        raise ValueError("rounds = 0 needs initial_share = 1")
-    # without rounds the oracles are never called: their budget is a placeholder over the whole ρ
-    budget = gem_budget(rho_rounds if cfg.rounds else rho, max(cfg.rounds, 1), alpha=0.5)
-    select, measure = make_oracles(private, workloads, true, budget, unit)
-    dom = private.domain
-    if pub_state is None:
-        cfg = replace(cfg, seed=seed, update="gem", output="ema")
-        sigma = None
-    else:
-        cfg = replace(cfg, seed=seed, update="map", prior_households=prior_strength * private.n_households)
-        l2 = {w: measurement_l2_sensitivity(w, dom, unit, private.n_households, private.n_persons) for w in workloads}
-        sigma = lambda w: budget.sigma(l2[w])  # noqa: E731
-    G = make_generator(dom, cfg, device)
-    if pub_state is not None:
-        G.load_state_dict(pub_state)
-    sens = score_sensitivity(workloads, dom, unit, private.n_households, private.n_persons)
-    return train_hgem(dom, workloads, score_select(true, select, sens), measure, cfg, generator=G, measurement_sigma=sigma,
-                      initial=initial)
+def _public_fit(public: HierarchicalData, settings: HGEMSettings, seed: int, device) -> dict:
+    """GEM^Pub on the settings' candidates (public only): the generator's state_dict."""
+    G = pretrained_generator(public, candidate_workloads(public.domain, settings), hgem_config(settings, seed),
+                             settings.pretrain_steps, device)
+    return {k: v.clone() for k, v in G.state_dict().items()}
+
+
+def mwem_run(private: HierarchicalData, public: HierarchicalData, workloads: Sequence[Workload], true: Sequence[np.ndarray],
+             rho: Fraction, config: MWEMConfig, unit: PrivacyUnit, device):
+    """The MWEM baseline at ρ with H-GEM's split (no initial workloads) and mechanisms: the
+    exponential mechanism at ε₀ on the max-error scores, the discrete Gaussian on the integer
+    counts divided by the same public normalisers."""
+    budget = state_budget(rho, config.rounds, Fraction(1, 2), Fraction(0))
+    norm = Normalisers.of(private.n_households, public)
+
+    def select(scores: np.ndarray, sensitivity: float) -> int:
+        return int(exponential_mechanism(np.asarray(scores, dtype=float), sensitivity, budget.epsilon0))
+
+    def measure(w: Workload) -> np.ndarray:
+        noisy, _ = discrete_gaussian(np.rint(answer(private, w)).astype(np.int64), w.sensitivity(private.domain, unit)[1],
+                                     budget.rho_measure)
+        return np.asarray(noisy, dtype=float) / norm(w)
+
+    # MWEM scores its own histogram against the normalised private answers (``true``)
+    sens = score_sensitivity(workloads, private.domain, unit, norm.households, norm.persons)
+    return train_mwem(private.domain, workloads, true, select, measure, sens, config, device=device)
 
 
 def run_accuracy(
     private: HierarchicalData,
-    public: HierarchicalData | None = None,
+    public: HierarchicalData,
     epsilons: Sequence[float] = EPSILONS,
     runs: int = 5,
     delta: float | None = None,
-    hgem_config: HGEMConfig | None = None,
+    settings: HGEMSettings | None = None,
     mwem_config: MWEMConfig | None = None,
-    pretrain_steps: int = 300,
-    per_group_count: int | None = 32,
     methods: Sequence[str] = ("hgem", "public", "mwem_small", "hgem_small"),
     reduce_kwargs: dict | None = None,
-    unit: str = "household",
+    unit: PrivacyUnit = "household",
+    prior_strength: float = 0.1,
     device: str | None = None,
     log=_log,
 ) -> list[dict]:
-    """One row per (method, ε, run, level) with max / mean error and seconds.
+    """One row per (method, ε, run, level) with the model's max / mean error and seconds.
 
-    ``per_group_count``: 3-way attribute sets sampled per |S_G| on the full domain (paper: 128);
-    None → all. The reduced domain always uses all 3-way sets (paper: ACS-SMALL).
+    ``settings``: H-GEM's (candidates: ``kway_per_group_count`` 3-way attribute sets per |S_G| on
+    the full domain; the reduced domain always uses all of them, as the paper's ACS-SMALL). No
+    initial workloads: every round adaptive, as in the paper.
     """
     delta = delta if delta is not None else 1.0 / private.n_households**2
-    cfg = hgem_config or HGEMConfig()
+    settings = settings or HGEMSettings()
     mcfg = mwem_config or MWEMConfig()
     rows: list[dict] = []
 
@@ -194,45 +155,41 @@ def run_accuracy(
         log(f"{method:11s} eps={eps!s:6s} run={run} " + "  ".join(
             f"{lv}: max {e['max']:.4f} mean {e['mean']:.5f}" for lv, e in errs.items()) + f"  ({secs:.1f}s)")
 
-    settings = []
+    cases = []
     if {"hgem", "public"} & set(methods):
-        ws = kway_workloads(private.domain, 3, per_group_count=per_group_count, seed=0)
-        settings.append(("full", private, public, ws))
+        cases.append(("full", private, public, settings))
     if {"mwem_small", "hgem_small"} & set(methods):
         rp, spec = reduce_data(private, **(reduce_kwargs or {}))
         kw = dict(reduce_kwargs or {})
         kw.setdefault("group_attrs", spec.group_attrs)
         kw.setdefault("person_attrs", spec.person_attrs)
-        rpub = reduce_data(public, **kw)[0] if public is not None else None
-        settings.append(("small", rp, rpub, kway_workloads(rp.domain, 3)))
-    for name, priv, pub, ws in settings:
+        cases.append(("small", rp, reduce_data(public, **kw)[0], replace(settings, kway_per_group_count=None)))
+    for name, priv, pub, st in cases:
+        ws = candidate_workloads(priv.domain, st)
         true = exact_normalised_answers(priv, ws)
         plan = AnswerPlan(priv.domain, ws, device=device)
         log(f"[{name}] {len(ws)} workloads, {plan.n_cells} queries, N_G={priv.n_households}, N_I={priv.n_persons}")
-        pub_states = {}
+        pub_fits = {}
         for run in range(runs):
-            if pub is not None:
-                t0 = time.perf_counter()
-                G = make_generator(priv.domain, replace(cfg, seed=run), device)
-                pretrain_public(G, pub, ws, steps=pretrain_steps, lr=cfg.lr)
-                pub_states[run] = {k: v.clone() for k, v in G.state_dict().items()}
-                if name == "full" and "public" in methods:
-                    add("public", "-", run, level_errors(ws, _hgem_answers(G, plan), true), time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            pub_fits[run] = _public_fit(pub, st, run, device)
+            if name == "full" and "public" in methods:
+                G = make_generator(priv.domain, hgem_config(st, run), device)
+                G.load_state_dict(pub_fits[run])
+                add("public", "-", run, level_errors(ws, _hgem_answers(G, plan), true), time.perf_counter() - t0)
         for eps in epsilons:
+            rho = rho_of(eps, delta)
             for run in range(runs):
                 hg = "hgem" if name == "full" else "hgem_small"
                 if hg in methods:
                     t0 = time.perf_counter()
-                    G = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, device, pub_states.get(run)).generator
-                    add(hg, eps, run, level_errors(ws, _hgem_answers(G, plan), true), time.perf_counter() - t0)
+                    fit = fit_state(pub, st, rho, priv.n_households, local_oracles(priv, unit), unit=unit, seed=run,
+                                    prior_strength=prior_strength, device=device, public_fit=pub_fits[run])
+                    add(hg, eps, run, level_errors(ws, _hgem_answers(fit.result.generator, plan), true), time.perf_counter() - t0)
                 if name == "small" and "mwem_small" in methods:
                     t0 = time.perf_counter()
-                    budget = gem_budget(rho_from_epsilon(eps, delta), mcfg.rounds, alpha=0.5)
-                    select, measure = make_oracles(priv, ws, true, budget, unit)
-                    sens = score_sensitivity(ws, priv.domain, unit, priv.n_households, priv.n_persons)
-                    res = train_mwem(priv.domain, ws, true, select, measure, sens, replace(mcfg, seed=run), device=device)
-                    add("mwem_small", eps, run, level_errors(ws, [res.answers(w) for w in ws], true),
-                        time.perf_counter() - t0)
+                    res = mwem_run(priv, pub, ws, true, rho, replace(mcfg, seed=run), unit, device)
+                    add("mwem_small", eps, run, level_errors(ws, [res.answers(w) for w in ws], true), time.perf_counter() - t0)
     return rows
 
 
@@ -242,57 +199,48 @@ def run_real(
     public: HierarchicalData,
     epsilons: Sequence[float] = EPSILONS,
     runs: int = 5,
-    hgem_config: HGEMConfig | None = None,
-    pretrain_steps: int = 3000,
-    per_group_count: int | None = 8,
+    settings: HGEMSettings | None = None,
     methods: Sequence[str] = ("hgem", "prior_update", "public"),
-    unit: str = "household",
+    unit: PrivacyUnit = "household",
     prior_strength: float = 0.1,
     pretrained_cache: Path | None = None,
     device: str | None = None,
     public_fit: str = "answers",
-    initial_share: float = 0.0,
+    overrides: dict | None = None,
     log=_log,
 ) -> list[dict]:
     """Released-data comparison per private state: every method outputs N_G synthetic households
-    of the state, scored with ``engine.metrics.query_errors`` at level "ST" on the 3-way
-    candidate workloads (group and person level) — the H-GEM paper's metric on what is released.
+    of the state, scored with ``engine.metrics.query_errors`` at level "ST" on H-GEM's candidate
+    workloads (group and person level) — the H-GEM paper's metric on what is released.
 
-    hgem          public pretraining (once per state, public only, no privacy cost) + T rounds at
-                  ρ(ε, δ = 1/N_G²), measurement σ passed to the MAP update; households sampled
-                  from the output mixture.
-    prior_update  ``engine.synthesis.synthesize_node`` (MAP rule, prior_strength 0.1) on the
-                  public support with the state workloads of ``select_workloads(public)``, whole ρ
-                  at the state node; systematic sampling of N_G households.
+    hgem          :func:`engine.hgem.state.run_state`, the pipeline's per-state procedure, at
+                  ρ(ε, δ = 1/N_G²) with ``settings`` (the public-selected state workloads of
+                  ``select_workloads(public)`` measured first with ``settings.initial_share``).
+    prior_update  ``engine.synthesis.synthesize_node`` (MAP rule, ``prior_strength``) on the public
+                  support with the same state workloads, whole ρ at the state node, discrete
+                  Gaussian through ``engine.synthesis.local_measure``; systematic sampling of N_G
+                  households.
     public        the public empirical distribution resampled (same sampler) to N_G households.
-    Noise: benchmark-only numpy Gaussian / exponential mechanism (``make_oracles`` uses
-    engine.privacy.mechanisms for H-GEM; the prior update uses a seeded numpy Gaussian).
     device: where H-GEM trains and samples (None → cuda when visible, else cpu).
-    public_fit: "answers" — GEM^Pub, the generator fitted to the public answers of the candidate
-    workloads (``pretrain_public``, B from ``hgem_config``); "households" — one component per public
-    household, fitted to it (``pretrain_households``, B = the public household count).
-    initial_share: the share of H-GEM's ρ that first measures the prior update's own state
-    workloads (``select_workloads(public).state``, evenly, no selection); the adaptive rounds
-    (``hgem_config.rounds``) spend the rest. 0: all adaptive (the paper's H-GEM).
+    public_fit: "answers" — GEM^Pub, the pipeline's (``settings.pretrain_steps``); "households" —
+    an ablation: one component per public household, fitted to it (``pretrain_households``,
+    B = the public household count). overrides: trainer fields for ablations
+    (``engine.hgem.state.fit_state``), e.g. ``{"network_lr_scale": 0.0}``.
     """
-    from fractions import Fraction
-
-    from engine.hgem.sampling import sample_households as hgem_sample
     from engine.metrics import query_errors
     from engine.prior_update import sample_households as support_sample
-    from engine.privacy.accountant import sigma_for_rho
     from engine.support import Support
     from engine.synthesis import local_measure, synthesize_node
     from engine.workload_selection import select_workloads
 
-    cfg = hgem_config or HGEMConfig()
+    settings = settings or HGEMSettings()
     if public_fit == "households":
-        cfg = replace(cfg, batch_size=public.n_households)
+        settings = replace(settings, batch_size=public.n_households)
     elif public_fit != "answers":
         raise ValueError(f"unknown public_fit {public_fit!r}")
     device = str(torch.device(device) if device else default_device())
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
-    log(f"H-GEM on {device} ({name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads)")
+    log(f"H-GEM on {device} ({name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads), settings {settings.to_dict()}")
     rows: list[dict] = []
     support = Support.from_data(public)
     sel = select_workloads(public)
@@ -301,11 +249,12 @@ def run_real(
         dom = priv.domain
         n_g = priv.n_households
         delta = 1.0 / n_g**2
-        ws = kway_workloads(dom, 3, per_group_count=per_group_count, seed=0)
+        ws = candidate_workloads(dom, settings)
         wg = [w for w in ws if w.level == "group"]
         wp = [w for w in ws if w.level == "person"]
         true = exact_normalised_answers(priv, ws)
         plan = AnswerPlan(dom, ws, device=device)  # the model's own answers, per H-GEM run
+        geo = tuple(int(x) for x in priv.geo[0])
 
         def score(synth, method, eps, run, secs, extra=None, *, wg=wg, wp=wp, priv=priv, st=st):  # this state's workloads, bound now
             for level, wl in (("group", wg), ("person", wp)):
@@ -319,21 +268,22 @@ def run_real(
         pub_state = None
         cache = None
         if pretrained_cache is not None:  # the public fit depends only on public data and settings
-            cache = Path(pretrained_cache) / (f"ST{int(st[0])}_B{cfg.batch_size}_h{'-'.join(map(str, cfg.hidden))}"
-                                              f"_z{cfg.z_dim}_lr{cfg.lr}_s{pretrain_steps}_k{per_group_count}"
+            s = settings
+            cache = Path(pretrained_cache) / (f"ST{int(st[0])}_B{s.batch_size}_h{'-'.join(map(str, s.hidden))}"
+                                              f"_z{s.z_dim}_lr{s.lr}_s{s.pretrain_steps}_k{s.kway_per_group_count}"
                                               f"{'_households' if public_fit == 'households' else ''}.pt")
         if "hgem" in methods and cache is not None and cache.exists():
             pub_state = torch.load(cache, map_location=device)
             log(f"ST={st[0]} public fit read from {cache}")
         elif "hgem" in methods:
             t0 = time.perf_counter()
-            G = make_generator(dom, cfg, device)
             if public_fit == "households":
-                hist = pretrain_households(G, public, steps=pretrain_steps, lr=cfg.lr)
+                G = make_generator(dom, hgem_config(settings), device)
+                pretrain_households(G, public, steps=settings.pretrain_steps, lr=settings.lr)
+                pub_state = {k: v.clone() for k, v in G.state_dict().items()}
             else:
-                hist = pretrain_public(G, public, ws, steps=pretrain_steps, lr=cfg.lr)
-            pub_state = {k: v.clone() for k, v in G.state_dict().items()}
-            log(f"ST={st[0]} pretraining: {len(hist)} steps, final loss {hist[-1]:.4g} ({time.perf_counter() - t0:.1f}s)")
+                pub_state = _public_fit(public, settings, 0, device)
+            log(f"ST={st[0]} public pretraining ({time.perf_counter() - t0:.1f}s)")
             if cache is not None:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(pub_state, cache)
@@ -341,29 +291,25 @@ def run_real(
             rng = np.random.default_rng(1000 + run)
             if "public" in methods:
                 t0 = time.perf_counter()
-                synth = support_sample(support, support.weights, n_g, rng, geo=tuple(int(x) for x in st) + (0,) * (len(dom.geography) - len(st)))
+                synth = support_sample(support, support.weights, n_g, rng, geo=geo)
                 score(synth, "public", "-", run, time.perf_counter() - t0)
             for eps in epsilons:
-                rho = rho_from_epsilon(eps, delta)
+                rho = rho_of(eps, delta)
                 if "prior_update" in methods:
                     t0 = time.perf_counter()
-
-                    def noise(counts, l2, rho_w, *, rng=rng):  # this run's generator, bound now
-                        sigma = sigma_for_rho(l2, rho_w)
-                        return np.asarray(counts, float) + rng.normal(0.0, sigma, np.shape(counts)), sigma
-
-                    res = synthesize_node(support, support.weights, sel.state, Fraction(rho).limit_denominator(10**12),
-                                          local_measure(priv, unit, noise), n_g, rule="map", prior_strength=0.1)
-                    synth = support_sample(support, res.weights, n_g, rng, geo=tuple(int(x) for x in priv.geo[0]))
+                    res = synthesize_node(support, support.weights, sel.state, rho, local_measure(priv, unit, discrete_gaussian),
+                                          n_g, rule="map", prior_strength=prior_strength)
+                    synth = support_sample(support, res.weights, n_g, rng, geo=geo)
                     score(synth, "prior_update", eps, run, time.perf_counter() - t0)
                 if "hgem" in methods:
                     t0 = time.perf_counter()
-                    out = _run_hgem(priv, ws, true, eps, delta, cfg, unit, run, device, pub_state, prior_strength,
-                                    sel.state, initial_share)
-                    synth = hgem_sample(out.mixture(), n_g, seed=run, geo=tuple(int(x) for x in priv.geo[0]))
-                    model = level_errors(ws, _hgem_answers(out.generator, plan), true)
+                    synth, fit = run_state(public, settings, rho, n_g, local_oracles(priv, unit), n_g, unit=unit,
+                                           state=int(st[0]), initial_workloads=sel.state, seed=run,
+                                           prior_strength=prior_strength, device=device, public_fit=pub_state,
+                                           overrides=overrides)
+                    model = level_errors(ws, _hgem_answers(fit.result.generator, plan), true)
                     score(synth, "hgem", eps, run, time.perf_counter() - t0,
-                          {"model": model, "initial_share": initial_share, "rounds": cfg.rounds})
+                          {"model": model, "initial_share": str(settings.initial_share), "rounds": settings.rounds})
     return rows
 
 
@@ -412,16 +358,21 @@ def summarise(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = HGEMSettings()
     ap.add_argument("--private", default="csv_pvt.zip")
     ap.add_argument("--public", default="csv_pnh.zip")
     ap.add_argument("--epsilons", default=",".join(str(e) for e in EPSILONS))
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--tmax", type=int, default=50)
-    ap.add_argument("--batch-size", type=int, default=1000)
-    ap.add_argument("--hidden", default="256,512")
-    ap.add_argument("--pretrain-steps", type=int, default=300)
-    ap.add_argument("--per-group-count", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=d.rounds, help="hgem.rounds")
+    ap.add_argument("--tmax", type=int, default=d.max_update_steps, help="hgem.max_update_steps (MWEM: its T_max)")
+    ap.add_argument("--batch-size", type=int, default=d.batch_size, help="hgem.batch_size")
+    ap.add_argument("--hidden", default=",".join(map(str, d.hidden)), help="hgem.hidden")
+    ap.add_argument("--z-dim", type=int, default=d.z_dim, help="hgem.z_dim")
+    ap.add_argument("--lr", type=float, default=d.lr, help="hgem.lr")
+    ap.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps, help="hgem.pretrain_steps")
+    ap.add_argument("--per-group-count", type=int, default=d.kway_per_group_count, help="hgem.kway_per_group_count")
+    ap.add_argument("--initial-share", default=str(d.initial_share),
+                    help="--real: hgem.initial_share (a fraction such as 4/5; 0: every round adaptive, the paper's H-GEM)")
     ap.add_argument("--methods", default="hgem,public,mwem_small,hgem_small")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None, help="write rows as JSON here")
@@ -433,39 +384,31 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="hgem_accuracy_real", help="--real: file name stem of the results")
     ap.add_argument("--public-fit", choices=("answers", "households"), default="answers",
                     help="--real: H-GEM's public pretraining (run_real's public_fit)")
-    ap.add_argument("--network-lr-scale", type=float, default=1.0,
-                    help="--real: private rounds' network learning rate = lr × this (0: only component weights move)")
-    ap.add_argument("--initial-share", type=float, default=0.0,
-                    help="--real: share of H-GEM's rho that first measures the prior update's public-selected "
-                         "state workloads (no selection); the --rounds adaptive rounds spend the rest")
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--network-lr-scale", type=float, default=None,
+                    help="--real ablation: private rounds' network learning rate = lr × this (0: only component weights move)")
     ap.add_argument("--pretrained-cache", default=None,
                     help="--real: directory for the public fits (reused across invocations; public data only)")
     args = ap.parse_args(argv)
+    share = Fraction(args.initial_share)
+    settings = HGEMSettings(rounds=args.rounds, max_update_steps=args.tmax, batch_size=args.batch_size, lr=args.lr,
+                            hidden=tuple(int(h) for h in args.hidden.split(",")), z_dim=args.z_dim,
+                            pretrain_steps=args.pretrain_steps, kway_per_group_count=args.per_group_count,
+                            initial_share=share if args.real else HGEMSettings.initial_share)
+    epsilons = [float(e) for e in args.epsilons.split(",")]
     if args.real:
-        from engine.hierarchical_data import HierarchicalData as HD
-
-        private = HD.concat([load_state(f) for f in args.private.split(",")])
-        public = HD.concat([load_state(f) for f in args.public.split(",")])
-        cfg = HGEMConfig(rounds=args.rounds, max_update_steps=args.tmax, batch_size=args.batch_size, lr=args.lr,
-                         hidden=tuple(int(h) for h in args.hidden.split(",")), z_dim=32,
-                         network_lr_scale=args.network_lr_scale)
+        private = HierarchicalData.concat([load_state(f) for f in args.private.split(",")])
+        public = HierarchicalData.concat([load_state(f) for f in args.public.split(",")])
         torch.manual_seed(0)
-        rows = run_real(private, public, [float(e) for e in args.epsilons.split(",")], args.runs, cfg,
-                        args.pretrain_steps, args.per_group_count,
+        overrides = {} if args.network_lr_scale is None else {"network_lr_scale": args.network_lr_scale}
+        rows = run_real(private, public, epsilons, args.runs, settings,
                         [m for m in args.methods.split(",") if m in ("hgem", "prior_update", "public")],
                         pretrained_cache=Path(args.pretrained_cache) if args.pretrained_cache else None,
-                        device=args.device, public_fit=args.public_fit, initial_share=args.initial_share)
+                        device=args.device, public_fit=args.public_fit, overrides=overrides)
         print(summarise(rows))
         save_results(rows, Path(args.results_dir), args.name)
         return 0
-    private = load_state(args.private)
-    public = load_state(args.public) if args.public else None
-    cfg = HGEMConfig(rounds=args.rounds, max_update_steps=args.tmax, batch_size=args.batch_size,
-                     hidden=tuple(int(h) for h in args.hidden.split(",")))
-    rows = run_accuracy(private, public, [float(e) for e in args.epsilons.split(",")], args.runs,
-                        hgem_config=cfg, mwem_config=MWEMConfig(rounds=args.rounds, max_update_steps=args.tmax),
-                        pretrain_steps=args.pretrain_steps, per_group_count=args.per_group_count,
+    rows = run_accuracy(load_state(args.private), load_state(args.public), epsilons, args.runs, settings=settings,
+                        mwem_config=MWEMConfig(rounds=max(args.rounds, 1), max_update_steps=args.tmax),
                         methods=args.methods.split(","), device=args.device)
     print(summarise(rows))
     if args.out:

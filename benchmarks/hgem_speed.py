@@ -1,10 +1,14 @@
 """H-GEM speed: seconds per adaptive-measurement round on GPU vs CPU, same configuration.
 
-Configuration (H-GEM paper A.1.2 / A.2.2 scale): B = 1000 mixture components, a residual MLP
-with hidden layers (256, 512), all 3-way workloads plus random 4-way ones until ≥ 100 000 queries
-(cells), T_max update steps per round forced (H-GEM-Update with γ = 0) so that every round does the same work.
-Noise-free oracles are used (argmax selection, exact measurement): privacy does not change the
-cost of a round. Each configuration runs one untimed warm-up round first. On a GPU it times the
+It times the round the pipeline ships: ``engine.hgem.train.train_hgem`` with the trainer
+configuration of ``engine.hgem.state.hgem_config`` — the ``map`` update (weighted likelihood of
+every measurement plus the relative-entropy prior to the start, at the pipeline's strength
+0.1 × N_G households) — from an :class:`engine.hgem.settings.HGEMSettings` whose size is the
+H-GEM paper's (A.1.2 / A.2.2): B = 1000 mixture components, a residual MLP with hidden layers
+(256, 512); all 3-way workloads plus random 4-way ones until ≥ 100 000 queries (cells). One
+change makes rounds comparable: the plateau stop is off (``update_tol`` = −∞), so every round runs
+its T_max steps. Noise-free oracles are used (argmax selection, exact measurement, a fixed σ):
+privacy does not change the cost of a round. Each configuration runs one untimed warm-up round first. On a GPU it times the
 default CUDA-graph steps (``cuda``) and plain eager steps (``cuda-eager``), and the CPU with all its
 cores, in the same run; it records the device names. On a machine without a GPU it reports CPU only
 and says so.
@@ -16,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.hgem.answers import exact_normalised_answers  # noqa: E402
-from engine.hgem.train import HGEMConfig, make_generator, score_select, train_hgem  # noqa: E402
+from engine.hgem.config import make_generator  # noqa: E402
+from engine.hgem.settings import HGEMSettings  # noqa: E402
+from engine.hgem.state import hgem_config  # noqa: E402
+from engine.hgem.train import score_select, train_hgem  # noqa: E402
 from engine.hgem.workloads import kway_workloads  # noqa: E402
 
 
@@ -58,12 +67,15 @@ def _cpu_name() -> str:
 
 
 def time_rounds(domain, workloads, true, device: str, rounds: int, tmax: int, batch_size: int,
-                cuda_graphs: bool = True) -> dict:
+                cuda_graphs: bool = True, households: int = 1000, hidden: tuple[int, ...] = (256, 512),
+                z_dim: int = 64) -> dict:
     """Seconds per round over ``rounds`` timed rounds after one untimed warm-up round (CUDA context,
     cuBLAS handles, the first graph captures; reported as ``first_round_seconds``). ``true``: the
-    exact answers of ``workloads`` (the noise-free oracles)."""
-    cfg = HGEMConfig(rounds=rounds + 1, max_update_steps=tmax, batch_size=batch_size, update="gem", gamma_scale=0.0,
-                     seed=0, cuda_graphs=cuda_graphs)
+    exact answers of ``workloads`` (the noise-free oracles); ``households``: N_G (the prior's
+    strength is 0.1 × N_G, as the pipeline's default ``synthesis.prior_strength``)."""
+    settings = HGEMSettings(rounds=rounds + 1, max_update_steps=tmax, batch_size=batch_size, hidden=hidden, z_dim=z_dim)
+    cfg = replace(hgem_config(settings, seed=0, prior_households=0.1 * households),
+                  update_tol=-math.inf, cuda_graphs=cuda_graphs)  # no plateau stop: every round runs T_max steps
     G = make_generator(domain, cfg, device)
     times: list[float] = []
 
@@ -75,13 +87,16 @@ def time_rounds(domain, workloads, true, device: str, rounds: int, tmax: int, ba
     sel = lambda s, e: int(np.argmax(s))  # noqa: E731
     meas = lambda w: true[workloads.index(w)]  # noqa: E731
     t0 = time.perf_counter()
-    res = train_hgem(domain, workloads, score_select(true, sel, 1.0), meas, cfg, generator=G, callback=cb)
+    res = train_hgem(domain, workloads, score_select(true, sel, 1.0), meas, cfg, generator=G, callback=cb,
+                     measurement_sigma=lambda w: 1e-3)
     per = np.diff([t0] + times)
     timed_steps = int(sum(r.steps for r in res.history[1:]))
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else _cpu_name()
     return {
         "device": device,
         "device_name": name,
+        "update": cfg.update,
+        "settings": settings.to_dict(),
         "cuda_graphs": bool(cuda_graphs and device.startswith("cuda")),
         "threads": torch.get_num_threads(),
         "rounds": rounds,
@@ -116,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tmax", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--min-queries", type=int, default=100_000)
+    ap.add_argument("--hidden", default="256,512", help="hgem.hidden (the paper's; the pipeline's default is 128,128)")
+    ap.add_argument("--z-dim", type=int, default=64, help="hgem.z_dim")
     ap.add_argument("--devices", default="auto",
                     help="comma list of cuda (CUDA graphs), cuda-eager (no graphs), cpu; auto = cuda,cuda-eager,cpu")
     ap.add_argument("--out", default=None, help="write the JSON result here")
@@ -134,7 +151,8 @@ def main(argv=None) -> int:
     true = exact_normalised_answers(data, ws)
     for dev in devices:
         r = time_rounds(data.domain, ws, true, dev.split("-")[0], args.rounds, args.tmax, args.batch_size,
-                        cuda_graphs=dev != "cuda-eager")
+                        cuda_graphs=dev != "cuda-eager", households=data.n_households,
+                        hidden=tuple(int(h) for h in args.hidden.split(",")), z_dim=args.z_dim)
         r["label"] = dev
         results["runs"].append(r)
         print(f"{dev:10s} {r['device_name']:24s} {r['seconds_per_round_mean']:8.4f} s/round "

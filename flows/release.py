@@ -212,11 +212,12 @@ def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, 
 def hgem_stage(ctx: RunContext, counts_path: str, address: str, seed: int, workload: dict) -> dict[int, str]:
     """H-GEM per state (the public-selected state workloads measured first); on a cluster with GPU
     workers the tasks ask for a GPU resource."""
-    from tasks.hgem import SUPPORT_PER_HOUSEHOLD, gpu_resources, hgem_state_task
+    from tasks.hgem import gpu_resources, hgem_state_task
 
     states = nodes_at(counts_path, "state")
+    per_household = ctx.cfg.hgem.support_per_household
     with dask.annotate(resources=gpu_resources(address)):
-        futures = [hgem_state_task.submit(ctx, st[0], g, SUPPORT_PER_HOUSEHOLD * g, seed, workload["state"]) for st, g in states.items()]
+        futures = [hgem_state_task.submit(ctx, st[0], g, per_household * g, seed, workload["state"]) for st, g in states.items()]
     return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "H-GEM states")))
 
 
@@ -266,7 +267,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "epsilon_delta": {"epsilon": summary["total"]["epsilon_spent_cks"], "delta": summary["total"]["delta"], "conversion": "Canonne-Kamath-Steinke 2020"},
             "samplers": "OpenDP contrib samplers (dp.enable_features('contrib')): discrete Gaussian / discrete Laplace on counts, drawing from OS entropy",
         },
-        "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": cfg.synthesis.model_dump() if cfg.synthesizer != "public_baseline" else {}},
+        "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": synthesizer_settings(cfg)},
         "workload": workload,
         "count_of_counts": None if coc_path is None else {
             "method": "Hc (isotonic L1), consistent top-down; its state and PUMA size histograms are fitted by the synthesis as noisy measurements",
@@ -289,6 +290,15 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
+
+
+def synthesizer_settings(cfg) -> dict:
+    """The manifest's record of the synthesizer's settings: ``synthesis`` (prior update; also the
+    PUMA step and H-GEM's prior strength), plus ``hgem`` under ``synthesizer: hgem``."""
+    if cfg.synthesizer == "public_baseline":
+        return {}
+    out = cfg.synthesis.model_dump()
+    return {**out, "hgem": cfg.hgem.settings().to_dict()} if cfg.synthesizer == "hgem" else out
 
 
 RELEASE_VALIDATION = {

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.adaptive import AdaptiveRounds
 from engine.errors import DPReleaseError
+from engine.hgem.settings import HGEMSettings
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
 LEVELS = ("nation", "state", "puma")
@@ -165,6 +166,42 @@ class SynthesisSpec(_Strict):
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
 
 
+_HGEM = HGEMSettings()  # the defaults live in the engine, once
+
+
+class HGEMSpec(_Strict):
+    """H-GEM settings (``synthesizer: hgem``): :class:`engine.hgem.settings.HGEMSettings`, whose
+    docstring explains each; ``alpha`` and ``initial_share`` are read as the decimals written
+    (0.8 is exactly 4/5 in the budget split)."""
+
+    rounds: int = Field(default=_HGEM.rounds, ge=0, description="adaptive rounds after the initial measurements")
+    alpha: float = Field(default=float(_HGEM.alpha), gt=0, lt=1, description="selection share of each round's rho")
+    initial_share: float = Field(default=float(_HGEM.initial_share), ge=0, le=1,
+                                 description="share of the state's rho for the public-selected state workloads")
+    kway: int = Field(default=_HGEM.kway, ge=1)
+    kway_per_group_count: int | None = Field(default=_HGEM.kway_per_group_count, ge=1)
+    workload_seed: int = _HGEM.workload_seed
+    batch_size: int = Field(default=_HGEM.batch_size, ge=1, description="mixture components")
+    z_dim: int = Field(default=_HGEM.z_dim, ge=1)
+    hidden: list[int] = Field(default_factory=lambda: list(_HGEM.hidden), min_length=1)
+    lr: float = Field(default=_HGEM.lr, gt=0)
+    max_update_steps: int = Field(default=_HGEM.max_update_steps, ge=0)
+    initial_update_steps: int = Field(default=_HGEM.initial_update_steps, ge=0)
+    pretrain_steps: int = Field(default=_HGEM.pretrain_steps, ge=0)
+    support_per_household: int = Field(default=_HGEM.support_per_household, ge=1)
+    torch_threads: int | None = Field(default=_HGEM.torch_threads, ge=1)
+
+    @model_validator(mode="after")
+    def _settings(self):
+        self.settings()  # the engine's own checks (HGEMSettingsError is a ValueError)
+        return self
+
+    def settings(self) -> HGEMSettings:
+        d = self.model_dump()
+        return HGEMSettings(**{**d, "alpha": Fraction(str(self.alpha)), "initial_share": Fraction(str(self.initial_share)),
+                               "hidden": tuple(self.hidden)})
+
+
 class ReleaseConfig(_Strict):
     name: str
     description: str = ""
@@ -179,6 +216,7 @@ class ReleaseConfig(_Strict):
     allocation: AllocationSpec
     synthesizer: Literal["public_baseline", "prior_update", "hgem"] = "prior_update"
     synthesis: SynthesisSpec = Field(default_factory=SynthesisSpec)
+    hgem: HGEMSpec = Field(default_factory=HGEMSpec)
     count_of_counts: CountOfCountsSpec = Field(default_factory=CountOfCountsSpec)
     household_rules: HouseholdRulesSpec = Field(default_factory=HouseholdRulesSpec)
     output_dir: str = "releases"

@@ -126,3 +126,30 @@ def test_locations_are_resolved_once_where_the_config_is_loaded(tmp_path, monkey
     assert cfg.input_path(cfg.private[0]) == cfg_dir / "data" / "acs2018_1yr" / "csv_pvt.zip"
     assert cfg.run_dir() == cfg_dir / "w" / "r" and cfg.release_dir() == cfg_dir / "out" / "r"
     assert all(os.path.isabs(x) for x in (cfg.data_root, cfg.output_dir, cfg.work_dir))
+
+
+def test_hgem_settings_default_to_the_engines_and_are_validated(tmp_path):
+    from fractions import Fraction
+
+    from engine.hgem.settings import HGEMSettings
+
+    assert load_config(DEFAULT).hgem.settings() == HGEMSettings()  # one set of defaults, the engine's
+    cfg = load_config(write(tmp_path, lambda r: r.update(hgem={"rounds": 2, "initial_share": 0.75, "hidden": [64]})))
+    s = cfg.hgem.settings()
+    assert (s.rounds, s.initial_share, s.hidden, s.alpha) == (2, Fraction(3, 4), (64,), Fraction(1, 2))
+    for bad, expected in (({"rounds": 0}, "initial_share = 1"), ({"alpha": 1.0}, "alpha"), ({"batch": 3}, "batch"),
+                          ({"hidden": [0]}, "hidden")):
+        with pytest.raises(ConfigError, match=expected):
+            load_config(write(tmp_path, lambda r, bad=bad: r.update(hgem=bad)))
+
+
+def test_manifest_records_the_hgem_settings(tmp_path):
+    from flows.release import synthesizer_settings
+
+    cfg = load_config(DEFAULT)
+    assert "hgem" not in synthesizer_settings(cfg)
+    hg = cfg.model_copy(update={"synthesizer": "hgem"})
+    rec = synthesizer_settings(hg)
+    assert rec["hgem"] == hg.hgem.settings().to_dict() and rec["hgem"]["initial_share"] == "4/5"
+    assert rec["prior_strength"] == cfg.synthesis.prior_strength
+    assert synthesizer_settings(cfg.model_copy(update={"synthesizer": "public_baseline"})) == {}

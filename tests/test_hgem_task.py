@@ -16,7 +16,7 @@ from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import BudgetExceededError
 from tests.conftest import DATA_ROOT
 
-TINY = dict(ROUNDS=3, BATCH_SIZE=32, Z_DIM=8, HIDDEN=(32,), MAX_UPDATE_STEPS=20, PRETRAIN_STEPS=20, KWAY_PER_GROUP_COUNT=2)
+TINY = dict(rounds=3, batch_size=32, z_dim=8, hidden=[32], max_update_steps=20, pretrain_steps=20, kway_per_group_count=2)
 N_SAMPLES = 500
 STATE = 50  # Vermont
 
@@ -33,6 +33,7 @@ def make_config():
         "allocation": {"stages": {"hgem": 0.5, "puma_synthesis": 0.4, "group_counts": 0.1},
                        "levels": {"hgem": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}, "group_counts": {"puma": 1.0}}},
         "synthesizer": "hgem",
+        "hgem": TINY,
     })
 
 
@@ -53,12 +54,8 @@ def inputs(tmp_path_factory, data_root):
 
 @pytest.fixture(scope="module")
 def tiny():
-    import tasks.hgem as th
-
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in TINY.items():
-            mp.setattr(th, k, v)
-        yield th
+    """The test config's (tiny) H-GEM settings."""
+    return make_config().hgem.settings()
 
 
 HOUSEHOLDS = 3000  # the state's household count as the flow passes it (a DP estimate there)
@@ -70,8 +67,10 @@ def context(cfg, paths, inputs):
     return RunContext(cfg, paths, inputs["private"], inputs["public"])
 
 
-def run_task(th, cfg, paths, inputs, n=N_SAMPLES, initial=None):
-    return th.hgem_state_task.fn(context(cfg, paths, inputs), STATE, HOUSEHOLDS, n, None, initial)
+def run_task(tiny, cfg, paths, inputs, n=N_SAMPLES, initial=None):
+    from tasks.hgem import hgem_state_task
+
+    return hgem_state_task.fn(context(cfg, paths, inputs), STATE, HOUSEHOLDS, n, None, initial)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +111,7 @@ def test_output_is_valid_hierarchical_data(first_run, inputs, tiny):
     np_col = synth.group[:, synth.domain.group_index(synth.domain.size_attribute)]
     assert np.array_equal(np_col.astype(int) + 1, sizes)  # NP code m-1 agrees with the persons drawn
     meta = json.loads((paths.node_path("hgem_support", node_key((STATE,))).with_suffix(".json")).read_text())
-    assert len(meta["rounds"]) == tiny.ROUNDS and "score" not in meta["rounds"][0]
+    assert len(meta["rounds"]) == tiny.rounds and "score" not in meta["rounds"][0]
 
 
 def test_every_cost_is_in_the_ledger_within_the_allocation(first_run, inputs, tiny):
@@ -122,7 +121,7 @@ def test_every_cost_is_in_the_ledger_within_the_allocation(first_run, inputs, ti
     ledger = RunContext(cfg, paths).ledger
     alloc = RunContext(cfg, paths).allocation("hgem", "state")
     charges = hgem_charges(cfg, paths)
-    T = tiny.ROUNDS
+    T = tiny.rounds
     assert len(charges) == 2 * T
     assert sorted(c.mechanism for c in charges) == ["discrete_gaussian"] * T + ["exponential_mechanism"] * T
     assert {(c.level, c.node) for c in charges} == {("state", "ST=50")}
@@ -131,9 +130,11 @@ def test_every_cost_is_in_the_ledger_within_the_allocation(first_run, inputs, ti
     assert 0 < spent <= alloc
     assert float(spent) == pytest.approx(float(alloc), rel=1e-9)  # the whole allocation is used
     # every selection precedes its measurement in the ledger, and is persisted (index) in the store
+    from engine.hgem.workloads import candidate_workloads
+
     keys = [c.key for c in charges]
     store = measurement_store(paths)
-    candidates = tiny.candidate_workloads(HierarchicalData.from_npz(inputs["private"]).domain)
+    candidates = candidate_workloads(HierarchicalData.from_npz(inputs["private"]).domain, tiny)
     for r in range(1, T + 1):
         sel = [k for k in keys if k.startswith(f"hgem/ST=50/round-{r}/")]
         assert sel[0] == f"hgem/ST=50/round-{r}/select" and len(sel) == 2
@@ -188,20 +189,6 @@ def test_refused_when_the_node_budget_is_spent(tmp_path, inputs, tiny):
     assert not list((paths.nodes_dir).glob("hgem*/*"))
 
 
-def test_round_budget_is_exact_and_matches_gem_budget(tiny):
-    from engine.hgem.privacy import gem_budget
-    from engine.privacy.accountant import exponential_mechanism_rho
-
-    for rho in (Fraction(1), Fraction(1, 3), Fraction(7, 1000)):
-        for T in (1, 3, 8, 50):
-            rb = tiny.round_budget(rho, T)
-            assert T * (rb["rho_select"] + rb["rho_measure"]) <= rho
-            assert rb["rho_select"] == exponential_mechanism_rho(rb["epsilon0"])
-            ref = gem_budget(float(rho), T)
-            assert rb["epsilon0"] == pytest.approx(ref.epsilon0, rel=1e-12)
-            assert float(rb["rho_measure"]) == pytest.approx(ref.rho_measure, rel=1e-12)
-
-
 def test_cluster_gpu_resources():
     from distributed import LocalCluster
 
@@ -242,6 +229,7 @@ def test_initial_workloads_are_measured_first_and_paid_from_the_node(tmp_path, i
     (keys hgem/<node>/initial/<id>, no selection), the rounds spend the rest, the whole allocation
     is used, and a rerun after a lost output charges nothing new."""
     from engine.geography import node_key
+    from engine.hgem.privacy import state_budget
     from tasks.context import RunContext
     from tasks.run_context import prepare
 
@@ -252,12 +240,12 @@ def test_initial_workloads_are_measured_first_and_paid_from_the_node(tmp_path, i
     charges = hgem_charges(cfg, paths)
     initial = [c for c in charges if "/initial/" in c.key]
     assert [c.key for c in initial] == [f"hgem/ST=50/initial/{i}" for i in INITIAL_IDS]
-    assert all(c.mechanism == "discrete_gaussian" and c.rho == tiny.INITIAL_SHARE * alloc / 3 for c in initial)
+    assert all(c.mechanism == "discrete_gaussian" and c.rho == tiny.initial_share * alloc / 3 for c in initial)
     assert charges[:3] == initial  # measured before the first selection
-    T = tiny.ROUNDS
+    T = tiny.rounds
     assert len(charges) == 3 + 2 * T
-    rb = tiny.round_budget(alloc, n_initial=3)
-    assert sum((c.rho for c in charges if "/round-" in c.key), Fraction(0)) == T * (rb["rho_select"] + rb["rho_measure"])
+    rb = state_budget(alloc, T, tiny.alpha, tiny.initial_share, n_initial=3)
+    assert sum((c.rho for c in charges if "/round-" in c.key), Fraction(0)) == T * (rb.rho_select + rb.rho_measure)
     assert float(sum((c.rho for c in charges), Fraction(0))) == pytest.approx(float(alloc), rel=1e-9)
     meta = json.loads(paths.node_path("hgem_support", node_key((STATE,))).with_suffix(".json").read_text())
     assert meta["initial_workloads"] == INITIAL_IDS
@@ -268,17 +256,3 @@ def test_initial_workloads_are_measured_first_and_paid_from_the_node(tmp_path, i
     run_task(tiny, cfg, paths, inputs, 200, INITIAL_IDS)
     assert [c.to_json() for c in hgem_charges(cfg, paths)] == before
     assert {m.key: m.sha256 for m in measurement_store(paths).all()} == meas
-
-
-def test_round_budget_with_initial_workloads(tiny):
-    rho = Fraction(3, 7)
-    for share, T, n in ((Fraction(1, 2), 8, 17), (Fraction(3, 4), 3, 5), (Fraction(1), 0, 4)):
-        rb = tiny.round_budget(rho, T, initial_share=share, n_initial=n)
-        assert rb["rho_initial"] == share * rho / n and rb["rho_rounds"] == rho - share * rho
-        spent = n * rb["rho_initial"] + T * (rb["rho_select"] + rb["rho_measure"])
-        assert spent <= rho and float(spent) == pytest.approx(float(rho), rel=1e-9)
-    assert tiny.round_budget(rho, 3, initial_share=Fraction(1, 2), n_initial=0)["rho_rounds"] == rho  # nothing to measure first
-    with pytest.raises(ValueError):
-        tiny.round_budget(rho, 0, initial_share=Fraction(1, 2), n_initial=4)  # budget left but no rounds
-    with pytest.raises(ValueError):
-        tiny.round_budget(rho, 3, initial_share=Fraction(1), n_initial=4)  # rounds without budget

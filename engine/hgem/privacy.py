@@ -1,4 +1,4 @@
-"""Budget split and sensitivities for H-GEM / MWEM rounds (ρ-zCDP).
+"""Budget split and sensitivities for H-GEM rounds (ρ-zCDP).
 
 GEM (Liu, Vietri & Wu 2021, Algorithm 2) splits a total ρ evenly over T rounds and, inside a
 round, between the selection (exponential mechanism) and the measurement (Gaussian mechanism)
@@ -13,7 +13,8 @@ with a weight α. This module states the accounting used here, per the design do
 * per round ρ_round = ρ / T, ρ_sel = α ρ_round, ρ_meas = (1 − α) ρ_round (GEM: α = 1/2);
   sequential composition over T rounds sums to ρ;
 * optionally a share of ρ first measures workloads chosen from public data, evenly, with no
-  selection (``split_initial``), and the rounds split the rest.
+  selection, and the rounds split the rest: :func:`state_budget`, the split the pipeline and the
+  benchmarks charge, exact in fractions (:func:`gem_budget` is its float reference).
 
 The privacy mechanisms themselves are injected by the caller (``engine/privacy``); these helpers
 only compute parameters and sensitivities.
@@ -23,8 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
 
 from engine.domain import Domain
+from engine.hgem.settings import HGEMSettingsError
+from engine.privacy.accountant import exponential_mechanism_rho
+from engine.privacy.ledger import BudgetExceededError
 from engine.queries import PrivacyUnit, Workload
 
 
@@ -62,28 +70,71 @@ def gem_budget(
     return RoundBudget(float(rho), int(rounds), float(alpha), rr, rs, rm, math.sqrt(per[selection] * rs))
 
 
-def split_initial(rho: float, initial_share: float, n_initial: int) -> tuple[float, float]:
-    """Split ``rho`` between ``n_initial`` measurements taken before the rounds (workloads chosen from
-    public data, no selection cost) and the adaptive rounds: returns (ρ per initial measurement,
-    ρ left for the rounds). The initial share is spent evenly over its workloads (as the prior
-    update spends a node's ρ, ``engine.synthesis.measure_node``); the rounds then split what is left
-    with :func:`gem_budget`. Sequential composition: n_initial · ρ_each + ρ_rounds = ρ.
-    """
-    if rho <= 0 or not 0.0 <= initial_share <= 1.0:
-        raise ValueError("need rho > 0 and 0 <= initial_share <= 1")
-    if initial_share > 0 and n_initial < 1:
-        raise ValueError("an initial share needs at least one initial workload")
-    if initial_share == 0:
-        return 0.0, float(rho)
-    rho_initial = float(rho) * float(initial_share)
-    return rho_initial / int(n_initial), float(rho) - rho_initial
+@dataclass(frozen=True)
+class StateBudget:
+    """The exact split of one node's ρ (:func:`state_budget`): ``n_initial`` measurements at
+    ``rho_initial`` each, then ``rounds`` rounds of a selection at ``rho_select`` = ε₀²/8 and a
+    measurement at ``rho_measure``."""
+
+    rho_node: Fraction
+    rounds: int
+    n_initial: int
+    rho_initial: Fraction
+    rho_rounds: Fraction
+    rho_round: Fraction
+    rho_select: Fraction
+    rho_measure: Fraction
+    epsilon0: float
+
+    def total(self) -> Fraction:
+        """What the whole run charges (sequential composition): never above ``rho_node``."""
+        return self.n_initial * self.rho_initial + self.rounds * (self.rho_select + self.rho_measure)
+
+    def to_dict(self) -> dict:
+        """JSON-ready (fractions as exact strings)."""
+        return {k: (str(v) if isinstance(v, Fraction) else v) for k, v in self.__dict__.items()}
 
 
-def rho_from_epsilon(epsilon: float, delta: float) -> float:
-    """The largest ρ with ρ + 2√(ρ log(1/δ)) ≤ ε (the standard zCDP → (ε, δ) conversion)."""
-    L = math.log(1.0 / delta)
-    r = (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2
-    return r
+def selection_epsilon(rho_select: Fraction) -> float:
+    """The largest float ε₀ (up to ulps) with ε₀²/8 ≤ ρ_sel exactly (exponential mechanism)."""
+    eps = math.sqrt(8.0 * float(rho_select))
+    while exponential_mechanism_rho(eps) > rho_select:
+        eps = float(np.nextafter(eps, 0.0))
+    return eps
+
+
+def state_budget(rho_node: Fraction, rounds: int, alpha: Fraction, initial_share: Fraction, n_initial: int = 0) -> StateBudget:
+    """Exact split of ρ_node: ``initial_share`` × ρ_node evenly over the ``n_initial`` initial
+    workloads (no initial workloads: share 0), the rest over the rounds by the GEM split of
+    :func:`gem_budget`, in fractions: ρ_round = ρ_rounds / T, ρ_sel = ε₀²/8 ≤ α ρ_round (ε₀ the
+    largest float that fits), ρ_meas = (1 − α) ρ_round. ``rounds`` = 0 needs the whole ρ_node
+    initial. Raises :class:`BudgetExceededError` if the split would spend more than ρ_node."""
+    rounds, alpha, rho_node = int(rounds), Fraction(alpha), Fraction(rho_node)
+    share = Fraction(initial_share) if n_initial > 0 else Fraction(0)
+    if not 0 <= share <= 1 or rounds < 0:
+        raise HGEMSettingsError(f"need 0 <= initial share <= 1 and rounds >= 0, got {share} and {rounds}")
+    rho_initial = share * rho_node / n_initial if n_initial > 0 else Fraction(0)
+    rho_rounds = rho_node - share * rho_node
+    common: dict[str, Any] = dict(rho_node=rho_node, rounds=rounds, n_initial=int(n_initial), rho_initial=rho_initial, rho_rounds=rho_rounds)
+    if rounds == 0:
+        if rho_rounds != 0:
+            raise HGEMSettingsError("no adaptive rounds: the initial workloads must take the whole node budget")
+        out = StateBudget(**common, rho_round=Fraction(0), rho_select=Fraction(0), rho_measure=Fraction(0), epsilon0=0.0)
+    else:
+        if rho_rounds <= 0:
+            raise HGEMSettingsError("adaptive rounds without budget: lower the initial share or set the rounds to 0")
+        rho_round = rho_rounds / rounds
+        rho_sel_planned = alpha * rho_round
+        eps0 = selection_epsilon(rho_sel_planned)
+        rho_meas = rho_round - rho_sel_planned
+        ref = gem_budget(float(rho_rounds), rounds, float(alpha))  # the documented float split
+        if not (math.isclose(ref.rho_measure, float(rho_meas), rel_tol=1e-9) and math.isclose(ref.epsilon0, eps0, rel_tol=1e-9)):
+            raise RuntimeError(f"H-GEM budget split: the exact split ({rho_meas}, ε₀ {eps0}) disagrees with gem_budget's {ref}")
+        out = StateBudget(**common, rho_round=rho_round, rho_select=exponential_mechanism_rho(eps0), rho_measure=rho_meas,
+                          epsilon0=eps0)
+    if out.total() > rho_node:  # a raised error, never an assert (python -O strips asserts)
+        raise BudgetExceededError(f"H-GEM budget split would spend more than the node's ρ = {rho_node}")
+    return out
 
 
 def cell_sensitivity(w: Workload, domain: Domain, unit: PrivacyUnit) -> float:

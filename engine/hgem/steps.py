@@ -24,7 +24,8 @@ run on a side stream as PyTorch's documentation prescribes ("whole-network captu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -156,3 +157,19 @@ class GraphedEval:
 
 def _host(stats: torch.Tensor) -> np.ndarray:
     return stats.detach().to("cpu", torch.float64).numpy().reshape(-1)
+
+
+@contextlib.contextmanager
+def frozen(params: Sequence[torch.nn.Parameter], enabled: bool):
+    """Parameters that take no gradient inside the block (when ``enabled``)."""
+    if not enabled:
+        yield
+        return
+    before = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, rg in zip(params, before):
+            p.requires_grad_(rg)

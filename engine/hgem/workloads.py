@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.domain import Domain
+from engine.hgem.settings import HGEMSettings
 from engine.queries import Level, Workload
 
 
@@ -46,3 +47,10 @@ def kway_workloads(
 ) -> list[Workload]:
     """Group- and person-level workloads for every k-way attribute set (see module docstring)."""
     return [Workload(lv, g, p) for g, p in kway_attribute_sets(domain, k, per_group_count, seed) for lv in levels]
+
+
+def candidate_workloads(domain: Domain, settings: HGEMSettings) -> list[Workload]:
+    """The pipeline's candidate set Q for the adaptive rounds: ``settings.kway``-way workloads,
+    ``settings.kway_per_group_count`` attribute sets per number of group attributes, drawn with
+    ``settings.workload_seed`` (public and deterministic: the same on every rerun)."""
+    return kway_workloads(domain, settings.kway, settings.kway_per_group_count, seed=settings.workload_seed)

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
+from engine.hgem.config import HGEMConfig, make_generator
 from engine.hgem.mixture import HouseholdCells, household_log_likelihood
-from engine.hgem.train import HGEMConfig, make_generator, pretrain_households, score_select, train_hgem
+from engine.hgem.pretrain import pretrain_households
+from engine.hgem.train import score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 
 from .conftest import synthetic_data

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
+from engine.hgem.config import HGEMConfig, make_generator
 from engine.hgem.generator import SegmentSoftmax
+from engine.hgem.pretrain import fit_answers
 from engine.hgem.steps import AdamSteps, GraphedEval, make_adam, set_lr
-from engine.hgem.train import HGEMConfig, fit_answers, make_generator, score_select, train_hgem
+from engine.hgem.train import score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

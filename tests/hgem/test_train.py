@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
+from engine.hgem.config import HGEMConfig, InitialMeasurement, make_generator
+from engine.hgem.pretrain import pretrain_public
 from engine.hgem.privacy import (
     cell_sensitivity,
     gem_budget,
     measurement_l2_sensitivity,
-    rho_from_epsilon,
     score_sensitivity,
-    split_initial,
 )
-from engine.hgem.train import HGEMConfig, InitialMeasurement, fit_hgem, make_generator, pretrain_public, score_select, train_hgem
+from engine.hgem.train import fit_hgem, score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 from engine.queries import Workload
 
@@ -125,8 +125,6 @@ def test_gem_budget_split():
         gem_budget(0.5, 0)
     with pytest.raises(ValueError):
         gem_budget(0.5, 3, selection="laplace")
-    r = rho_from_epsilon(1.0, 1e-9)
-    assert r + 2 * math.sqrt(r * math.log(1e9)) == pytest.approx(1.0)
 
 
 def test_sensitivities(domain):
@@ -267,22 +265,11 @@ def test_initial_measurements_are_checked(domain, data):
                    initial=[InitialMeasurement(ws[0], true[0], 0.0)])
 
 
-def test_split_initial_composes_to_rho():
-    each, rest = split_initial(0.3, 0.75, 17)
-    assert 17 * each + rest == pytest.approx(0.3) and rest == pytest.approx(0.075)
-    assert split_initial(0.3, 0.0, 0) == (0.0, 0.3)
-    each, rest = split_initial(0.3, 1.0, 4)
-    assert each == pytest.approx(0.075) and rest == pytest.approx(0.0, abs=1e-15)
-    for bad in [(0.3, 1.5, 3), (0.3, -0.1, 3), (0.0, 0.5, 3), (0.3, 0.5, 0)]:
-        with pytest.raises(ValueError):
-            split_initial(*bad)
-
-
 def test_map_round_keeps_its_best_iterate(domain, data):
     """A learning rate far too large makes Adam overshoot: the round must still end at the lowest
     loss it saw (never above its start), with the max error of that iterate."""
     from engine.hgem.steps import AdamSteps, make_adam
-    from engine.hgem.train import _map_update
+    from engine.hgem.updates import map_update
 
     ws = kway_workloads(domain, 2)[:6]
     true = exact_normalised_answers(data, ws)
@@ -308,7 +295,7 @@ def test_map_round_keeps_its_best_iterate(domain, data):
         return orig(evaluate, loss_of, stop_spy, max_steps)
 
     runner.run = spy
-    steps, _, max_err = _map_update(G, runner, cfg, plan, tgt, w_m, None, 30)
+    steps, _, max_err = map_update(G, runner, cfg, plan, tgt, w_m, None, 30)
     assert steps == len(losses) - 1 and losses[-1] > min(losses)  # the last iterate is not the best one
     assert loss_now() == pytest.approx(min(losses), rel=1e-6) and loss_now() <= start
     with torch.no_grad():

@@ -3,7 +3,7 @@
 q(D,r) − q(D',r) over the candidates r must span at most 2Δ, Δ the sensitivity handed to the
 mechanism. Checked here for the scores the pipeline builds in H-GEM's selection rounds
 (PrivateSession.select_worst_workload: max-abs-error scores over the candidate workloads of
-tasks.hgem, normalised by public constants, Δ from engine.hgem.privacy.score_sensitivity), on
+engine.hgem.state, normalised by public constants, Δ from engine.hgem.privacy.score_sensitivity), on
 random and worst-case neighbours under both privacy units.
 """
 
@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 
 from engine.hgem.privacy import score_sensitivity
+from engine.hgem.settings import HGEMSettings
+from engine.hgem.workloads import candidate_workloads
 from engine.privacy.session import max_abs_error_scores
 from engine.queries import answer
-from tasks.hgem import candidate_workloads
 from tests.privacy.test_workload_sensitivity import DATA, DOMAIN, rederive
 from tests.sensitivity_harness import neighbour_pairs
 
 N_G = 60.0  # the DP household count of the node: public once measured, fixed before the rounds
 N_I = N_G * 2.5  # N_G × the public mean household size
-CANDIDATES = candidate_workloads(DOMAIN)
+CANDIDATES = candidate_workloads(DOMAIN, HGEMSettings())
 NORMALISERS = [N_G if w.level == "group" else N_I for w in CANDIDATES]
 N_CELLS = [w.n_cells(DOMAIN) for w in CANDIDATES]
 

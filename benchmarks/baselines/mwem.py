@@ -1,4 +1,5 @@
-"""MWEM over an explicit histogram of households on a reduced domain (H-GEM paper §4.1, A.2.1).
+"""MWEM over an explicit histogram of households on a reduced domain (H-GEM paper §4.1, A.2.1): a
+baseline of the H-GEM benchmark (`benchmarks/hgem_accuracy.py`), never used by a release.
 
 The universe is X = G × (I × ⊥)^M: a household is its group attributes plus an *ordered* tuple of
 m ∈ 1..M persons (slot 1 = householder), exactly the paper's count d = d_G Σ_{m=1..M} d_I^m

@@ -1,4 +1,5 @@
-"""Reduced domain, explicit household histogram and the MWEM baseline."""
+"""The MWEM baseline of the H-GEM benchmark (benchmarks/baselines/mwem.py): reduced domain,
+explicit household histogram, MWEM rounds."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.baselines.mwem import HouseholdHistogram, MWEMConfig, reduce_data, train_mwem
 from engine.hgem.answers import exact_normalised_answers
-from engine.hgem.mwem import HouseholdHistogram, MWEMConfig, reduce_data, train_mwem
 from engine.hgem.workloads import kway_workloads
-
-from .conftest import synthetic_data, tiny_domain
+from tests.hgem.conftest import synthetic_data, tiny_domain
 
 
 @pytest.fixture(scope="module")
