@@ -38,14 +38,13 @@ import numpy as np
 from engine.domain import Domain
 from engine.errors import DPReleaseError
 from engine.hierarchical_data import HierarchicalData
-from engine.privacy.accountant import exponential_mechanism_rho
+from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
 from engine.queries import PrivacyUnit, Workload
 
 # select(candidates, model counts (concatenated), penalty per candidate, ε₀, round tag) -> index
 SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], int]
 
-__all__ = ["AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "expected_measurement_l1", "round_budget",
-           "selection_epsilon"]
+__all__ = ["AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "expected_measurement_l1", "round_budget"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +90,6 @@ class RoundBudget:
         return self.initial + self.rounds * (self.select + self.measure)
 
 
-def selection_epsilon(rho_select: Fraction) -> float:
-    """The largest float ε₀ (up to ulps) with ε₀²/8 ≤ ``rho_select`` exactly."""
-    eps = math.sqrt(8.0 * float(rho_select))
-    while eps > 0 and exponential_mechanism_rho(eps) > rho_select:
-        eps = float(np.nextafter(eps, 0.0))
-    return eps
-
-
 def round_budget(rho: Fraction, plan: AdaptiveRounds) -> RoundBudget:
     """Split the node's ``rho`` (module docstring). Never spends more than ``rho``: raised, not
     asserted."""
@@ -107,7 +98,7 @@ def round_budget(rho: Fraction, plan: AdaptiveRounds) -> RoundBudget:
         return RoundBudget(rho, Fraction(0), Fraction(0), 0.0, 0)
     rounds_rho = plan.share * rho
     per_round = rounds_rho / plan.rounds
-    eps0 = selection_epsilon(plan.select_share * per_round)
+    eps0 = epsilon_for_exponential_rho(plan.select_share * per_round)
     out = RoundBudget(rho - rounds_rho, exponential_mechanism_rho(eps0), per_round - plan.select_share * per_round, eps0, plan.rounds)
     if out.total() > rho or out.measure <= 0 or eps0 <= 0:
         raise DPReleaseError(f"adaptive rounds: the split {out} does not fit the node's ρ = {rho}")

@@ -27,11 +27,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
-
 from engine.domain import Domain
 from engine.hgem.settings import HGEMSettingsError
-from engine.privacy.accountant import exponential_mechanism_rho
+from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
 from engine.privacy.ledger import BudgetExceededError
 from engine.queries import PrivacyUnit, Workload
 
@@ -95,14 +93,6 @@ class StateBudget:
         return {k: (str(v) if isinstance(v, Fraction) else v) for k, v in self.__dict__.items()}
 
 
-def selection_epsilon(rho_select: Fraction) -> float:
-    """The largest float ε₀ (up to ulps) with ε₀²/8 ≤ ρ_sel exactly (exponential mechanism)."""
-    eps = math.sqrt(8.0 * float(rho_select))
-    while exponential_mechanism_rho(eps) > rho_select:
-        eps = float(np.nextafter(eps, 0.0))
-    return eps
-
-
 def state_budget(rho_node: Fraction, rounds: int, alpha: Fraction, initial_share: Fraction, n_initial: int = 0) -> StateBudget:
     """Exact split of ρ_node: ``initial_share`` × ρ_node evenly over the ``n_initial`` initial
     workloads (no initial workloads: share 0), the rest over the rounds by the GEM split of
@@ -125,7 +115,7 @@ def state_budget(rho_node: Fraction, rounds: int, alpha: Fraction, initial_share
             raise HGEMSettingsError("adaptive rounds without budget: lower the initial share or set the rounds to 0")
         rho_round = rho_rounds / rounds
         rho_sel_planned = alpha * rho_round
-        eps0 = selection_epsilon(rho_sel_planned)
+        eps0 = epsilon_for_exponential_rho(rho_sel_planned)
         rho_meas = rho_round - rho_sel_planned
         ref = gem_budget(float(rho_rounds), rounds, float(alpha))  # the documented float split
         if not (math.isclose(ref.rho_measure, float(rho_meas), rel_tol=1e-9) and math.isclose(ref.epsilon0, eps0, rel_tol=1e-9)):

@@ -148,13 +148,26 @@ def exponential_mechanism_rho(epsilon: Number) -> Fraction:
     when max_r − min_r of the score differences q(D,r) − q(D',r) is at most 2Δ — implied by
     |q(D,r) − q(D',r)| ≤ Δ for every candidate r, i.e. Δ a true sensitivity of every score.
     ``tests/privacy/test_bounded_range.py`` checks this for the scores the pipeline builds
-    (``engine.privacy.session.max_abs_error_scores`` with ``engine.hgem.privacy.score_sensitivity``).
+    (``engine.privacy.session.max_abs_error_scores`` with ``engine.hgem.privacy.score_sensitivity``),
+    and ``tests/engine/test_adaptive.py`` for the adaptive rounds' L1 scores
+    (``PrivateSession.select_worst_fit``).
     Do NOT use this for permute-and-flip, see :func:`permute_and_flip_rho`.
     """
     e = as_fraction(epsilon, exact_float=True)
     if e < 0:
         raise ValueError(f"epsilon must be >= 0, got {e}")
     return e * e / 8
+
+
+def epsilon_for_exponential_rho(rho: Number) -> float:
+    """The largest float ε (up to a few ulps) with ε²/8 ≤ ρ exactly (inverse of
+    :func:`exponential_mechanism_rho`): the selection ε of a round given its ρ share."""
+    r = as_fraction(rho)
+    _positive("rho", r)
+    eps = math.sqrt(8.0 * float(r))
+    while exponential_mechanism_rho(eps) > r:
+        eps = float(np.nextafter(eps, 0.0))
+    return eps
 
 
 def permute_and_flip_rho(epsilon: Number) -> Fraction:

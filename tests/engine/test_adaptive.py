@@ -17,9 +17,8 @@ from engine.adaptive import (
     candidate_workloads,
     expected_measurement_l1,
     round_budget,
-    selection_epsilon,
 )
-from engine.privacy.accountant import exponential_mechanism_rho
+from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementStore
@@ -41,7 +40,7 @@ def test_the_round_budget_is_exact_and_never_exceeds_the_node(rho, rounds, share
     assert b.select == exponential_mechanism_rho(b.epsilon0) <= share * rho / rounds / 10  # ε₀²/8 ≤ the planned tenth
     assert b.measure == share * rho / rounds * Fraction(9, 10)
     assert b.total() <= rho and float(rho - b.total()) < 1e-12 * float(rho) + 1e-300
-    assert selection_epsilon(b.select) == b.epsilon0  # the largest float ε₀ with ε₀²/8 ≤ ρ_select
+    assert epsilon_for_exponential_rho(b.select) == b.epsilon0  # the largest float ε₀ with ε₀²/8 ≤ ρ_select
 
 
 def test_the_plan_is_validated():
