@@ -45,7 +45,7 @@ from tasks.publish import code_version, input_identity, library_versions, sha256
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
-from tasks.synthesize import public_only_baseline, puma_task, select_workload_task, state_update_task
+from tasks.synthesize import PumaJob, public_only_baseline, puma_batch_task, select_workload_task, state_update_task
 
 
 class Progress:
@@ -221,24 +221,30 @@ def hgem_stage(ctx: RunContext, counts_path: str, address: str, seed: int, workl
     return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "H-GEM states")))
 
 
+PUMAS_PER_TASK = 16  # PUMAs of one state per task: the orchestration's cost per task exceeds a PUMA's own
+
+
 @flow(name="synthesize-pumas")
 def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteriors: dict[int, str] | None, seed: int, supports: dict[int, str] | None = None) -> list[str]:
     """Per PUMA in parallel: the PUMA's DP household count (exact only under the declared
     invariant), its posterior updated with the count-of-counts size histogram when that stage ran."""
     sizes = size_measurements(counts_path, "puma") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "puma")
-    futures = []
+    by_state: dict[int, list[PumaJob]] = {}
     for (st, puma), g in nodes_at(counts_path, "puma").items():
         node = (st, puma)  # a PUMA node is (ST, PUMA)
-        futures.append(
-            puma_task.submit(
-                ctx, node, g, sizes.get(node),
-                None if posteriors is None else posteriors[node[0]], [] if workload is None else workload["puma"], seed,
-                supports[node[0]] if supports else None, sd[node],
+        by_state.setdefault(st, []).append(PumaJob(node, g, sizes.get(node), sd[node]))
+    futures = []
+    for st, jobs in by_state.items():
+        for i in range(0, len(jobs), PUMAS_PER_TASK):
+            futures.append(
+                puma_batch_task.submit(
+                    ctx, jobs[i : i + PUMAS_PER_TASK], None if posteriors is None else posteriors[st],
+                    [] if workload is None else workload["puma"], seed, supports[st] if supports else None,
+                )
             )
-        )
-    label = "PUMAs (public-only baseline)" if posteriors is None else "PUMA posteriors and samples"
-    return wait_all(futures, get_run_logger(), label)
+    label = "batches of PUMAs (public-only baseline)" if posteriors is None else "batches of PUMA posteriors and samples"
+    return [path for batch in wait_all(futures, get_run_logger(), label) for path in batch]
 
 
 @flow(name="publish")

@@ -4,9 +4,9 @@
 - ``state_update_task``: per state, measure the state workload through the private session
   (discrete Gaussian, charged and persisted) and update the public prior into the state posterior;
   answers are normalised by the state's DP household count.
-- ``puma_task``: per PUMA, measure the PUMA workload and update the state posterior into the PUMA
-  posterior (prior update), or keep the public prior (public-only baseline); then sample the PUMA's
-  DP household count of households from it.
+- ``puma_batch_task``: per batch of a state's PUMAs (``synthesize_puma`` each), measure the PUMA
+  workload and update the state posterior into the PUMA posterior (prior update), or keep the
+  public prior (public-only baseline); then sample the PUMA's household total from it.
 
 When the count-of-counts stage ran, its size histogram of the node enters both updates as one more
 noisy measurement of the size marginal (``engine.synthesis.size_measurement``), weighed against
@@ -19,6 +19,7 @@ No task here reads the private data: only ``RunContext.session()`` measurements.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
@@ -37,7 +38,8 @@ from engine.workload_selection import select_workloads
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
-__all__ = ["node_key", "node_rng", "select_workload_task", "state_update_task", "puma_task", "public_only_baseline"]
+__all__ = ["PumaJob", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task", "state_update_task",
+           "synthesize_puma"]
 
 
 def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
@@ -94,41 +96,35 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     return str(out)
 
 
-@task(name="synthesize-puma")
-def puma_task(
-    ctx: RunContext,
-    node: tuple[int, int],
-    n_households: int,
-    size_estimate: SizeEstimate | None,
-    state_posterior: str | None,
-    workload_ids: list[str],
-    seed: int,
-    support_npz: str | None = None,
-    households_sd: float = 0.0,
-) -> str:
-    """One PUMA: posterior (or the public prior for the baseline), updated with the
-    count-of-counts ``size_estimate`` when given, then its household total of sampled households:
-    the DP count ``n_households`` estimated jointly with the posterior from the PUMA's own
-    measurements when its noise sd ``households_sd`` is given (``engine.synthesis``), else the
-    count itself."""
-    key = node_key(node)
+@dataclass(frozen=True)
+class PumaJob:
+    """One PUMA of a batch: its node, DP household count (exact only under the declared
+    invariant) with the count's noise sd, and its count-of-counts size histogram when that stage ran."""
+
+    node: tuple[int, int]
+    n_households: int
+    size_estimate: SizeEstimate | None = None
+    households_sd: float = 0.0
+
+
+def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, workload_ids: list[str], seed: int,
+                    support: Support) -> str:
+    """One PUMA: posterior (or the public prior for the baseline, ``prior`` None), updated with
+    the count-of-counts size estimate when given, then its household total of sampled households:
+    the DP count estimated jointly with the posterior from the PUMA's own measurements when its
+    noise sd is given (``engine.synthesis``), else the count itself. Persisted; a rerun reuses it."""
+    node, key = job.node, node_key(job.node)
     out = ctx.paths.node_path("synthesis", key)
     if out.exists():
         return str(out)
-    support = cached_support(support_npz or ctx.public_npz)
     s = ctx.cfg.synthesis
-    baseline = state_posterior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
-    if state_posterior is None:
-        prior = support.weights
-    else:
-        with np.load(state_posterior) as z:
-            prior = z["weights"]
+    baseline = prior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
     res = synthesize_node(
-        support, prior, [] if baseline else [Workload.from_id(w) for w in workload_ids],
+        support, support.weights if prior is None else prior, [] if baseline else [Workload.from_id(w) for w in workload_ids],
         Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
-        None if baseline else session_measure(ctx.session(), "puma_synthesis", "puma", node), total=n_households,
+        None if baseline else session_measure(ctx.session(), "puma_synthesis", "puma", node), total=job.n_households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        extra=size_extra(support, size_estimate, n_households), total_sd=households_sd,
+        extra=size_extra(support, job.size_estimate, job.n_households), total_sd=job.households_sd,
         adaptive=None if baseline else s.adaptive.plan("puma"),
         select=None if baseline else session_select(ctx.session(), "puma_synthesis", "puma", node), unit=ctx.cfg.privacy_unit,
     )
@@ -137,6 +133,21 @@ def puma_task(
                               order=household_order(support.data))
     save_npz_atomic(out, synth.to_npz)
     return str(out)
+
+
+@task(name="synthesize-pumas")
+def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, workload_ids: list[str], seed: int,
+                    support_npz: str | None = None) -> list[str]:
+    """Several PUMAs of one state (:func:`synthesize_puma` each, persisted one by one, so a resumed
+    batch redoes only the PUMAs it had not finished). Batches keep the orchestration's cost per
+    task (scheduling, state reports) off the per-PUMA path: a PUMA's own work is a fraction of a
+    second. ``state_posterior`` None: the public-only baseline."""
+    support = cached_support(support_npz or ctx.public_npz)
+    prior = None
+    if state_posterior is not None:
+        with np.load(state_posterior) as z:
+            prior = z["weights"]
+    return [synthesize_puma(ctx, job, prior, workload_ids, seed, support) for job in jobs]
 
 
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:
