@@ -27,37 +27,29 @@ with q_h ∝ p_h exp((Aᵀλ)_h / α) at the optimum, solved by L-BFGS-B on spar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import minimize
 from scipy.special import logsumexp
 
-from engine.queries import Workload
+from engine.measurement import Measurement
 from engine.support import Support
-
-
-@dataclass(frozen=True)
-class NoisyWorkload:
-    """A measured workload at one node: answers per household (noisy counts / G) and σ in counts."""
-
-    workload: Workload
-    answer: np.ndarray
-    sigma: float
 
 
 def map_update(
     support: Support,
     prior: np.ndarray,
-    measurements: Sequence[NoisyWorkload],
+    measurements: Sequence[Measurement],
     total: float,
     *,
     prior_strength: float = 1.0,
     max_iter: int = 500,
     tol: float = 1e-10,
 ) -> tuple[np.ndarray, dict]:
-    """The MAP distribution on the support (module docstring). Returns (weights, diagnostics)."""
+    """The MAP distribution on the support (module docstring). ``measurements``: noisy counts of
+    the node with their σ, divided here by the household total G = ``total``
+    (:meth:`~engine.measurement.Measurement.answers`). Returns (weights, diagnostics)."""
     p = np.asarray(prior, dtype=np.float64)
     p = p / p.sum()
     if not measurements:
@@ -67,8 +59,8 @@ def map_update(
     if alpha <= 0:
         raise ValueError("prior_strength must be > 0")
     A = sp.vstack([support.incidence(m.workload) for m in measurements]).tocsr().astype(np.float64)
-    y = np.concatenate([np.asarray(m.answer, dtype=np.float64) for m in measurements])
-    s2 = np.concatenate([np.full(len(m.answer), (m.sigma / G) ** 2) for m in measurements])
+    y = np.concatenate([m.answers(G) for m in measurements])
+    s2 = np.concatenate([np.full(m.noisy_answer.size, (m.sigma / G) ** 2) for m in measurements])
     if A.shape[0] != y.shape[0]:
         raise ValueError("answers do not match the workloads' cells")
     At = A.T.tocsr()

@@ -44,12 +44,14 @@ from typing import Literal
 import numpy as np
 
 from engine.hierarchical_data import HierarchicalData
-from engine.map_update import NoisyWorkload, map_update
-from engine.prior_update import Measurement, normalise_counts, prior_update
+from engine.map_update import map_update
+from engine.measurement import Measurement
+from engine.prior_update import prior_update
 from engine.queries import PrivacyUnit, Workload, answer
 from engine.support import Support
 
-# measure(workload, rho) -> (noisy counts of the node's households, noise sigma per cell)
+# measure(workload, rho) -> (noisy counts of the node's households, noise sigma per cell): the one
+# measure callable (the pipeline's charges the private session, engine.state_release.session_measure)
 MeasureFn = Callable[[Workload, Fraction], tuple[np.ndarray, float]]
 UpdateRule = Literal["map", "ide"]
 
@@ -64,37 +66,20 @@ class NodeResult:
     total: float = 0.0
 
 
-@dataclass(frozen=True)
-class NoisyCounts:
-    """One measured workload before normalisation: noisy counts and σ per cell, in households."""
-
-    workload: Workload
-    counts: np.ndarray
-    sigma: float
-
-    def normalised(self, total: float) -> NoisyWorkload:
-        return NoisyWorkload(self.workload, normalise_counts(self.counts, total), self.sigma)
-
-
 TOTAL_ROUNDS = 4  # alternations of q | G and G | q (with the extrapolation G settles in two or three)
 
 
-def measure_counts(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn) -> list[NoisyCounts]:
-    """Measure every workload of a node (even split of ρ)."""
+def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn) -> list[Measurement]:
+    """Measure every workload of a node, ρ split evenly: ρ_w = ρ / |W| (exact)."""
     rho_w = Fraction(rho) / len(workloads)
     out = []
     for w in workloads:
         noisy, sigma = measure(w, rho_w)
-        out.append(NoisyCounts(w, np.asarray(noisy, dtype=np.float64), float(sigma)))
+        out.append(Measurement(w, np.asarray(noisy, dtype=np.float64), float(sigma), rho_w))
     return out
 
 
-def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn, total: float) -> list[NoisyWorkload]:
-    """Measure every workload of a node (even split of ρ) and normalise by the household total."""
-    return [m.normalised(total) for m in measure_counts(workloads, rho, measure)]
-
-
-def fit_total(support: Support, q: np.ndarray, measured: Sequence[NoisyCounts], total: float, total_sd: float) -> float:
+def fit_total(support: Support, q: np.ndarray, measured: Sequence[Measurement], total: float, total_sd: float) -> float:
     """The household total G that maximises the Gaussian likelihood of the noisy counts given the
     per-household answers a_w = A_w q of the posterior q, with the given ``total`` ~ N(G, total_sd²)
     as one more measurement:
@@ -105,20 +90,20 @@ def fit_total(support: Support, q: np.ndarray, measured: Sequence[NoisyCounts], 
     num, den = float(total) / total_sd**2, 1.0 / total_sd**2
     for m in measured:
         a = support.answer(m.workload, q)
-        num += float(a @ m.counts) / m.sigma**2
-        den += float(a @ a) / m.sigma**2
+        num += float(a @ m.noisy_answer) / m.variance
+        den += float(a @ a) / m.variance
     return max(num / den, 0.0)
 
 
-def start_total(measured: Sequence[NoisyCounts], total: float, total_sd: float) -> float:
+def start_total(measured: Sequence[Measurement], total: float, total_sd: float) -> float:
     """A posterior-free first estimate of G: the given total and the sum of every measured
     partition workload (each an unbiased count of G with variance cells·σ²), merged by inverse
     variance. The alternation of :func:`synthesize_node` starts there."""
     num, den = float(total) / total_sd**2, 1.0 / total_sd**2
     for m in measured:
         if m.workload.is_partition():
-            var = m.counts.size * m.sigma**2
-            num, den = num + float(m.counts.sum()) / var, den + 1.0 / var
+            var = m.noisy_answer.size * m.variance
+            num, den = num + float(m.noisy_answer.sum()) / var, den + 1.0 / var
     return max(num / den, 0.0)
 
 
@@ -133,26 +118,27 @@ def local_measure(private: HierarchicalData, unit: PrivacyUnit, noise: Callable[
     return measure
 
 
-def update_node(support: Support, prior: np.ndarray, measurements: list[NoisyWorkload], total: float, rule: UpdateRule = "map", prior_strength: float = 0.1, sweeps: int = 3) -> NodeResult:
-    """Update ``prior`` with the node's measurements. ``prior_strength`` is relative to the node's
-    household total (α = prior_strength · total pseudo-households) for the MAP rule."""
+def update_node(support: Support, prior: np.ndarray, measurements: Sequence[Measurement], total: float, rule: UpdateRule = "map", prior_strength: float = 0.1, sweeps: int = 3) -> NodeResult:
+    """Update ``prior`` with the node's measurements (noisy counts, divided by the household
+    ``total``). ``prior_strength`` is relative to the node's household total (α = prior_strength ·
+    total pseudo-households) for the MAP rule."""
     if rule == "map":
         q, diag = map_update(support, prior, measurements, total, prior_strength=max(prior_strength * float(total), 1e-6))
         return NodeResult(q, diag)
-    res = prior_update(support, [Measurement(m.workload, m.answer) for m in measurements], prior=prior, T=sweeps)
+    res = prior_update(support, measurements, total=total, prior=prior, T=sweeps)
     return NodeResult(res.weights, res.diagnostics())
 
 
-def size_measurement(domain, histogram: Sequence[float], sd: float, total: float) -> NoisyWorkload:
+def size_measurement(domain, histogram: Sequence[float], sd: float) -> Measurement:
     """The count-of-counts estimate of a node's households of size 1..K as a noisy measurement of
-    the size marginal (group workload on the size attribute, code k−1 = size k), normalised by the
-    node's household total like every other measurement. ``sd``: noise standard deviation of one
-    entry, in households."""
+    the size marginal (group workload on the size attribute, code k−1 = size k). ``sd``: noise
+    standard deviation of one entry, in households. Post-processing of the count-of-counts stage's
+    measurements: it costs nothing here (ρ 0)."""
     w = Workload("group", (domain.size_attribute,), ())
     h = np.asarray(histogram, dtype=np.float64)
     if h.size != w.n_cells(domain):
         raise ValueError(f"{h.size} size counts for the {w.n_cells(domain)} codes of {domain.size_attribute}")
-    return NoisyWorkload(w, normalise_counts(h, total), float(sd))
+    return Measurement(w, h, float(sd))
 
 
 def synthesize_node(
@@ -165,7 +151,7 @@ def synthesize_node(
     rule: UpdateRule = "map",
     prior_strength: float = 0.1,
     sweeps: int = 3,
-    extra: Sequence[NoisyWorkload] = (),
+    extra: Sequence[Measurement] = (),
     total_sd: float = 0.0,
 ) -> NodeResult:
     """PRIOR_UPDATE of one node: measure, normalise, update. ``extra``: measurements made
@@ -178,7 +164,7 @@ def synthesize_node(
         raise ValueError("workloads to measure at rho > 0 need a measure callable")
     if total_sd < 0:
         raise ValueError("total_sd must be >= 0")
-    measured = measure_counts(workloads, Fraction(rho), measure) if rho > 0 and workloads and measure is not None else []  # None raised above
+    measured = measure_node(workloads, Fraction(rho), measure) if rho > 0 and workloads and measure is not None else []  # None raised above
     if not measured and not extra:
         return NodeResult(p / p.sum(), {"measured": 0}, float(total))
     joint = total_sd > 0 and bool(measured)
@@ -187,7 +173,7 @@ def synthesize_node(
     bounds = (max(float(total) - 3 * total_sd, 0.0), float(total) + 3 * total_sd)
     G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
     for r in range(TOTAL_ROUNDS if joint else 1):
-        res = update_node(support, p, [m.normalised(G) for m in measured] + list(extra), G, rule, prior_strength, sweeps)
+        res = update_node(support, p, [*measured, *extra], G, rule, prior_strength, sweeps)
         if not joint:
             break
         F = fit_total(support, res.weights, measured, total, total_sd)

@@ -36,7 +36,7 @@ from engine.errors import EXIT_PRIVACY, DPReleaseError
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import PrivacyLedger
-from engine.privacy.measurements import Measurement, MeasurementStore
+from engine.privacy.measurements import MeasurementRecord, MeasurementStore
 from engine.queries import PrivacyUnit, Workload, answer
 
 __all__ = ["INVARIANTS", "InvariantNotDeclared", "NoisySizes", "PrivateSession", "max_abs_error_scores", "size_counts",
@@ -116,10 +116,10 @@ class NoisySizes:
     at_least_scale: float
     histogram_sd: float
     count_variance: float
-    measurement: Measurement
+    measurement: MeasurementRecord
 
     @classmethod
-    def of(cls, m: Measurement, form: SizeForm) -> NoisySizes:
+    def of(cls, m: MeasurementRecord, form: SizeForm) -> NoisySizes:
         y = np.asarray(m.noisy_answer, dtype=np.float64)
         K = y.size
         if form == "histogram":
@@ -203,7 +203,7 @@ class PrivateSession:
     def key(stage: str, node: Node, name: str, tag: str = "") -> str:
         return "/".join(x for x in (stage, node_key(node), tag, name) if x)
 
-    def measure_workload(self, stage: str, level: str, node: Node, workload: Workload, rho: Fraction, tag: str = "") -> Measurement:
+    def measure_workload(self, stage: str, level: str, node: Node, workload: Workload, rho: Fraction, tag: str = "") -> MeasurementRecord:
         """Discrete Gaussian on the workload's integer counts at ``node`` (L2 sensitivity of the
         workload under the privacy unit), ρ-zCDP at ``rho``."""
         _, l2 = workload.sensitivity(self.domain, self._unit)
@@ -226,7 +226,7 @@ class PrivateSession:
             return NoisySizes.of(self._store.measure_laplace(l1_sensitivity=l1, **common), form)
         return NoisySizes.of(self._store.measure(l2_sensitivity=l2, **common), form)
 
-    def measure_household_count(self, stage: str, level: str, node: Node, rho: Fraction) -> Measurement:
+    def measure_household_count(self, stage: str, level: str, node: Node, rho: Fraction) -> MeasurementRecord:
         """Discrete Gaussian on the node's household count (sensitivity 1 under both units)."""
         g = np.array([self._node_data(node).n_households], dtype=np.int64)
         return self._store.measure(
