@@ -35,6 +35,7 @@ from engine.count_of_counts.api import run_hierarchy
 from engine.count_of_counts.geography import geography_hierarchy, size_histograms
 from engine.count_of_counts.group_counts import consistent_group_counts, inverse_variance_merge
 from engine.count_of_counts.hierarchy import Hierarchy
+from engine.errors import PrivacyInvariantError
 from engine.geography import LEVELS, parse_node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.session import PrivateSession
@@ -86,7 +87,7 @@ def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple
             leaf[i] = exact[parse_node_key(h.keys[i])]
         return h.aggregate_up(leaf), np.zeros(h.n_nodes)
     if not measured:
-        raise RuntimeError("no household-count measurement and no invariant (the config check should have refused this)")
+        raise PrivacyInvariantError("no household-count measurement and no invariant (the config check should have refused this)")
     noisy, var = inverse_variance_merge([v for v, _ in measured], [s for _, s in measured])
     G = consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
     return G, np.sqrt(np.where(np.isnan(var), np.inf, var))

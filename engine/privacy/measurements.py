@@ -39,11 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import EXIT_INTEGRITY, DPReleaseError
+from engine.errors import EXIT_INTEGRITY, DPReleaseError, PrivacyInvariantError
+from engine.geography import Node, node_key
 from engine.privacy import mechanisms
 from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, exponential_mechanism_rho, pure_dp_rho
 from engine.privacy.file_lock import exclusive_lock, write_atomic
-from engine.privacy.ledger import PrivacyLedger, node_id
+from engine.privacy.ledger import PrivacyLedger
 
 __all__ = ["MeasurementRecord", "MeasurementStore", "MeasurementIntegrityError"]
 
@@ -197,7 +198,7 @@ class MeasurementStore:
         ledger: PrivacyLedger,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         workload_id: str,
         true_answer,
         mechanism: str,
@@ -208,7 +209,7 @@ class MeasurementStore:
         draw,
     ) -> MeasurementRecord:
         npz, meta_path, _ = self._paths(key)
-        nid = node_id(node)
+        nid = node_key(node)
         with self._key_lock(key):
             if meta_path.exists():
                 m = self._load(key)
@@ -248,8 +249,8 @@ class MeasurementStore:
                     noisy = None
             if noisy is None:
                 noisy, drawn_scale = draw()
-                if drawn_scale != scale:
-                    raise RuntimeError(f"noise scale changed while drawing: {drawn_scale} != {scale}")
+                if drawn_scale != scale:  # the charge recorded `scale`: noise of another scale would not be what was paid for
+                    raise PrivacyInvariantError(f"measurement {key!r}: noise drawn at scale {drawn_scale}, charged at {scale}")
                 write_atomic(
                     npz,
                     lambda f: np.savez(f, noisy=noisy, key=np.frombuffer(key.encode(), dtype=np.uint8)),
@@ -280,7 +281,7 @@ class MeasurementStore:
         ledger: PrivacyLedger,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         workload_id: str,
         true_answer,
         l2_sensitivity: float,
@@ -319,7 +320,7 @@ class MeasurementStore:
         ledger: PrivacyLedger,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         workload_id: str,
         true_answer,
         l1_sensitivity: float,
@@ -355,7 +356,7 @@ class MeasurementStore:
         ledger: PrivacyLedger,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         workload_id: str,
         scores,
         sensitivity: float,
