@@ -46,12 +46,6 @@ STAGE = "count_of_counts"
 COUNTS_STAGE = "group_counts"
 
 
-def equivalent_epsilon(mechanism: str, scale: float) -> float:
-    """The ε the estimators expect: they model per-cell noise variance as 2/ε² (Laplace of scale
-    1/ε). Laplace of scale b has variance 2b²; a (discrete) Gaussian of σ has variance ≈ σ²."""
-    return 1.0 / scale if mechanism == "discrete_laplace" else float(np.sqrt(2.0) / scale)
-
-
 def hierarchy_of(session: PrivateSession) -> Hierarchy:
     """nation → states → PUMAs of the private input (geography codes are public)."""
     return geography_hierarchy(np.array(session.nodes("puma"), dtype=np.int64).reshape(-1, 2))
@@ -116,7 +110,7 @@ def count_of_counts_task(ctx: RunContext) -> str:
     K = session.domain.max_size
     h = hierarchy_of(session)
     mech = ctx.cfg.count_of_counts.mechanism
-    at_least, eps, measured = {}, [], _group_count_measurements(ctx, session, h)
+    at_least, variances, measured = {}, [], _group_count_measurements(ctx, session, h)
     sd = np.zeros(h.n_nodes)
     for lv, name in enumerate(LEVELS):
         ids = h.level_range(lv)
@@ -126,11 +120,11 @@ def count_of_counts_task(ctx: RunContext) -> str:
         vals[ids], var[ids] = at_least[lv][:, 0], ms[0].count_variance
         measured.append((vals, var))
         sd[ids] = ms[0].histogram_sd
-        eps.append(equivalent_epsilon(ms[0].measurement.mechanism, ms[0].at_least_scale))
+        variances.append(ms[0].count_variance)  # every at-least entry's noise variance is at most G's
     G = household_counts(session, h, measured)
     # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
     hc = {lv: G[0][h.level_range(lv), None] - at_least[lv] for lv in at_least}
-    res = run_hierarchy(h, hc, eps, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G[0])
+    res = run_hierarchy(h, hc, variances, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G[0])
     return _save(ctx, STAGE, h, G, (res.histograms, sd))
 
 

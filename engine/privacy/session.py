@@ -106,14 +106,12 @@ def size_counts_sensitivity(K: int, unit: PrivacyUnit, form: SizeForm | None = N
 class NoisySizes:
     """One node's noisy household sizes, in both forms (post-processing of one measurement).
 
-    ``at_least_scale``: a per-entry noise scale of the mechanism that bounds the noise of every
-    ``at_least`` entry (household unit: the sum of up to K histogram entries, scale × √K);
-    ``histogram_sd`` and ``count_variance``: the noise standard deviation of one ``histogram``
-    entry and the variance of ``at_least[0]`` (the household count G)."""
+    ``histogram_sd``: the noise standard deviation of one ``histogram`` entry; ``count_variance``:
+    the noise variance of ``at_least[0]`` (the household count G), the largest of the ``at_least``
+    entries' (household unit: entry i sums K − i histogram entries; person unit: all equal)."""
 
     at_least: np.ndarray
     histogram: np.ndarray
-    at_least_scale: float
     histogram_sd: float
     count_variance: float
     measurement: MeasurementRecord
@@ -123,9 +121,9 @@ class NoisySizes:
         y = np.asarray(m.noisy_answer, dtype=np.float64)
         K = y.size
         if form == "histogram":
-            return cls(np.cumsum(y[::-1])[::-1], y, float(m.scale) * np.sqrt(K), float(np.sqrt(m.variance)), K * m.variance, m)
+            return cls(np.cumsum(y[::-1])[::-1], y, float(np.sqrt(m.variance)), K * m.variance, m)
         hist = y - np.append(y[1:], 0.0)
-        return cls(y, hist, float(m.scale), float(np.sqrt(2.0 * m.variance)), m.variance, m)
+        return cls(y, hist, float(np.sqrt(2.0 * m.variance)), m.variance, m)
 
 
 def max_abs_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequence[int]) -> np.ndarray:
