@@ -308,7 +308,7 @@ def run_mwem_uniform(ctx: Context, rho: float, rng: np.random.Generator) -> Hier
             _, l2 = w.sensitivity(d, UNIT)
             return noise.noise(truth[index[w]], l2, rho_meas)[0]
 
-        res = pmw_pub(ctx.support, workloads, truth, select, measure, total=node.n_households, T=T, prior=prior, rng=rng)
+        res = pmw_pub(ctx.support, workloads, truth, select, measure, unit=UNIT, total=node.n_households, T=T, prior=prior, rng=rng)
         return res.weights
 
     parts = []

@@ -42,12 +42,12 @@ def test_pmw_pub_rounds_use_the_callables_and_reduce_error():
     def err(q):
         return sum(np.abs(pub.answer(w, q) * priv.n_households - t).sum() for w, t in zip(ws, truth))
 
-    res = pmw_pub(pub, ws, truth, select, measure, total=priv.n_households, T=4, rng=rng)
+    res = pmw_pub(pub, ws, truth, select, measure, unit="household", total=priv.n_households, T=4, rng=rng)
     assert len(seen) == 4 and all(sv == 1.0 for _, sv in seen)
     assert [len(sc) for sc, _ in seen] == [5, 4, 3, 2]  # no repeats by default
     assert res.selected == [w.id for w in measured] and len(set(res.selected)) == 4
     assert err(res.last) < err(pub.weights)
     assert res.weights.sum() == pytest.approx(1.0)
     # MWEM from uniform over the public support (PMW-Pub's ablation) runs through the same code
-    res_u = pmw_pub(pub, ws, truth, select, measure, total=priv.n_households, T=3, prior=pub.uniform().weights)
+    res_u = pmw_pub(pub, ws, truth, select, measure, unit="person", total=priv.n_households, T=3, prior=pub.uniform().weights)
     assert len(res_u.selected) == 3

@@ -14,7 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from engine.measurement import normalise_counts
-from engine.queries import Workload
+from engine.queries import PrivacyUnit, Workload
 from engine.support import Support
 
 __all__ = ["PMWPubResult", "mw_update", "pmw_pub"]
@@ -45,6 +45,7 @@ def pmw_pub(
     select: Callable[[np.ndarray, float], int],
     measure: Callable[[Workload], np.ndarray],
     *,
+    unit: PrivacyUnit,
     total: float,
     T: int,
     prior: np.ndarray | None = None,
@@ -57,8 +58,8 @@ def pmw_pub(
     """PMW-Pub (Liu et al., Alg. 1, with the §4.3 replay of past measurements) on the support.
 
     Round t: scores ``s_w = ||Ñ · A_w q − x_w||₁ / Δ₁(w)`` (model counts at the public/noisy total
-    ``total`` vs the exact private counts ``true_counts``, divided by the workload's household-unit L1
-    sensitivity so every score has sensitivity 1); ``select(scores, 1.0)`` (permute-and-flip through
+    ``total`` vs the exact private counts ``true_counts``, divided by the workload's L1 sensitivity
+    under the privacy ``unit`` so every score has sensitivity 1); ``select(scores, 1.0)`` (permute-and-flip through
     the ledger) returns the index; ``measure(w)`` returns noisy counts (Gaussian through the ledger);
     the answers are normalised by ``total`` and clipped to the range one household can produce
     (PMW-Pub clips to [0, 1]). Then the MW update (:func:`mw_update`) with the new measurement and
@@ -74,7 +75,7 @@ def pmw_pub(
     q = np.asarray(support.weights if prior is None else prior, dtype=np.float64)
     q = q / q.sum()
     mats = [support.incidence(w) for w in workloads]
-    sens = np.array([w.sensitivity(d, "household")[0] for w in workloads])
+    sens = np.array([w.sensitivity(d, unit)[0] for w in workloads])
     truth = [np.asarray(x, dtype=np.float64) for x in true_counts]
     candidates = list(range(len(workloads)))
     measured: list[tuple[int, np.ndarray]] = []

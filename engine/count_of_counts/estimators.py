@@ -109,13 +109,12 @@ def max_size_query(H, unit: PrivacyUnit, max_size: int | None = None) -> Query:
     return Query(np.array([int(nz[-1]) if nz.size else 0], dtype=np.int64), sensitivity)
 
 
-def k_from_noisy_max(noisy_max: float, epsilon_k: float) -> int:
-    """K = noisy max size + 5 standard deviations of the Laplace(1/eps_K) noise (paper,
-    Section 4.3; sensitivity of the max is 1, so the scale is 1/eps_K, std sqrt(2)/eps_K).
-    Always >= 1.  The max-size measurement costs eps_K from the total budget."""
-    if epsilon_k <= 0:
-        raise ValueError("epsilon_k must be positive")
-    return max(1, int(math.ceil(float(np.asarray(noisy_max).ravel()[0]) + 5.0 * math.sqrt(2.0) / epsilon_k)))
+def k_from_noisy_max(noisy_max: float, noise_sd: float) -> int:
+    """K = noisy max size + 5 standard deviations of its noise (paper, Section 4.3, with the
+    Laplace(1/eps_K) of sensitivity 1: ``noise_sd`` = sqrt(2)/eps_K).  Always >= 1."""
+    if not noise_sd > 0:
+        raise ValueError("noise_sd must be positive")
+    return max(1, int(math.ceil(float(np.asarray(noisy_max).ravel()[0]) + 5.0 * float(noise_sd))))
 
 
 # ----------------------------------------------------------------------------------

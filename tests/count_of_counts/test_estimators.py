@@ -106,8 +106,10 @@ def test_largest_remainder():
 
 
 def test_k_from_noisy_max():
-    assert k_from_noisy_max(100, 1.0) == math.ceil(100 + 5 * math.sqrt(2))
-    assert k_from_noisy_max(-50, 1.0) == 1
+    assert k_from_noisy_max(100, math.sqrt(2)) == math.ceil(100 + 5 * math.sqrt(2))
+    assert k_from_noisy_max(-50, math.sqrt(2)) == 1
+    with pytest.raises(ValueError):
+        k_from_noisy_max(10, 0.0)
 
 
 def _true(rng, n, K):
