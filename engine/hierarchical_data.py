@@ -106,9 +106,6 @@ class HierarchicalData:
         """Position of every person inside its household (0 = first / householder)."""
         return np.arange(self.n_persons, dtype=np.int64) - np.repeat(self.person_offsets[:-1], self.sizes)
 
-    def geo_column(self, level: str) -> np.ndarray:
-        return self.geo[:, self.domain.geography.index(level)]
-
     # -- selection ---------------------------------------------------------------------
     def take(self, households: np.ndarray) -> HierarchicalData:
         """The households at the given indices (with repetition allowed), persons included."""

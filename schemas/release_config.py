@@ -18,10 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import DPReleaseError
+from engine.geography import LEVELS
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
-LEVELS = ("nation", "state", "puma")
-SYNTHESIZERS = ("public_baseline", "prior_update", "hgem")
 
 
 class ConfigError(DPReleaseError, ValueError):

@@ -34,13 +34,11 @@ import pyarrow as pa
 
 from engine.domain import Domain
 from engine.errors import DPReleaseError
-from engine.geography import node_key
+from engine.geography import LEVELS, node_key
 from schemas.gx_suites import dumps, expectations, failures, run_suites
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, household_schema, person_schema
 
 GATE = "release"
-RESULT_FILE = "validation/gx_release.json"
-LEVELS = ("nation", "state", "puma")
 
 
 class ReleaseGateError(DPReleaseError, ValueError):

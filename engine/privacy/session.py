@@ -43,7 +43,6 @@ __all__ = ["INVARIANTS", "InvariantNotDeclared", "NoisySizes", "PrivateSession",
            "size_counts_sensitivity", "size_form", "size_histogram"]
 
 INVARIANTS = ("puma_household_counts",)
-Invariant = Literal["puma_household_counts"]
 
 
 class InvariantNotDeclared(DPReleaseError, PermissionError):
