@@ -8,7 +8,8 @@ support of public households) into the node's posterior. Per state the prior is 
 distribution; per PUMA it is the state's posterior. The measurement is an injected callable bound to
 the node's private households: the pipeline's comes from the private session (charged to the ledger,
 persisted in the store), so this module never sees the private data; benchmarks bind a local
-sampler.
+sampler. Every measured workload becomes an :class:`engine.measurement.Measurement` (noisy counts,
+σ, ρ_w); the update rules divide the counts by the node's household total themselves.
 
 Two update rules:
 - ``"map"`` (default): the noise-aware MAP update of :mod:`engine.map_update` — relative entropy
