@@ -101,7 +101,9 @@ def evaluate(histograms_by_level, epsilons, runs: int = 5, *, parent_map=None, K
                     for lv in range(L)
                 }
             for name, m, cons in variants:
-                out = run_hierarchy(h, noisy[m], eps_lv, K=K, group_counts=G, method=m, consistency=cons).histograms
+                # Laplace of scale Δ/ε per entry: variance 2Δ²/ε² (Hg: Δ = 1)
+                var_lv = [2.0 * ((1 if m == "hg" else queries[m][lv].l1_sensitivity) / eps_lv[lv]) ** 2 for lv in range(L)]
+                out = run_hierarchy(h, noisy[m], var_lv, K=K, group_counts=G, method=m, consistency=cons).histograms
                 e = emd_batch(H, out)
                 errs[name][r] = [e[h.level_range(lv)].mean() for lv in range(L)]
         res = {

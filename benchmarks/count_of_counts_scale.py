@@ -99,7 +99,7 @@ def measure_and_estimate(h, hist_by_level, eps_total, rng, K=None):
     t0 = time.perf_counter()
     if K is None:
         nat = hist_by_level[0][0]
-        K = k_from_noisy_max(double_geometric(np.flatnonzero(nat)[-1:], 1 / eps_k, rng), eps_k)
+        K = k_from_noisy_max(double_geometric(np.flatnonzero(nat)[-1:], 1 / eps_k, rng), np.sqrt(2.0) / eps_k)
     G = np.zeros(h.n_nodes, np.int64)
     parts = []
     t["estimate"] = 0.0
@@ -115,7 +115,7 @@ def measure_and_estimate(h, hist_by_level, eps_total, rng, K=None):
         G[ids] = Hk.sum(1)
         noisy = double_geometric(np.cumsum(Hk, axis=1)[:, :K], 1 / eps_lv, rng)  # Hc, sensitivity 1
         tb = time.perf_counter()
-        parts.append(estimate_hc(noisy, G[ids], eps_lv, norm="l1", node_ids=ids))
+        parts.append(estimate_hc(noisy, G[ids], 2.0 / eps_lv**2, norm="l1", node_ids=ids))  # Laplace(1/ε): variance 2/ε²
         del noisy
         tc = time.perf_counter()
         t["measure"] += tb - ta

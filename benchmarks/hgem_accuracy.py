@@ -227,8 +227,8 @@ def run_real(
     B = the public household count). overrides: trainer fields for ablations
     (``engine.hgem.state.fit_state``), e.g. ``{"network_lr_scale": 0.0}``.
     """
+    from engine.household_sampling import sample_households as support_sample
     from engine.metrics import query_errors
-    from engine.prior_update import sample_households as support_sample
     from engine.support import Support
     from engine.synthesis import local_measure, synthesize_node
     from engine.workload_selection import select_workloads

@@ -81,9 +81,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.peers.pmw_pub import pmw_pub  # noqa: E402
 from engine.hierarchical_data import HierarchicalData  # noqa: E402
+from engine.household_sampling import sample_households  # noqa: E402
 from engine.metrics import k_way_workloads, node_index, two_way_l1  # noqa: E402
-from engine.prior_update import pmw_pub, sample_households  # noqa: E402
 from engine.privacy.accountant import eps_delta_to_rho, sigma_for_rho  # noqa: E402
 from engine.queries import Workload, answer, household_cell_pairs  # noqa: E402
 from engine.support import Support  # noqa: E402
@@ -307,7 +308,7 @@ def run_mwem_uniform(ctx: Context, rho: float, rng: np.random.Generator) -> Hier
             _, l2 = w.sensitivity(d, UNIT)
             return noise.noise(truth[index[w]], l2, rho_meas)[0]
 
-        res = pmw_pub(ctx.support, workloads, truth, select, measure, total=node.n_households, T=T, prior=prior, rng=rng)
+        res = pmw_pub(ctx.support, workloads, truth, select, measure, unit=UNIT, total=node.n_households, T=T, prior=prior, rng=rng)
         return res.weights
 
     parts = []

@@ -20,7 +20,7 @@ H-GEM (``engine.hgem``) needs torch and is imported on its own.
 from engine.count_of_counts import Hierarchy, run_hierarchy
 from engine.domain import Attribute, Domain
 from engine.hierarchical_data import HierarchicalData
-from engine.prior_update import sample_households
+from engine.household_sampling import sample_households
 from engine.privacy.accountant import eps_delta_to_rho, rho_to_eps
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import BudgetExceededError, PrivacyLedger

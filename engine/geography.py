@@ -1,9 +1,11 @@
 """Geography nodes and their keys: nation ⊃ state ⊃ PUMA.
 
 A node is a tuple of geography codes from the top: ``()`` the nation, ``(50,)`` a state,
-``(50, 100)`` a PUMA. Its key is the string used in measurement keys, ledger records, file names
-and the count-of-counts table: ``"nation"``, ``"ST=50"``, ``"ST=50/PUMA=00100"``. Geography codes
-are public (PUMA definitions are published by the Census Bureau).
+``(50, 100)`` a PUMA. Its key, :func:`node_key`, is the one string every layer names a node by:
+measurement keys, ledger charges, measurement records, file names, the count-of-counts hierarchy
+and table, the release's ``geography_node`` column: ``"nation"``, ``"ST=50"``,
+``"ST=50/PUMA=00100"``. Geography codes are public (PUMA definitions are published by the Census
+Bureau).
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ Node = tuple[int, ...]
 LEVELS = ("nation", "state", "puma")
 
 
-def node_key(node: Node) -> str:
-    """``()`` → ``"nation"``, ``(50,)`` → ``"ST=50"``, ``(50, 100)`` → ``"ST=50/PUMA=00100"``."""
+def node_key(node: Node | str) -> str:
+    """``()`` → ``"nation"``, ``(50,)`` → ``"ST=50"``, ``(50, 100)`` → ``"ST=50/PUMA=00100"``.
+
+    A key given as a string is checked (:func:`parse_node_key`) and returned in canonical form."""
+    if isinstance(node, str):
+        return node_key(parse_node_key(node))
     node = tuple(int(x) for x in node)
     if len(node) == 0:
         return "nation"

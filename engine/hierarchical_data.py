@@ -112,9 +112,6 @@ class HierarchicalData:
         out.flags.writeable = False
         return out
 
-    def geo_column(self, level: str) -> np.ndarray:
-        return self.geo[:, self.domain.geography.index(level)]
-
     # -- selection ---------------------------------------------------------------------
     def take(self, households: np.ndarray) -> HierarchicalData:
         """The households at the given indices (with repetition allowed), persons included."""

@@ -32,23 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize
 
-from engine.queries import Workload
+from engine.measurement import Measurement
 from engine.support import Support
-
-
-@dataclass(frozen=True)
-class NoisyWorkload:
-    """A measured workload at one node: answers per household (noisy counts / G) and σ in counts."""
-
-    workload: Workload
-    answer: np.ndarray
-    sigma: float
 
 
 def map_update(
     support: Support,
     prior: np.ndarray,
-    measurements: Sequence[NoisyWorkload],
+    measurements: Sequence[Measurement],
     total: float,
     *,
     prior_strength: float = 1.0,
@@ -56,7 +47,9 @@ def map_update(
     tol: float = 1e-10,
     dual0: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """The MAP distribution on the support (module docstring). Returns (weights, diagnostics)."""
+    """The MAP distribution on the support (module docstring). ``measurements``: noisy counts of
+    the node with their σ, divided here by the household total G = ``total``
+    (:meth:`~engine.measurement.Measurement.answers`). Returns (weights, diagnostics)."""
     fit = map_fit(support, prior, measurements, total, prior_strength=prior_strength, max_iter=max_iter, tol=tol, dual0=dual0)
     return fit.weights, fit.diagnostics
 
@@ -74,7 +67,7 @@ class MapFit:
 def map_fit(
     support: Support,
     prior: np.ndarray,
-    measurements: Sequence[NoisyWorkload],
+    measurements: Sequence[Measurement],
     total: float,
     *,
     prior_strength: float = 1.0,
@@ -99,8 +92,8 @@ def map_fit(
     # α log Σ_h p_h e^{a_h·λ/α} = α log Σ_u P_u e^{a_u·λ/α}), then q_h = q_u · p_h / P_u.
     # Patterns of prior mass 0 keep mass 0.
     A, pattern_of = support.cache.joint_patterns([m.workload for m in measurements])
-    y = np.concatenate([np.asarray(m.answer, dtype=np.float64) for m in measurements])
-    s2 = np.concatenate([np.full(len(m.answer), (m.sigma / G) ** 2) for m in measurements])
+    y = np.concatenate([m.answers(G) for m in measurements])
+    s2 = np.concatenate([np.full(m.noisy_answer.size, (m.sigma / G) ** 2) for m in measurements])
     if A.shape[0] != y.shape[0]:
         raise ValueError("answers do not match the workloads' cells")
     P = np.bincount(pattern_of, weights=p, minlength=A.shape[1])

@@ -28,7 +28,7 @@ import numpy as np
 from engine.adaptive import AdaptiveRounds, SelectFn
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
-from engine.prior_update import household_order, sample_households
+from engine.household_sampling import household_order, sample_households
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
 from engine.queries import Workload

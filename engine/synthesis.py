@@ -8,7 +8,8 @@ support of public households) into the node's posterior. Per state the prior is 
 distribution; per PUMA it is the state's posterior. The measurement is an injected callable bound to
 the node's private households: the pipeline's comes from the private session (charged to the ledger,
 persisted in the store), so this module never sees the private data; benchmarks bind a local
-sampler.
+sampler. Every measured workload becomes an :class:`engine.measurement.Measurement` (noisy counts,
+σ, ρ_w); the update rules divide the counts by the node's household total themselves.
 
 Two update rules:
 - ``"map"`` (default): the noise-aware MAP update of :mod:`engine.map_update` — relative entropy
@@ -45,12 +46,14 @@ import numpy as np
 
 from engine.adaptive import AdaptiveRounds, CandidateAnswers, SelectFn, candidate_workloads, expected_measurement_l1, round_budget
 from engine.hierarchical_data import HierarchicalData
-from engine.map_update import NoisyWorkload, map_fit
-from engine.prior_update import Measurement, normalise_counts, prior_update
+from engine.map_update import map_fit
+from engine.measurement import Measurement
+from engine.prior_update import prior_update
 from engine.queries import PrivacyUnit, Workload, answer
 from engine.support import Support
 
-# measure(workload, rho) -> (noisy counts of the node's households, noise sigma per cell)
+# measure(workload, rho) -> (noisy counts of the node's households, noise sigma per cell): the one
+# measure callable (the pipeline's charges the private session, engine.state_release.session_measure)
 MeasureFn = Callable[[Workload, Fraction], tuple[np.ndarray, float]]
 UpdateRule = Literal["map", "ide"]
 
@@ -66,37 +69,20 @@ class NodeResult:
     dual: np.ndarray | None = None  # the MAP rule's dual solution (a warm start at a nearby total)
 
 
-@dataclass(frozen=True)
-class NoisyCounts:
-    """One measured workload before normalisation: noisy counts and σ per cell, in households."""
-
-    workload: Workload
-    counts: np.ndarray
-    sigma: float
-
-    def normalised(self, total: float) -> NoisyWorkload:
-        return NoisyWorkload(self.workload, normalise_counts(self.counts, total), self.sigma)
-
-
 TOTAL_ROUNDS = 4  # alternations of q | G and G | q (with the extrapolation G settles in two or three)
 
 
-def measure_counts(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn) -> list[NoisyCounts]:
-    """Measure every workload of a node (even split of ρ)."""
+def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn) -> list[Measurement]:
+    """Measure every workload of a node, ρ split evenly: ρ_w = ρ / |W| (exact)."""
     rho_w = Fraction(rho) / len(workloads)
     out = []
     for w in workloads:
         noisy, sigma = measure(w, rho_w)
-        out.append(NoisyCounts(w, np.asarray(noisy, dtype=np.float64), float(sigma)))
+        out.append(Measurement(w, np.asarray(noisy, dtype=np.float64), float(sigma), rho_w))
     return out
 
 
-def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn, total: float) -> list[NoisyWorkload]:
-    """Measure every workload of a node (even split of ρ) and normalise by the household total."""
-    return [m.normalised(total) for m in measure_counts(workloads, rho, measure)]
-
-
-def fit_total(support: Support, q: np.ndarray, measured: Sequence[NoisyCounts], total: float, total_sd: float) -> float:
+def fit_total(support: Support, q: np.ndarray, measured: Sequence[Measurement], total: float, total_sd: float) -> float:
     """The household total G that maximises the Gaussian likelihood of the noisy counts given the
     per-household answers a_w = A_w q of the posterior q, with the given ``total`` ~ N(G, total_sd²)
     as one more measurement:
@@ -107,20 +93,20 @@ def fit_total(support: Support, q: np.ndarray, measured: Sequence[NoisyCounts], 
     num, den = float(total) / total_sd**2, 1.0 / total_sd**2
     for m in measured:
         a = support.answer(m.workload, q)
-        num += float(a @ m.counts) / m.sigma**2
-        den += float(a @ a) / m.sigma**2
+        num += float(a @ m.noisy_answer) / m.variance
+        den += float(a @ a) / m.variance
     return max(num / den, 0.0)
 
 
-def start_total(measured: Sequence[NoisyCounts], total: float, total_sd: float) -> float:
+def start_total(measured: Sequence[Measurement], total: float, total_sd: float) -> float:
     """A posterior-free first estimate of G: the given total and the sum of every measured
     partition workload (each an unbiased count of G with variance cells·σ²), merged by inverse
     variance. The alternation of :func:`synthesize_node` starts there."""
     num, den = float(total) / total_sd**2, 1.0 / total_sd**2
     for m in measured:
         if m.workload.is_partition():
-            var = m.counts.size * m.sigma**2
-            num, den = num + float(m.counts.sum()) / var, den + 1.0 / var
+            var = m.noisy_answer.size * m.variance
+            num, den = num + float(m.noisy_answer.sum()) / var, den + 1.0 / var
     return max(num / den, 0.0)
 
 
@@ -135,35 +121,36 @@ def local_measure(private: HierarchicalData, unit: PrivacyUnit, noise: Callable[
     return measure
 
 
-def update_node(support: Support, prior: np.ndarray, measurements: list[NoisyWorkload], total: float, rule: UpdateRule = "map",
+def update_node(support: Support, prior: np.ndarray, measurements: Sequence[Measurement], total: float, rule: UpdateRule = "map",
                 prior_strength: float = 0.1, sweeps: int = 3, dual0: np.ndarray | None = None) -> NodeResult:
-    """Update ``prior`` with the node's measurements. ``prior_strength`` is relative to the node's
-    household total (α = prior_strength · total pseudo-households) for the MAP rule; ``dual0``: its
-    solver's starting point (:func:`engine.map_update.map_fit`)."""
+    """Update ``prior`` with the node's measurements (noisy counts, divided by the household
+    ``total``). ``prior_strength`` is relative to the node's household total (α = prior_strength ·
+    total pseudo-households) for the MAP rule; ``dual0``: its solver's starting point
+    (:func:`engine.map_update.map_fit`)."""
     if rule == "map":
         fit = map_fit(support, prior, measurements, total, prior_strength=max(prior_strength * float(total), 1e-6), dual0=dual0)
         return NodeResult(fit.weights, fit.diagnostics, dual=fit.dual)
-    res = prior_update(support, [Measurement(m.workload, m.answer) for m in measurements], prior=prior, T=sweeps)
+    res = prior_update(support, measurements, total=total, prior=prior, T=sweeps)
     return NodeResult(res.weights, res.diagnostics())
 
 
-def size_measurement(domain, histogram: Sequence[float], sd: float, total: float) -> NoisyWorkload:
+def size_measurement(domain, histogram: Sequence[float], sd: float) -> Measurement:
     """The count-of-counts estimate of a node's households of size 1..K as a noisy measurement of
-    the size marginal (group workload on the size attribute, code k−1 = size k), normalised by the
-    node's household total like every other measurement. ``sd``: noise standard deviation of one
-    entry, in households."""
+    the size marginal (group workload on the size attribute, code k−1 = size k). ``sd``: noise
+    standard deviation of one entry, in households. Post-processing of the count-of-counts stage's
+    measurements: it costs nothing here (ρ 0)."""
     w = Workload("group", (domain.size_attribute,), ())
     h = np.asarray(histogram, dtype=np.float64)
     if h.size != w.n_cells(domain):
         raise ValueError(f"{h.size} size counts for the {w.n_cells(domain)} codes of {domain.size_attribute}")
-    return NoisyWorkload(w, normalise_counts(h, total), float(sd))
+    return Measurement(w, h, float(sd))
 
 
 def adaptive_measure(
     support: Support,
     prior: np.ndarray,
-    measured: Sequence[NoisyCounts],
-    extra: Sequence[NoisyWorkload],
+    measured: Sequence[Measurement],
+    extra: Sequence[Measurement],
     total: float,
     plan: AdaptiveRounds,
     rho: Fraction,
@@ -172,7 +159,7 @@ def adaptive_measure(
     unit: PrivacyUnit,
     rule: UpdateRule = "map",
     prior_strength: float = 0.1,
-) -> tuple[list[NoisyCounts], list[str]]:
+) -> tuple[list[Measurement], list[str]]:
     """The adaptive rounds of one node (:mod:`engine.adaptive`): ``plan.rounds`` times, fit the
     posterior to everything measured so far at the household total ``total`` (a DP value), choose
     the candidate workload it answers worst (``select``: the private session's exponential
@@ -188,7 +175,7 @@ def adaptive_measure(
     G = max(float(total), 1.0)
     penalty = expected_measurement_l1(candidates, domain, unit, budget.measure)
     model_answers = CandidateAnswers(support.data, candidates)
-    fitted = list(extra) + [m.normalised(G) for m in measured]  # new measurements go last: the dual stays aligned
+    fitted = [*extra, *measured]  # new measurements go last: the dual stays aligned
     res = update_node(support, prior, fitted, G, rule, prior_strength)
     new, chosen = [], []
     for r in range(plan.rounds):
@@ -198,11 +185,11 @@ def adaptive_measure(
         w = candidates.pop(i)
         penalty = np.delete(penalty, i)
         noisy, sigma = measure(w, budget.measure)
-        m = NoisyCounts(w, np.asarray(noisy, dtype=np.float64), float(sigma))
+        m = Measurement(w, np.asarray(noisy, dtype=np.float64), float(sigma), budget.measure)
         new.append(m)
         chosen.append(w.id)
-        fitted.append(m.normalised(G))
-        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(m.counts.size)])
+        fitted.append(m)
+        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(m.noisy_answer.size)])
         res = update_node(support, prior, fitted, G, rule, prior_strength, dual0=dual0)
     return new, chosen
 
@@ -217,7 +204,7 @@ def synthesize_node(
     rule: UpdateRule = "map",
     prior_strength: float = 0.1,
     sweeps: int = 3,
-    extra: Sequence[NoisyWorkload] = (),
+    extra: Sequence[Measurement] = (),
     total_sd: float = 0.0,
     adaptive: AdaptiveRounds | None = None,
     select: SelectFn | None = None,
@@ -239,7 +226,7 @@ def synthesize_node(
     if rounds and select is None:
         raise ValueError("adaptive rounds need a select callable")
     rho_given = round_budget(Fraction(rho), adaptive).initial if rounds and adaptive is not None else Fraction(rho)
-    measured = measure_counts(workloads, rho_given, measure) if rho > 0 and workloads and measure is not None else []  # None raised above
+    measured = measure_node(workloads, rho_given, measure) if rho > 0 and workloads and measure is not None else []  # None raised above
     joint = total_sd > 0 and bool(measured)
     # a trust region of three of the count's sd: where the workloads pin G only weakly ("contains"
     # and person counts can be met by other household sizes) the alternation may not run off
@@ -252,11 +239,11 @@ def synthesize_node(
     if not measured and not extra:
         return NodeResult(p / p.sum(), {"measured": 0}, float(total))
     G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
-    res = update_node(support, p, [m.normalised(G) for m in measured] + list(extra), G, rule, prior_strength, sweeps)
+    res = update_node(support, p, [*measured, *extra], G, rule, prior_strength, sweeps)
     for r in range(TOTAL_ROUNDS if joint else 1):
         if r > 0:  # warm start: the previous round's dual, which scales with the total (engine.map_update.map_fit)
             dual0 = None if res.dual is None else res.dual * (max(G, 1.0) / max(res.total, 1.0))
-            res = update_node(support, p, [m.normalised(G) for m in measured] + list(extra), G, rule, prior_strength, sweeps, dual0)
+            res = update_node(support, p, [*measured, *extra], G, rule, prior_strength, sweeps, dual0)
         res.total = G
         if not joint:
             break

@@ -20,11 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.adaptive import AdaptiveRounds
 from engine.errors import DPReleaseError
+from engine.geography import LEVELS
 from engine.hgem.settings import HGEMSettings
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
-LEVELS = ("nation", "state", "puma")
-SYNTHESIZERS = ("public_baseline", "prior_update", "hgem")
 
 
 class ConfigError(DPReleaseError, ValueError):

@@ -34,13 +34,11 @@ import pyarrow as pa
 
 from engine.domain import Domain
 from engine.errors import DPReleaseError
-from engine.geography import node_key
+from engine.geography import LEVELS, node_key
 from schemas.gx_suites import dumps, expectations, failures, run_suites
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, household_schema, person_schema
 
 GATE = "release"
-RESULT_FILE = "validation/gx_release.json"
-LEVELS = ("nation", "state", "puma")
 
 
 class ReleaseGateError(DPReleaseError, ValueError):
@@ -110,8 +108,19 @@ def householder_of(spec, domain: Domain) -> Householder | None:
 
 # -- derived columns ----------------------------------------------------------------------------
 def _node_keys(st: pd.Series, puma: pd.Series) -> dict[str, pd.Series]:
-    state = "ST=" + st.astype(str)
-    return {"nation": pd.Series("nation", index=st.index), "state": state, "puma": state + "/PUMA=" + puma.astype(str)}
+    """Every row's node key per level (:func:`engine.geography.node_key`, on the distinct (ST, PUMA)
+    pairs). A code that is not a number gets a key no node has, so the checks that use it fail."""
+
+    def key(*codes: str) -> str:
+        try:
+            return node_key(tuple(int(c) for c in codes))
+        except ValueError:
+            return "invalid:" + "/".join(codes)
+
+    pair, pairs = pd.factorize(pd.MultiIndex.from_arrays([st.astype(str), puma.astype(str)]))
+    keys = {"state": [key(s) for s, _ in pairs], "puma": [key(s, p) for s, p in pairs]}
+    return {"nation": pd.Series(node_key(()), index=st.index),
+            **{lv: pd.Series(np.asarray(k, dtype=object)[pair] if len(k) else np.zeros(0, object), index=st.index) for lv, k in keys.items()}}
 
 
 def _has(df: pd.DataFrame, *columns: str) -> bool:

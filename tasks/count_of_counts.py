@@ -35,6 +35,7 @@ from engine.count_of_counts.api import run_hierarchy
 from engine.count_of_counts.geography import geography_hierarchy, size_histograms
 from engine.count_of_counts.group_counts import consistent_group_counts, inverse_variance_merge
 from engine.count_of_counts.hierarchy import Hierarchy
+from engine.errors import PrivacyInvariantError
 from engine.geography import LEVELS, parse_node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.session import PrivateSession
@@ -43,12 +44,6 @@ from tasks.run_context import save_npz_atomic
 
 STAGE = "count_of_counts"
 COUNTS_STAGE = "group_counts"
-
-
-def equivalent_epsilon(mechanism: str, scale: float) -> float:
-    """The ε the estimators expect: they model per-cell noise variance as 2/ε² (Laplace of scale
-    1/ε). Laplace of scale b has variance 2b²; a (discrete) Gaussian of σ has variance ≈ σ²."""
-    return 1.0 / scale if mechanism == "discrete_laplace" else float(np.sqrt(2.0) / scale)
 
 
 def hierarchy_of(session: PrivateSession) -> Hierarchy:
@@ -86,7 +81,7 @@ def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple
             leaf[i] = exact[parse_node_key(h.keys[i])]
         return h.aggregate_up(leaf), np.zeros(h.n_nodes)
     if not measured:
-        raise RuntimeError("no household-count measurement and no invariant (the config check should have refused this)")
+        raise PrivacyInvariantError("no household-count measurement and no invariant (the config check should have refused this)")
     noisy, var = inverse_variance_merge([v for v, _ in measured], [s for _, s in measured])
     G = consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
     return G, np.sqrt(np.where(np.isnan(var), np.inf, var))
@@ -115,7 +110,7 @@ def count_of_counts_task(ctx: RunContext) -> str:
     K = session.domain.max_size
     h = hierarchy_of(session)
     mech = ctx.cfg.count_of_counts.mechanism
-    at_least, eps, measured = {}, [], _group_count_measurements(ctx, session, h)
+    at_least, variances, measured = {}, [], _group_count_measurements(ctx, session, h)
     sd = np.zeros(h.n_nodes)
     for lv, name in enumerate(LEVELS):
         ids = h.level_range(lv)
@@ -125,11 +120,11 @@ def count_of_counts_task(ctx: RunContext) -> str:
         vals[ids], var[ids] = at_least[lv][:, 0], ms[0].count_variance
         measured.append((vals, var))
         sd[ids] = ms[0].histogram_sd
-        eps.append(equivalent_epsilon(ms[0].measurement.mechanism, ms[0].at_least_scale))
+        variances.append(ms[0].count_variance)  # every at-least entry's noise variance is at most G's
     G = household_counts(session, h, measured)
     # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
     hc = {lv: G[0][h.level_range(lv), None] - at_least[lv] for lv in at_least}
-    res = run_hierarchy(h, hc, eps, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G[0])
+    res = run_hierarchy(h, hc, variances, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G[0])
     return _save(ctx, STAGE, h, G, (res.histograms, sd))
 
 

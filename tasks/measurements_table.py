@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.domain import Domain
-from engine.privacy.measurements import Measurement, MeasurementStore
+from engine.privacy.measurements import MeasurementRecord, MeasurementStore
 from engine.queries import Workload
 from schemas.release_schema import MEASUREMENTS_SCHEMA
 
@@ -86,11 +86,11 @@ def cell_labels(workload_id: str, n: int, domain: Domain) -> tuple[pa.Array, pa.
     raise ValueError(f"no cell labels for measurements of {workload_id!r}")
 
 
-def _noise_sd(m: Measurement) -> float | None:
+def _noise_sd(m: MeasurementRecord) -> float | None:
     return None if m.mechanism == "exponential_mechanism" else float(np.sqrt(m.variance))
 
 
-def measurements_table(measurements: Iterable[Measurement], domain: Domain) -> pa.Table:
+def measurements_table(measurements: Iterable[MeasurementRecord], domain: Domain) -> pa.Table:
     """One row per cell of every measurement, sorted by key and cell (schema
     :data:`schemas.release_schema.MEASUREMENTS_SCHEMA`). The noisy values are the stored vectors'
     entries, unchanged (as float64)."""

@@ -29,7 +29,8 @@ from prefect import task
 
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
-from engine.prior_update import household_order, sample_households
+from engine.household_sampling import household_order, sample_households
+from engine.measurement import Measurement
 from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_select
 from engine.support import Support
@@ -67,8 +68,8 @@ def select_workload_task(public_npz: str, out_path: str, person_first: int = 0) 
 SizeEstimate = tuple[list[int], float]  # (households of size 1..K, noise sd of one entry)
 
 
-def size_extra(support: Support, size_estimate: SizeEstimate | None, total: float) -> list:
-    return [] if size_estimate is None else [size_measurement(support.data.domain, size_estimate[0], size_estimate[1], total)]
+def size_extra(support: Support, size_estimate: SizeEstimate | None) -> list[Measurement]:
+    return [] if size_estimate is None else [size_measurement(support.data.domain, size_estimate[0], size_estimate[1])]
 
 
 @task(name="synthesize-state")
@@ -88,7 +89,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         support, support.weights, [Workload.from_id(w) for w in workload_ids], ctx.allocation("state_synthesis", "state"),
         session_measure(ctx.session(), "state_synthesis", "state", node), total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        extra=size_extra(support, size_estimate, households), total_sd=households_sd,
+        extra=size_extra(support, size_estimate), total_sd=households_sd,
         adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
@@ -124,7 +125,7 @@ def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, wor
         Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
         None if baseline else session_measure(ctx.session(), "puma_synthesis", "puma", node), total=job.n_households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        extra=size_extra(support, job.size_estimate, job.n_households), total_sd=job.households_sd,
+        extra=size_extra(support, job.size_estimate), total_sd=job.households_sd,
         adaptive=None if baseline else s.adaptive.plan("puma"),
         select=None if baseline else session_select(ctx.session(), "puma_synthesis", "puma", node), unit=ctx.cfg.privacy_unit,
     )

@@ -6,11 +6,12 @@ Privacy flow (Kuo et al., VLDB 2018, Algorithm 1 and Theorem 1):
    and their L1 sensitivity under the privacy unit (person unit, the paper's: Hc 1, Hg 1,
    naive H 2; household unit: Hc K-1, naive H 1, Hg undefined).  The budget is split over the
    levels (sequential composition); nodes of one level are disjoint (parallel
-   composition), so one level's vectors are noised together at that level's epsilon.
+   composition), so one level's vectors are noised together at that level's ρ (or ε).
    The pipeline measures household sizes through its privacy session (discrete Gaussian by
    default, the paper's discrete Laplace as an option), charged to its ledger.
-2. :func:`run_hierarchy` -- post-processing of the NOISY vectors only: per-node estimates,
-   then top-down consistency, giving consistent integer histograms for every node.
+2. :func:`run_hierarchy` -- post-processing of the NOISY vectors only, given the noise
+   variance of one entry per level (whatever the mechanism): per-node estimates, then top-down
+   consistency, giving consistent integer histograms for every node.
 """
 
 from __future__ import annotations
@@ -53,16 +54,16 @@ class CountOfCountsResult:
         return {lv: {h.keys[i]: self.histograms[i] for i in h.level_range(lv)} for lv in range(h.n_levels)}
 
 
-def _per_level(epsilons, n_levels: int) -> list[float]:
-    if isinstance(epsilons, Mapping):
-        eps = [float(epsilons[lv]) for lv in range(n_levels)]
-    elif np.ndim(epsilons) == 0:
-        eps = [float(epsilons)] * n_levels
+def _per_level(variances, n_levels: int) -> list[float]:
+    if isinstance(variances, Mapping):
+        var = [float(variances[lv]) for lv in range(n_levels)]
+    elif np.ndim(variances) == 0:
+        var = [float(variances)] * n_levels
     else:
-        eps = [float(e) for e in epsilons]
-    if len(eps) != n_levels or any(e <= 0 for e in eps):
-        raise ValueError(f"need one positive epsilon per level ({n_levels})")
-    return eps
+        var = [float(v) for v in variances]
+    if len(var) != n_levels or not all(0 < v < np.inf for v in var):
+        raise ValueError(f"need one positive, finite noise variance per level ({n_levels})")
+    return var
 
 
 def hierarchy_queries(hierarchy: Hierarchy, histograms, K: int, method: str = "hc", *, unit: PrivacyUnit) -> dict[int, Query]:
@@ -80,27 +81,28 @@ def hierarchy_queries(hierarchy: Hierarchy, histograms, K: int, method: str = "h
             out[lv] = naive_query(H[ids], K, unit)
         elif method == "hg":
             qs = [hg_query(H[i], K, unit) for i in ids]
-            out[lv] = Query([np.asarray(q.values) for q in qs], 1)
+            out[lv] = Query([np.asarray(q.values) for q in qs], max((q.l1_sensitivity for q in qs), default=0))
         else:
             raise ValueError(f"method must be one of {METHODS}")
     return out
 
 
-def estimate_level(method: str, noisy, G, K: int, epsilon: float, node_ids, norm: str | None = None) -> RunsTable:
-    """Independent per-node estimates of one level (post-processing of noisy vectors)."""
+def estimate_level(method: str, noisy, G, K: int, variance: float, node_ids, norm: str | None = None) -> RunsTable:
+    """Independent per-node estimates of one level (post-processing of noisy vectors whose entries
+    have noise variance ``variance``)."""
     if method == "hc":
-        return estimate_hc(noisy, G, epsilon, norm=norm or "l1", node_ids=node_ids)
+        return estimate_hc(noisy, G, variance, norm=norm or "l1", node_ids=node_ids)
     if method == "naive":
-        return estimate_naive(noisy, G, epsilon, node_ids=node_ids)
+        return estimate_naive(noisy, G, variance, node_ids=node_ids)
     if method == "hg":
-        return estimate_hg(noisy, K, epsilon, norm=norm or "l2", node_ids=node_ids)
+        return estimate_hg(noisy, K, variance, norm=norm or "l2", node_ids=node_ids)
     raise ValueError(f"method must be one of {METHODS}")
 
 
 def run_hierarchy(
     hierarchy: Hierarchy,
     noisy: Mapping[int, np.ndarray | Sequence[np.ndarray]],
-    epsilons,
+    variances,
     *,
     K: int,
     group_counts=None,
@@ -115,7 +117,8 @@ def run_hierarchy(
     - ``noisy``: ``{level: measurement}`` for the nodes ``hierarchy.level_range(level)`` in
       order -- (n, K) noisy Hc for "hc", (n, K+1) noisy H for "naive", a list of noisy Hg
       vectors for "hg".
-    - ``epsilons``: the epsilon each level was measured with (sequence, mapping or scalar).
+    - ``variances``: the noise variance of one entry of each level's vectors (sequence,
+      mapping or scalar): 2b² for the paper's Laplace of scale b = Δ/ε, σ² for a Gaussian.
     - ``group_counts``: public G_v, (N,) per node or (n_leaves,) per leaf (summed up).  For
       "hg" it defaults to the vectors' lengths.
     - ``noisy_group_counts`` (+ ``group_count_variances``): private-G option, (N,) with NaN
@@ -133,7 +136,7 @@ def run_hierarchy(
     if consistency not in CONSISTENCY:
         raise ValueError(f"consistency must be one of {CONSISTENCY}")
     K = int(K)
-    eps = _per_level(epsilons, h.n_levels)
+    var = _per_level(variances, h.n_levels)
     if noisy_group_counts is not None:
         G = consistent_group_counts(h, noisy_group_counts, group_count_variances)
     elif group_counts is not None:
@@ -159,7 +162,7 @@ def run_hierarchy(
         ids = h.level_range(lv)
         if method == "hg" and any(len(v) != g for v, g in zip(noisy[lv], G[ids])):
             raise ValueError(f"level {lv}: Hg vector lengths differ from the group counts")
-        parts.append(estimate_level(method, noisy[lv], G[ids], K, eps[lv], ids, norm))
+        parts.append(estimate_level(method, noisy[lv], G[ids], K, var[lv], ids, norm))
     est = RunsTable.concat(parts)
     if consistency == "none":
         H = est.histograms(np.arange(h.n_nodes), K)

@@ -11,13 +11,16 @@ Measurement and estimation are separate:
   the data.  Each returns a :class:`~engine.count_of_counts.forms.RunsTable` of
   (node, size, count, variance) runs, the input of the top-down consistency.
 
-Variances follow the paper, Section 5.1 (discrete Laplace approximated by Laplace, whose
-variance at scale Delta/eps is 2 Delta^2 / eps^2):
+The estimators take ``variance``, the noise variance v of one entry of the measured vector
+(whatever the mechanism: 2 b² for a Laplace of scale b, σ² for a Gaussian), and give every run
+the per-group variance of the paper, Section 5.1, written in v (the paper's Laplace of scale
+Δ/ε has v = 2Δ²/ε²):
 
-- Hg: a group in an isotonic block of length s gets 2 / (eps^2 s);
-- Hc: a group of estimated size i gets (4 / eps^2) / max(H_hat[i], 1);
-- naive (not in the paper, used only as a baseline): each cell of H has variance
-  8/eps^2 (Delta = 2), spread the same way: (8 / eps^2) / max(H_hat[i], 1).
+- Hg: a group in an isotonic block of length s gets v / s (the paper's 2 / (ε² s));
+- Hc: a group of estimated size i gets 2v / max(H_hat[i], 1) (the paper's (4 / ε²) / max(H_hat[i], 1):
+  a size count is the difference of two Hc entries);
+- naive (not in the paper, used only as a baseline): each cell of H has variance v, spread the
+  same way: v / max(H_hat[i], 1).
 """
 
 from __future__ import annotations
@@ -106,13 +109,12 @@ def max_size_query(H, unit: PrivacyUnit, max_size: int | None = None) -> Query:
     return Query(np.array([int(nz[-1]) if nz.size else 0], dtype=np.int64), sensitivity)
 
 
-def k_from_noisy_max(noisy_max: float, epsilon_k: float) -> int:
-    """K = noisy max size + 5 standard deviations of the Laplace(1/eps_K) noise (paper,
-    Section 4.3; sensitivity of the max is 1, so the scale is 1/eps_K, std sqrt(2)/eps_K).
-    Always >= 1.  The max-size measurement costs eps_K from the total budget."""
-    if epsilon_k <= 0:
-        raise ValueError("epsilon_k must be positive")
-    return max(1, int(math.ceil(float(np.asarray(noisy_max).ravel()[0]) + 5.0 * math.sqrt(2.0) / epsilon_k)))
+def k_from_noisy_max(noisy_max: float, noise_sd: float) -> int:
+    """K = noisy max size + 5 standard deviations of its noise (paper, Section 4.3, with the
+    Laplace(1/eps_K) of sensitivity 1: ``noise_sd`` = sqrt(2)/eps_K).  Always >= 1."""
+    if not noise_sd > 0:
+        raise ValueError("noise_sd must be positive")
+    return max(1, int(math.ceil(float(np.asarray(noisy_max).ravel()[0]) + 5.0 * float(noise_sd))))
 
 
 # ----------------------------------------------------------------------------------
@@ -182,23 +184,32 @@ def _groups(G, n: int) -> np.ndarray:
 # estimators (post-processing only)
 
 
-def estimate_naive(noisy_h, G, epsilon: float, node_ids=None, return_histograms: bool = False):
-    """Naive estimator (paper, Section 4.1): noisy H (Delta = 2) -> projection onto
-    {x >= 0, sum x = G} -> largest-remainder rounding.  ``noisy_h``: (n, K+1) or (K+1,)."""
+def _check_variance(variance: float) -> float:
+    v = float(variance)
+    if not v > 0 or not math.isfinite(v):
+        raise ValueError(f"the noise variance of one entry must be positive and finite, got {variance!r}")
+    return v
+
+
+def estimate_naive(noisy_h, G, variance: float, node_ids=None, return_histograms: bool = False):
+    """Naive estimator (paper, Section 4.1): noisy H -> projection onto {x >= 0, sum x = G} ->
+    largest-remainder rounding.  ``noisy_h``: (n, K+1) or (K+1,); ``variance``: the noise
+    variance of one entry."""
     Y = np.atleast_2d(np.asarray(noisy_h, dtype=np.float64))
     G = _groups(G, Y.shape[0])
     H = largest_remainder_round(project_simplex(Y, G), G)
-    runs = runs_from_histograms(H, 8.0 / epsilon**2, node_ids)
+    runs = runs_from_histograms(H, _check_variance(variance), node_ids)
     return (runs, H) if return_histograms else runs
 
 
-def estimate_hc(noisy_hc, G, epsilon: float, norm: str = "l1", node_ids=None, return_histograms: bool = False):
+def estimate_hc(noisy_hc, G, variance: float, norm: str = "l1", node_ids=None, return_histograms: bool = False):
     """Cumulative-histogram estimator (paper, Section 4.3; the default).
 
-    ``noisy_hc``: (n, K) or (K,) noisy Hc[0..K-1] (Delta = 1).  Isotonic regression with
-    0 <= Hc[0] <= ... <= Hc[K-1] <= G (``norm`` "l1" = median version, the paper's better
-    one and our default, or "l2"), rounded, Hc[K] = G appended, differenced back to H.
-    Per-group variance (4/eps^2) / max(H_hat[i], 1) (Section 5.1.2)."""
+    ``noisy_hc``: (n, K) or (K,) noisy Hc[0..K-1], each entry of noise variance ``variance``.
+    Isotonic regression with 0 <= Hc[0] <= ... <= Hc[K-1] <= G (``norm`` "l1" = median version,
+    the paper's better one and our default, or "l2"), rounded, Hc[K] = G appended, differenced
+    back to H.  Per-group variance 2 variance / max(H_hat[i], 1) (Section 5.1.2)."""
+    v = _check_variance(variance)
     Y = np.atleast_2d(np.asarray(noisy_hc, dtype=np.float64))
     n, K = Y.shape
     G = _groups(G, n)
@@ -209,18 +220,20 @@ def estimate_hc(noisy_hc, G, epsilon: float, norm: str = "l1", node_ids=None, re
     hc[:, K] = G
     H = np.diff(hc, axis=1, prepend=0)
     del hc
-    runs = runs_from_histograms(H, 4.0 / epsilon**2, node_ids)
+    runs = runs_from_histograms(H, 2.0 * v, node_ids)
     return (runs, H) if return_histograms else runs
 
 
-def estimate_hg(noisy_hg, K: int, epsilon: float, norm: str = "l2", node_ids=None, offsets=None) -> RunsTable:
+def estimate_hg(noisy_hg, K: int, variance: float, norm: str = "l2", node_ids=None, offsets=None) -> RunsTable:
     """Unattributed-histogram estimator (paper, Section 4.2).
 
     ``noisy_hg``: one noisy vector per node (a list), or one concatenated vector with
-    ``offsets`` (length n+1).  Each node's length is its (public) G.  Isotonic regression
-    (``norm`` "l2" = PAVA, default, or "l1"), nondecreasing, within [0, K], rounded to the
-    nearest integer (monotonicity is kept).  Every maximal block of equal fitted values of
-    length s is one run with per-group variance 2 / (eps^2 s) (Section 5.1.1)."""
+    ``offsets`` (length n+1), each entry of noise variance ``variance``.  Each node's length is
+    its (public) G.  Isotonic regression (``norm`` "l2" = PAVA, default, or "l1"), nondecreasing,
+    within [0, K], rounded to the nearest integer (monotonicity is kept).  Every maximal block of
+    equal fitted values of length s is one run with per-group variance variance / s
+    (Section 5.1.1)."""
+    v = _check_variance(variance)
     if offsets is None:
         parts = [np.asarray(v, dtype=np.float64).ravel() for v in noisy_hg]
         offsets = np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64)
@@ -234,4 +247,4 @@ def estimate_hg(noisy_hg, K: int, epsilon: float, norm: str = "l2", node_ids=Non
     seg = np.searchsorted(offsets, starts, side="right") - 1
     ids = np.arange(n) if node_ids is None else np.asarray(node_ids, dtype=np.int64)
     sizes = np.clip(np.rint(fit[starts]), 0, K).astype(np.int64)
-    return RunsTable(ids[seg], sizes, lens, 2.0 / (epsilon**2 * lens)).coalesced()
+    return RunsTable(ids[seg], sizes, lens, v / lens).coalesced()

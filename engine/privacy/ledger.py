@@ -41,33 +41,19 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EXIT_PRIVACY, DPReleaseError
+from engine.errors import EXIT_PRIVACY, DPReleaseError, PrivacyInvariantError
+from engine.geography import LEVELS, Node, node_key, node_level, parse_node_key
 from engine.privacy.accountant import Number, as_fraction, rho_to_eps
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.file_lock import exclusive_lock
 
-__all__ = ["BudgetExceededError", "Charge", "PrivacyLedger", "node_id"]
+__all__ = ["BudgetExceededError", "Charge", "PrivacyLedger"]
 
 
 class BudgetExceededError(DPReleaseError, RuntimeError):
     """A charge would exceed the privacy budget of its node, its stage or the whole plan."""
 
     exit_code = EXIT_PRIVACY
-
-
-def node_id(node: Any) -> str:
-    """Canonical string of a geography node: ``"nation"``, ``"6"``, ``(6, 3701) -> "6/3701"``."""
-    if isinstance(node, str):
-        if not node:
-            raise ValueError("node id must be non-empty")
-        return node
-    if isinstance(node, (tuple, list)):
-        if not node:
-            return "nation"
-        return "/".join(str(int(x)) if not isinstance(x, str) else x for x in node)
-    if isinstance(node, int):
-        return str(node)
-    raise TypeError(f"node must be a str, int or tuple, got {type(node).__name__}")
 
 
 def _jsonable_number(x: Any) -> Any:
@@ -254,7 +240,7 @@ class PrivacyLedger:
         key: str,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         mechanism: str,
         sensitivity: Any,
         noise_scale: Any,
@@ -264,7 +250,10 @@ class PrivacyLedger:
 
         Idempotent per ``key``. Raises :class:`BudgetExceededError` when the node, the stage or the
         total would exceed the plan, ``KeyError`` for a stage/level not in the plan, ``ValueError``
-        for a re-used key with different parameters or a negative ρ.
+        for a re-used key with different parameters or a negative ρ, and
+        :class:`~engine.errors.PrivacyInvariantError` when ``node`` is not a node of ``level``
+        (nation, state, PUMA): the nodes of one level are disjoint, which is what lets each spend the
+        level's whole allocation.
         """
         if not isinstance(key, str) or not key:
             raise ValueError("charge key must be a non-empty string")
@@ -272,7 +261,9 @@ class PrivacyLedger:
         if r < 0:
             raise ValueError(f"rho must be >= 0, got {rho!r}")
         allocated = self.plan.allocation(stage, level)  # KeyError for unknown stage/level
-        nid = node_id(node)
+        nid = node_key(node)
+        if level in LEVELS and node_level(parse_node_key(nid)) != level:
+            raise PrivacyInvariantError(f"charge {key!r}: node {nid!r} is not a {level} node (parallel composition over the level's nodes)")
         new = Charge(
             key=key,
             stage=stage,
@@ -324,7 +315,7 @@ class PrivacyLedger:
             self._ingest(new.to_json())
             return new
 
-    def spent(self, stage: str | None = None, level: str | None = None, node: Any = None) -> Fraction:
+    def spent(self, stage: str | None = None, level: str | None = None, node: Node | str | None = None) -> Fraction:
         """Exact ρ spent.
 
         - ``spent(stage, level, node)``: the node's sequential sum;
@@ -337,7 +328,7 @@ class PrivacyLedger:
                 if stage is None or level is None:
                     raise ValueError("spent(node=...) needs stage and level")
                 self.plan.allocation(stage, level)
-                return self._node_spent(stage, level, node_id(node))
+                return self._node_spent(stage, level, node_key(node))
             if level is not None:
                 if stage is None:
                     raise ValueError("spent(level=...) needs stage")
@@ -358,7 +349,7 @@ class PrivacyLedger:
             self._refresh(writer=True)
             return self._charges.get(key)
 
-    def remaining(self, stage: str, level: str, node: Any) -> Fraction:
+    def remaining(self, stage: str, level: str, node: Node | str) -> Fraction:
         """ρ the node may still spend in (stage, level) — the node-level headroom only."""
         return self.plan.allocation(stage, level) - self.spent(stage, level, node)
 

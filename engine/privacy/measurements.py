@@ -1,7 +1,10 @@
 """MeasurementStore: crash-safe, idempotent noisy measurements, charged to a PrivacyLedger.
 
-One measurement = one noisy answer of one workload at one geographic node, identified by a
-caller-chosen ``key`` (e.g. ``"state_synthesis/state/06/round3/group:NP|SEX"``).
+One record = one noisy answer of one workload at one geographic node with its provenance
+(mechanism, sensitivity, noise scale, ρ, hash), identified by a caller-chosen ``key`` (e.g.
+``"state_synthesis/ST=06/round3/group:NP|SEX"``). The synthesis works on
+:class:`engine.measurement.Measurement` (workload, noisy counts, σ, ρ), made from a record by the
+session's measure callable (``engine.state_release.session_measure``).
 
 Protocol of :meth:`MeasurementStore.measure` (under a per-key ``flock``):
 
@@ -36,13 +39,14 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import EXIT_INTEGRITY, DPReleaseError
+from engine.errors import EXIT_INTEGRITY, DPReleaseError, PrivacyInvariantError
+from engine.geography import Node, node_key
 from engine.privacy import mechanisms
 from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, exponential_mechanism_rho, pure_dp_rho
 from engine.privacy.file_lock import exclusive_lock, write_atomic
-from engine.privacy.ledger import PrivacyLedger, node_id
+from engine.privacy.ledger import PrivacyLedger
 
-__all__ = ["Measurement", "MeasurementStore", "MeasurementIntegrityError"]
+__all__ = ["MeasurementRecord", "MeasurementStore", "MeasurementIntegrityError"]
 
 
 class MeasurementIntegrityError(DPReleaseError, RuntimeError):
@@ -52,7 +56,9 @@ class MeasurementIntegrityError(DPReleaseError, RuntimeError):
 
 
 @dataclass(frozen=True, eq=False)
-class Measurement:
+class MeasurementRecord:
+    """A stored noisy answer with its provenance (what the ledger charged for it)."""
+
     key: str
     workload_id: str
     stage: str
@@ -136,7 +142,7 @@ class MeasurementStore:
                 raise MeasurementIntegrityError(f"{npz} holds key {stored_key!r}, expected {key!r}")
             return z["noisy"].copy()
 
-    def _load(self, key: str) -> Measurement:
+    def _load(self, key: str) -> MeasurementRecord:
         npz, meta_path, _ = self._paths(key)
         meta = json.loads(meta_path.read_text())
         if meta["key"] != key:
@@ -148,7 +154,7 @@ class MeasurementStore:
                 f"measurement {key!r}: stored vector hash {h} / {vec.dtype} {vec.shape} does not match "
                 f"its record {meta['sha256']} / {meta['dtype']} {meta['shape']}"
             )
-        return Measurement(
+        return MeasurementRecord(
             key=key,
             workload_id=meta["workload_id"],
             stage=meta["stage"],
@@ -165,7 +171,7 @@ class MeasurementStore:
         )
 
     # -- public API ------------------------------------------------------------------------------------
-    def get(self, key: str) -> Measurement:
+    def get(self, key: str) -> MeasurementRecord:
         """The stored measurement (hash verified); ``KeyError`` if there is none."""
         _, meta, _ = self._paths(key)
         if not meta.exists():
@@ -182,7 +188,7 @@ class MeasurementStore:
             out.append(json.loads(p.read_text())["key"])
         return sorted(out)
 
-    def all(self) -> list[Measurement]:
+    def all(self) -> list[MeasurementRecord]:
         return [self._load(k) for k in self.keys()]
 
     def _measure(
@@ -192,7 +198,7 @@ class MeasurementStore:
         ledger: PrivacyLedger,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         workload_id: str,
         true_answer,
         mechanism: str,
@@ -201,9 +207,9 @@ class MeasurementStore:
         scale: float,
         epsilon: float | None,
         draw,
-    ) -> Measurement:
+    ) -> MeasurementRecord:
         npz, meta_path, _ = self._paths(key)
-        nid = node_id(node)
+        nid = node_key(node)
         with self._key_lock(key):
             if meta_path.exists():
                 m = self._load(key)
@@ -243,13 +249,13 @@ class MeasurementStore:
                     noisy = None
             if noisy is None:
                 noisy, drawn_scale = draw()
-                if drawn_scale != scale:
-                    raise RuntimeError(f"noise scale changed while drawing: {drawn_scale} != {scale}")
+                if drawn_scale != scale:  # the charge recorded `scale`: noise of another scale would not be what was paid for
+                    raise PrivacyInvariantError(f"measurement {key!r}: noise drawn at scale {drawn_scale}, charged at {scale}")
                 write_atomic(
                     npz,
                     lambda f: np.savez(f, noisy=noisy, key=np.frombuffer(key.encode(), dtype=np.uint8)),
                 )
-            m = Measurement(
+            m = MeasurementRecord(
                 key=key,
                 workload_id=workload_id,
                 stage=stage,
@@ -275,13 +281,13 @@ class MeasurementStore:
         ledger: PrivacyLedger,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         workload_id: str,
         true_answer,
         l2_sensitivity: float,
         rho: Number,
         mechanism: str = "discrete_gaussian",
-    ) -> Measurement:
+    ) -> MeasurementRecord:
         """Measure ``true_answer`` with Gaussian noise at cost ``rho`` (ρ-zCDP), exactly once per key.
 
         ``mechanism``: ``"discrete_gaussian"`` (integer counts, default) or ``"gaussian"`` (floats).
@@ -314,13 +320,13 @@ class MeasurementStore:
         ledger: PrivacyLedger,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         workload_id: str,
         true_answer,
         l1_sensitivity: float,
         epsilon: float | None = None,
         rho: Number | None = None,
-    ) -> Measurement:
+    ) -> MeasurementRecord:
         """ε-DP discrete Laplace measurement of integer counts, charged as ρ = ε²/2 (BS16 Prop. 1.4).
 
         Give exactly one of ``epsilon`` (charged ``pure_dp_rho(epsilon)``) or ``rho`` (ε is the
@@ -350,12 +356,12 @@ class MeasurementStore:
         ledger: PrivacyLedger,
         stage: str,
         level: str,
-        node: Any,
+        node: Node | str,
         workload_id: str,
         scores,
         sensitivity: float,
         epsilon: float,
-    ) -> Measurement:
+    ) -> MeasurementRecord:
         """Exponential mechanism over ``scores`` (Δ = ``sensitivity``), exactly once per key.
 
         ε-bounded range, charged ρ = ε²/8 (:func:`~engine.privacy.accountant.exponential_mechanism_rho`)

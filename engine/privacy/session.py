@@ -36,14 +36,13 @@ from engine.errors import EXIT_PRIVACY, DPReleaseError
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import PrivacyLedger
-from engine.privacy.measurements import Measurement, MeasurementStore
+from engine.privacy.measurements import MeasurementRecord, MeasurementStore
 from engine.queries import PrivacyUnit, Workload, answer
 
 __all__ = ["INVARIANTS", "InvariantNotDeclared", "NoisySizes", "PrivateSession", "max_abs_error_scores", "size_counts",
            "size_counts_sensitivity", "size_form", "size_histogram"]
 
 INVARIANTS = ("puma_household_counts",)
-Invariant = Literal["puma_household_counts"]
 
 
 class InvariantNotDeclared(DPReleaseError, PermissionError):
@@ -106,26 +105,24 @@ def size_counts_sensitivity(K: int, unit: PrivacyUnit, form: SizeForm | None = N
 class NoisySizes:
     """One node's noisy household sizes, in both forms (post-processing of one measurement).
 
-    ``at_least_scale``: a per-entry noise scale of the mechanism that bounds the noise of every
-    ``at_least`` entry (household unit: the sum of up to K histogram entries, scale × √K);
-    ``histogram_sd`` and ``count_variance``: the noise standard deviation of one ``histogram``
-    entry and the variance of ``at_least[0]`` (the household count G)."""
+    ``histogram_sd``: the noise standard deviation of one ``histogram`` entry; ``count_variance``:
+    the noise variance of ``at_least[0]`` (the household count G), the largest of the ``at_least``
+    entries' (household unit: entry i sums K − i histogram entries; person unit: all equal)."""
 
     at_least: np.ndarray
     histogram: np.ndarray
-    at_least_scale: float
     histogram_sd: float
     count_variance: float
-    measurement: Measurement
+    measurement: MeasurementRecord
 
     @classmethod
-    def of(cls, m: Measurement, form: SizeForm) -> NoisySizes:
+    def of(cls, m: MeasurementRecord, form: SizeForm) -> NoisySizes:
         y = np.asarray(m.noisy_answer, dtype=np.float64)
         K = y.size
         if form == "histogram":
-            return cls(np.cumsum(y[::-1])[::-1], y, float(m.scale) * np.sqrt(K), float(np.sqrt(m.variance)), K * m.variance, m)
+            return cls(np.cumsum(y[::-1])[::-1], y, float(np.sqrt(m.variance)), K * m.variance, m)
         hist = y - np.append(y[1:], 0.0)
-        return cls(y, hist, float(m.scale), float(np.sqrt(2.0 * m.variance)), m.variance, m)
+        return cls(y, hist, float(np.sqrt(2.0 * m.variance)), m.variance, m)
 
 
 def max_abs_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequence[int]) -> np.ndarray:
@@ -213,7 +210,7 @@ class PrivateSession:
     def key(stage: str, node: Node, name: str, tag: str = "") -> str:
         return "/".join(x for x in (stage, node_key(node), tag, name) if x)
 
-    def measure_workload(self, stage: str, level: str, node: Node, workload: Workload, rho: Fraction, tag: str = "") -> Measurement:
+    def measure_workload(self, stage: str, level: str, node: Node, workload: Workload, rho: Fraction, tag: str = "") -> MeasurementRecord:
         """Discrete Gaussian on the workload's integer counts at ``node`` (L2 sensitivity of the
         workload under the privacy unit), ρ-zCDP at ``rho``."""
         _, l2 = workload.sensitivity(self.domain, self._unit)
@@ -236,7 +233,7 @@ class PrivateSession:
             return NoisySizes.of(self._store.measure_laplace(l1_sensitivity=l1, **common), form)
         return NoisySizes.of(self._store.measure(l2_sensitivity=l2, **common), form)
 
-    def measure_household_count(self, stage: str, level: str, node: Node, rho: Fraction) -> Measurement:
+    def measure_household_count(self, stage: str, level: str, node: Node, rho: Fraction) -> MeasurementRecord:
         """Discrete Gaussian on the node's household count (sensitivity 1 under both units)."""
         g = np.array([self._node_data(node).n_households], dtype=np.int64)
         return self._store.measure(

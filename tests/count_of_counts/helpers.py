@@ -11,6 +11,11 @@ def double_geometric(x, scale, rng):
     return x + rng.geometric(p, x.shape) - rng.geometric(p, x.shape)
 
 
+def laplace_variance(scale):
+    """Noise variance of one entry of a Laplace of ``scale`` (2 scale²), the estimators' input."""
+    return 2.0 * scale**2
+
+
 def random_tree(rng, n_states=(1, 4), n_leaves=(1, 4)):
     from engine.count_of_counts import Hierarchy
 

@@ -3,7 +3,7 @@ import pytest
 
 from engine.count_of_counts import Hierarchy, emd_batch, hierarchy_queries, run_hierarchy
 
-from .helpers import double_geometric
+from .helpers import double_geometric, laplace_variance
 
 
 def _setup(rng, K=30):
@@ -34,7 +34,8 @@ def test_run_hierarchy(method, consistency):
         for lv in q
     }
     G = H.sum(1)
-    r = run_hierarchy(h, noisy, eps, K=K, group_counts=G[h.leaves()], method=method, consistency=consistency)
+    variances = [laplace_variance((1 if method == "hg" else q[lv].l1_sensitivity) / eps[lv]) for lv in q]
+    r = run_hierarchy(h, noisy, variances, K=K, group_counts=G[h.leaves()], method=method, consistency=consistency)
     out = r.histograms
     assert out.shape == H.shape and np.all(out >= 0) and np.array_equal(out.sum(1), G)
     if consistency != "none":
@@ -54,7 +55,7 @@ def test_weighted_top_down_beats_leaves_at_root():
         q = hierarchy_queries(h, H, K, "hc", unit="person")
         noisy = {lv: double_geometric(q[lv].values, 1 / eps, rng) for lv in q}
         for c in errs:
-            r = run_hierarchy(h, noisy, eps, K=K, group_counts=H.sum(1), consistency=c)
+            r = run_hierarchy(h, noisy, laplace_variance(1 / eps), K=K, group_counts=H.sum(1), consistency=c)
             errs[c].append(emd_batch(H[:1], r.histograms[:1])[0])
     assert np.mean(errs["weighted"]) < np.mean(errs["leaves"])
 
@@ -74,7 +75,7 @@ def test_private_group_counts():
     assert np.all(H2 >= 0)
     q = hierarchy_queries(h, H2, K, "hc", unit="person")
     noisy = {lv: double_geometric(q[lv].values, 2.0, rng) for lv in q}
-    r = run_hierarchy(h, noisy, 0.5, K=K, noisy_group_counts=noisy_G)
+    r = run_hierarchy(h, noisy, laplace_variance(2.0), K=K, noisy_group_counts=noisy_G)
     assert np.array_equal(r.histograms.sum(1), Gp)
 
 
@@ -85,4 +86,4 @@ def test_inconsistent_counts_rejected():
     G[0] += 1
     q = hierarchy_queries(h, H, 30, "hc", unit="person")
     with pytest.raises(ValueError):
-        run_hierarchy(h, {lv: q[lv].values for lv in q}, 1.0, K=30, group_counts=G)
+        run_hierarchy(h, {lv: q[lv].values for lv in q}, 2.0, K=30, group_counts=G)

@@ -14,7 +14,7 @@ from engine.count_of_counts import (
     top_down,
 )
 
-from .helpers import double_geometric, random_tree
+from .helpers import double_geometric, laplace_variance, random_tree
 
 
 def runs_of(node, sizes, var=None):
@@ -89,7 +89,7 @@ def _noisy_estimates(h, rng, K=20, eps=0.7):
     G = H.sum(1)
     q = hc_query(H, K, "person")
     noisy = double_geometric(q.values, 1 / eps, rng)
-    return H, G, estimate_hc(noisy, G, eps, node_ids=np.arange(h.n_nodes))
+    return H, G, estimate_hc(noisy, G, laplace_variance(1 / eps), node_ids=np.arange(h.n_nodes))
 
 
 @settings(max_examples=40, deadline=None)
@@ -121,7 +121,7 @@ def test_top_down_unbalanced_and_exact():
     Hl[h.index["b1"]] = [0, 1, 1, 1, 0, 0, 0]
     Hl[h.index["b2"]] = [0, 0, 4, 0, 2, 0, 0]
     H = h.aggregate_up(Hl)
-    est = estimate_hc(hc_query(H, K, "person").values, H.sum(1), 1.0, node_ids=np.arange(5))
+    est = estimate_hc(hc_query(H, K, "person").values, H.sum(1), 2.0, node_ids=np.arange(5))
     out = consistent_histograms(h, top_down(h, est, K), K)
     assert np.array_equal(out, H)
 

@@ -18,7 +18,7 @@ from engine.count_of_counts import (
     project_simplex,
 )
 
-from .helpers import double_geometric
+from .helpers import double_geometric, laplace_variance
 
 
 def neighbours(sizes, K):
@@ -106,8 +106,10 @@ def test_largest_remainder():
 
 
 def test_k_from_noisy_max():
-    assert k_from_noisy_max(100, 1.0) == math.ceil(100 + 5 * math.sqrt(2))
-    assert k_from_noisy_max(-50, 1.0) == 1
+    assert k_from_noisy_max(100, math.sqrt(2)) == math.ceil(100 + 5 * math.sqrt(2))
+    assert k_from_noisy_max(-50, math.sqrt(2)) == 1
+    with pytest.raises(ValueError):
+        k_from_noisy_max(10, 0.0)
 
 
 def _true(rng, n, K):
@@ -122,15 +124,23 @@ def test_hc_estimator(norm):
     G = H.sum(1)
     q = hc_query(H, K, "person")
     noisy = double_geometric(q.values, q.l1_sensitivity / eps, rng)
-    runs, Hh = estimate_hc(noisy, G, eps, norm=norm, node_ids=np.arange(10, 16), return_histograms=True)
+    v = laplace_variance(q.l1_sensitivity / eps)
+    runs, Hh = estimate_hc(noisy, G, v, norm=norm, node_ids=np.arange(10, 16), return_histograms=True)
     assert Hh.dtype.kind == "i" and np.all(Hh >= 0) and np.array_equal(Hh.sum(1), G)
     assert np.array_equal(runs.histograms(np.arange(10, 16), K), Hh)
-    assert np.allclose(runs.var, (4 / eps**2) / runs.count)
+    assert np.allclose(runs.var, (4 / eps**2) / runs.count)  # the paper's Section 5.1.2 rule
+    # the run variances follow the measurement's noise variance, whatever the mechanism (a Gaussian
+    # of σ: 2σ² / count); a variance that is not positive and finite is refused
+    gauss = estimate_hc(noisy, G, 9.0, norm=norm)
+    assert np.allclose(gauss.var, 18.0 / gauss.count)
+    for bad in (0.0, -1.0, np.inf, np.nan):
+        with pytest.raises(ValueError, match="noise variance"):
+            estimate_hc(noisy, G, bad, norm=norm)
     # noiseless input is recovered exactly
-    _, Hx = estimate_hc(q.values, G, eps, norm=norm, return_histograms=True)
+    _, Hx = estimate_hc(q.values, G, v, norm=norm, return_histograms=True)
     assert np.array_equal(Hx, H)
     # and the estimate beats the naive baseline on average
-    rn, Hn = estimate_naive(double_geometric(H, 2 / eps, rng), G, eps, return_histograms=True)
+    rn, Hn = estimate_naive(double_geometric(H, 2 / eps, rng), G, laplace_variance(2 / eps), return_histograms=True)
     assert np.all(Hn >= 0) and np.array_equal(Hn.sum(1), G)
     assert np.mean([emd(a, b) for a, b in zip(H, Hh)]) < np.mean([emd(a, b) for a, b in zip(H, Hn)])
 
@@ -140,16 +150,16 @@ def test_hg_estimator():
     K, eps = 25, 1.0
     H = _true(rng, 4, K)
     vecs = [double_geometric(hg_query(h, K, "person").values, 1 / eps, rng) for h in H]
-    runs = estimate_hg(vecs, K, eps)
+    runs = estimate_hg(vecs, K, laplace_variance(1 / eps))
     est = runs.histograms(np.arange(4), K)
     assert np.all(est >= 0) and np.array_equal(est.sum(1), H.sum(1))
     assert runs.size.min() >= 0 and runs.size.max() <= K
     # variance 2/(eps^2 s) for a block of s groups: count is a multiple of 2/(eps^2 var)
     s = 2 / (eps**2 * runs.var)
     assert np.allclose(s, np.round(s)) and np.all(runs.count % np.round(s).astype(int) == 0)
-    exact = estimate_hg([hg_query(h, K, "person").values for h in H], K, eps).histograms(np.arange(4), K)
+    exact = estimate_hg([hg_query(h, K, "person").values for h in H], K, laplace_variance(1 / eps)).histograms(np.arange(4), K)
     assert np.array_equal(exact, H)
     # concatenated form with offsets gives the same answer
     offs = np.concatenate([[0], np.cumsum([v.size for v in vecs])])
-    r2 = estimate_hg(np.concatenate(vecs), K, eps, offsets=offs)
+    r2 = estimate_hg(np.concatenate(vecs), K, laplace_variance(1 / eps), offsets=offs)
     assert np.array_equal(r2.histograms(np.arange(4), K), est)

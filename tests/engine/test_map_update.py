@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from engine.map_update import NoisyWorkload, map_fit, map_update
+from engine.map_update import map_fit, map_update
+from engine.measurement import Measurement
 from engine.queries import Workload, answer
 from engine.support import Support
 from tests.engine._support_testdata import random_data, small_domain
@@ -32,7 +33,7 @@ def measurements(support, private, sigma, rng=None, G=None):
         y = answer(private, w).astype(float)
         if rng is not None:
             y = y + rng.normal(0, sigma, y.size)
-        out.append(NoisyWorkload(w, y / G, sigma))
+        out.append(Measurement(w, y, sigma))
     return out
 
 
@@ -40,7 +41,7 @@ def objective(support, p, ms, G, alpha):
     def f(q):
         q = np.clip(q, 1e-300, None)
         kl = float(np.sum(q * (np.log(q) - np.log(p))))
-        fit = sum(float(np.sum((G * support.answer(m.workload, q) - G * m.answer) ** 2)) / (2 * m.sigma**2) for m in ms)
+        fit = sum(float(np.sum((G * support.answer(m.workload, q) - m.noisy_answer) ** 2)) / (2 * m.sigma**2) for m in ms)
         return alpha * kl + fit
     return f
 
@@ -84,11 +85,11 @@ def test_vanishing_noise_fits_producible_answers(tiny):
     support, _ = tiny
     q0 = np.random.default_rng(2).dirichlet(np.ones(support.n_support))
     G = 1000.0
-    ms = [NoisyWorkload(w, support.answer(w, q0), 1e-4) for w in WORKLOADS]
+    ms = [Measurement(w, G * support.answer(w, q0), 1e-4) for w in WORKLOADS]
     p = support.weights / support.weights.sum()
     q, _ = map_update(support, p, ms, G, prior_strength=1.0)
     for m in ms:
-        assert np.abs(support.answer(m.workload, q) - m.answer).max() < 1e-5
+        assert np.abs(support.answer(m.workload, q) - m.answers(G)).max() < 1e-5
     assert abs(q.sum() - 1) < 1e-9 and q.min() >= 0
 
 
@@ -97,12 +98,11 @@ def test_a_warm_start_changes_the_iterations_not_the_optimum(tiny):
     the same posterior, in fewer iterations (what the joint household-total fit relies on)."""
     support, private = tiny
     p = support.weights / support.weights.sum()
-    raw = measurements(support, private, 3.0, np.random.default_rng(5), G=1.0)  # noisy counts
+    raw = measurements(support, private, 3.0, np.random.default_rng(5))  # noisy counts
     G0, G1 = private.n_households * 0.95, float(private.n_households)
-    at = lambda G: [NoisyWorkload(m.workload, m.answer / G, m.sigma) for m in raw]  # noqa: E731
-    first = map_fit(support, p, at(G0), G0, prior_strength=0.1 * G0)
-    cold = map_fit(support, p, at(G1), G1, prior_strength=0.1 * G1)
-    warm = map_fit(support, p, at(G1), G1, prior_strength=0.1 * G1, dual0=first.dual * G1 / G0)
+    first = map_fit(support, p, raw, G0, prior_strength=0.1 * G0)
+    cold = map_fit(support, p, raw, G1, prior_strength=0.1 * G1)
+    warm = map_fit(support, p, raw, G1, prior_strength=0.1 * G1, dual0=first.dual * G1 / G0)
     assert np.abs(warm.weights - cold.weights).sum() < 1e-4  # both within the solver's tolerance of the optimum
     assert warm.diagnostics["iterations"] <= cold.diagnostics["iterations"]
 

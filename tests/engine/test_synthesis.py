@@ -39,9 +39,10 @@ def setting():
 
 def test_size_measurement_checks_its_length(setting):
     with pytest.raises(ValueError, match="size counts for the 4 codes of NP"):
-        size_measurement(DOMAIN, [1, 2, 3], 1.0, 6)
-    m = size_measurement(DOMAIN, [10, 20, 30, 40], 2.0, 100)
-    assert m.workload == NP and np.allclose(m.answer, [0.1, 0.2, 0.3, 0.4]) and m.sigma == 2.0
+        size_measurement(DOMAIN, [1, 2, 3], 1.0)
+    m = size_measurement(DOMAIN, [10, 20, 30, 40], 2.0)
+    assert m.workload == NP and np.allclose(m.noisy_answer, [10, 20, 30, 40]) and m.sigma == 2.0 and m.rho == 0
+    assert np.allclose(m.answers(100), [0.1, 0.2, 0.3, 0.4])
 
 
 def test_precision_decides(setting):
@@ -49,10 +50,10 @@ def test_precision_decides(setting):
     truth = answer(private, NP).astype(float)
     G = private.n_households
     exact = synthesize_node(support, support.weights, [], Fraction(0), never_called, G,
-                            prior_strength=0.1, extra=[size_measurement(DOMAIN, truth, 1e-3, G)])
+                            prior_strength=0.1, extra=[size_measurement(DOMAIN, truth, 1e-3)])
     assert np.abs(size_marginal(support, exact.weights) - truth / G).max() < 1e-3
     vague = synthesize_node(support, support.weights, [], Fraction(0), never_called, G,
-                            prior_strength=0.1, extra=[size_measurement(DOMAIN, truth, 1e6, G)])
+                            prior_strength=0.1, extra=[size_measurement(DOMAIN, truth, 1e6)])
     assert np.abs(vague.weights - support.weights / support.weights.sum()).max() < 1e-6
     nothing = synthesize_node(support, support.weights, [], Fraction(0), never_called, G)
     assert nothing.diagnostics == {"measured": 0}
@@ -69,7 +70,7 @@ def test_a_noisy_size_measurement_never_hurts_on_average(setting, sigma):
     for _ in range(40):
         noisy = truth + rng.normal(0, sigma, truth.size)
         res = synthesize_node(support, support.weights, [], Fraction(0), never_called, G,
-                              prior_strength=0.1, extra=[size_measurement(DOMAIN, noisy, sigma, G)])
+                              prior_strength=0.1, extra=[size_measurement(DOMAIN, noisy, sigma)])
         fitted.append(np.abs(size_marginal(support, res.weights) - truth / G).sum())
         imposed.append(np.abs(np.clip(noisy, 0, None) / G - truth / G).sum())
     assert np.mean(fitted) <= prior_err + 1e-9  # the measurement is information: never worse than the prior
@@ -91,16 +92,17 @@ def gaussian_measure(private, rng, sigma):
 
 def test_fit_total_is_the_weighted_least_squares_solution(setting):
     """Brute force: G minimising Σ_w ‖ỹ_w − G a_w‖²/σ_w² + (total − G)²/sd², by a dense solve."""
-    from engine.synthesis import NoisyCounts, fit_total
+    from engine.measurement import Measurement
+    from engine.synthesis import fit_total
 
     support, private = setting
     rng = np.random.default_rng(3)
     q = rng.dirichlet(np.ones(support.data.n_households))
-    measured = [NoisyCounts(w, answer(private, w) + rng.normal(0, s, answer(private, w).size), s)
+    measured = [Measurement(w, answer(private, w) + rng.normal(0, s, answer(private, w).size), s)
                 for w, s in zip(WORKLOADS, [3.0, 5.0, 8.0])]
     total, sd = 280.0, 20.0
     rows = [support.answer(m.workload, q)[:, None] / m.sigma for m in measured] + [np.array([[1.0 / sd]])]
-    rhs = [m.counts / m.sigma for m in measured] + [np.array([total / sd])]
+    rhs = [m.noisy_answer / m.sigma for m in measured] + [np.array([total / sd])]
     expected = np.linalg.lstsq(np.vstack(rows), np.concatenate(rhs), rcond=None)[0][0]
     assert fit_total(support, q, measured, total, sd) == pytest.approx(expected, rel=1e-12)
     # a vanishing sd pins the total; a huge one leaves the workloads to decide

@@ -5,6 +5,7 @@ from fractions import Fraction
 
 import pytest
 
+from engine.errors import EXIT_PRIVACY, DPReleaseError, PrivacyInvariantError
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import BudgetExceededError, PrivacyLedger
 
@@ -35,11 +36,30 @@ def test_parallel_composition_over_nodes(tmp_path):
     assert L.spent("synth", "puma") == a / 2
     assert L.spent("synth") == a + a / 2
     assert L.spent() == a + a / 2
-    with pytest.raises(BudgetExceededError, match=r"node '6' at level 'state' of stage 'synth'"):
+    with pytest.raises(BudgetExceededError, match=r"node 'ST=06' at level 'state' of stage 'synth'"):
         _c(L, "s6-again", Fraction(1, 10**9), node=(6,))
     assert L.spent("synth", "state", (6,)) == a  # refused charge spent nothing
     _c(L, "p1b", a / 2, level="puma", node=(6, 101))  # fills PUMA 101 exactly
     assert L.spent("synth", "puma") == a and L.spent() == 2 * a
+
+
+def test_nodes_are_named_by_their_key_and_must_lie_on_the_charged_level(tmp_path):
+    """One node id (engine.geography.node_key): a tuple and its key are the same node; a node of
+    another level is refused with a DPReleaseError (raised, not asserted: python -O keeps it)."""
+    L = PrivacyLedger(tmp_path / "l.jsonl", PLAN)
+    a = PLAN.allocation("synth", "state")
+    c = _c(L, "s", a / 2, node=(6,))
+    assert c.node == "ST=06"
+    _c(L, "s-by-key", a / 2, node="ST=06")
+    assert L.spent("synth", "state", (6,)) == L.spent("synth", "state", "ST=06") == a
+    with pytest.raises(PrivacyInvariantError, match="not a state node") as e:
+        _c(L, "puma-as-state", Fraction(1, 10**6), node=(6, 101))
+    assert isinstance(e.value, DPReleaseError) and e.value.exit_code == EXIT_PRIVACY
+    with pytest.raises(PrivacyInvariantError):
+        _c(L, "nation-as-puma", Fraction(1, 10**6), level="puma", node=())
+    with pytest.raises(ValueError, match="not a node key"):
+        _c(L, "bad", Fraction(1, 10**6), node="6/101")
+    assert len(L.charges()) == 2
 
 
 def test_idempotent_per_key(tmp_path):
@@ -65,7 +85,7 @@ def test_refusal_messages_and_unknowns(tmp_path):
     with pytest.raises(BudgetExceededError) as e:
         _c(L, "x", big, stage="coc", level="puma", node=(6, 101))
     msg = str(e.value)
-    assert "'coc'" in msg and "'puma'" in msg and "'6/101'" in msg and str(PLAN.allocation("coc", "puma")) in msg
+    assert "'coc'" in msg and "'puma'" in msg and "'ST=06/PUMA=00101'" in msg and str(PLAN.allocation("coc", "puma")) in msg
     with pytest.raises(KeyError):
         _c(L, "y", Fraction(1, 100), stage="nope")
     with pytest.raises(KeyError):
