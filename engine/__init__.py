@@ -11,12 +11,14 @@ shows it):
   with ``path=None``, or an append-only file), :class:`MeasurementStore`, :class:`PrivateSession`
   (the confidential data behind charged measurements), :func:`rho_to_eps`, :func:`eps_delta_to_rho`;
 - synthesis: :func:`synthesize_node` (one node's prior update), :func:`synthesize_state` with
-  :func:`state_plan` (one state: counts, state and PUMA updates, samples), :func:`sample_households`;
+  :func:`state_plan` (one state: counts, state and PUMA updates, samples), :class:`AdaptiveRounds`
+  (where the model is wrong, measure more), :func:`sample_households`;
 - count-of-counts: :class:`Hierarchy`, :func:`run_hierarchy` (consistent household-size histograms).
 
 H-GEM (``engine.hgem``) needs torch and is imported on its own.
 """
 
+from engine.adaptive import AdaptiveRounds
 from engine.count_of_counts import Hierarchy, run_hierarchy
 from engine.domain import Attribute, Domain
 from engine.hierarchical_data import HierarchicalData
@@ -33,6 +35,7 @@ from engine.synthesis import synthesize_node
 from engine.workload_selection import select_workloads
 
 __all__ = [
+    "AdaptiveRounds",
     "Attribute",
     "BudgetExceededError",
     "BudgetPlan",
