@@ -33,6 +33,7 @@ from engine.queries import Workload
 from engine.state_release import node_rng, session_measure
 from engine.support import Support
 from engine.synthesis import size_measurement, synthesize_node
+from engine.uncertainty import fit_answer_sd, recording_measure
 from engine.workload_selection import select_workloads
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic, write_json_atomic
@@ -69,6 +70,18 @@ def size_extra(support: Support, size_estimate: SizeEstimate | None, total: floa
     return [] if size_estimate is None else [size_measurement(support.data.domain, size_estimate[0], size_estimate[1], total)]
 
 
+def answer_sd(support: Support, res, workloads: list[Workload], sigmas: dict[str, float], s, total_sd: float,
+              size_estimate: SizeEstimate | None) -> dict:
+    """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads at a
+    fixed total) and ``total_var`` (the variance of the fitted total), by
+    ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
+    ``intervals.parquet``."""
+    sd, total_var = fit_answer_sd(support, res.weights, res.total, workloads, sigmas, rule=s.update_rule,
+                                  prior_strength=s.prior_strength, total_sd=total_sd,
+                                  size_sd=None if size_estimate is None else size_estimate[1])
+    return {"answer_sd": sd, "total_var": total_var}
+
+
 @task(name="synthesize-state")
 def state_update_task(ctx: RunContext, state: int, households: int, workload_ids: list[str],
                       size_estimate: SizeEstimate | None = None, households_sd: float = 0.0) -> str:
@@ -82,14 +95,16 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         return str(out)
     support = cached_support(ctx.public_npz)
     s = ctx.cfg.synthesis
+    workloads = [Workload.from_id(w) for w in workload_ids]
+    measure, sigmas = recording_measure(session_measure(ctx.session(), "state_synthesis", "state", node))
     res = synthesize_node(
-        support, support.weights, [Workload.from_id(w) for w in workload_ids], ctx.allocation("state_synthesis", "state"),
-        session_measure(ctx.session(), "state_synthesis", "state", node), total=households,
+        support, support.weights, workloads, ctx.allocation("state_synthesis", "state"), measure, total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate, households), total_sd=households_sd,
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
-    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics})
+    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics,
+                                                 **answer_sd(support, res, workloads, sigmas, s, households_sd, size_estimate)})
     return str(out)
 
 
@@ -122,14 +137,15 @@ def puma_task(
     else:
         with np.load(state_posterior) as z:
             prior = z["weights"]
+    workloads = [] if baseline else [Workload.from_id(w) for w in workload_ids]
+    measure, sigmas = (None, {}) if baseline else recording_measure(session_measure(ctx.session(), "puma_synthesis", "puma", node))
     res = synthesize_node(
-        support, prior, [] if baseline else [Workload.from_id(w) for w in workload_ids],
-        Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
-        None if baseline else session_measure(ctx.session(), "puma_synthesis", "puma", node), total=n_households,
-        rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
+        support, prior, workloads, Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"), measure,
+        total=n_households, rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate, n_households), total_sd=households_sd,
     )
-    write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics})
+    write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics,
+                                                 **answer_sd(support, res, workloads, sigmas, s, households_sd, size_estimate)})
     synth = sample_households(support, res.weights, int(round(res.total)), node_rng(seed, node), geo=node,
                               order=household_order(support.data))
     save_npz_atomic(out, synth.to_npz)
