@@ -17,6 +17,9 @@ answers inside the 90 % intervals (target 85–95 %) of:
   "contains" workloads (``group:…|…``) and the person-level ones (``person:…``).
 
     python benchmarks/interval_calibration.py --config deploy/releases/acs2018_default.yaml --release releases/acs2018-default
+
+Repeat ``--config``/``--release`` to pool several releases: the 12 states, each private once,
+are the default release (6 private, 6 public) and the same config with the roles swapped.
 """
 
 from __future__ import annotations
@@ -104,19 +107,31 @@ LEVEL_ORDER = {"nation": 0, "state": 1, "puma": 2}
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--release", required=True, help="the finished release directory of that config")
+    ap.add_argument("--config", required=True, action="append", help="a release config (repeat, with one --release each)")
+    ap.add_argument("--release", required=True, action="append", help="the finished release directory of that config")
     ap.add_argument("--out", default=str(OUT / "interval_calibration.txt"))
     args = ap.parse_args(argv)
-    cfg = load_config(args.config)
-    release = Path(args.release)
-    private = HierarchicalData.concat([load_input(cfg, spec)[0] for spec in cfg.private])
+    if len(args.config) != len(args.release):
+        ap.error("give one --release per --config")
     t0 = time.time()
-    measured = measured_coverage(release, private)
-    cov = interval_coverage(release, private).sort_values(["kind", "level"], key=lambda c: c.map(LEVEL_ORDER) if c.name == "level" else c)
-    lines = [f"Interval calibration (issue 18 item 4): {args.config}, release {release.name}, "
-             f"{private.n_households} confidential households; {time.time() - t0:.0f} s.",
-             "Share of confidential answers inside the 90 % intervals (target 85-95 %), per level.",
+    measured: dict[str, list[int]] = {}
+    covs, n_households = [], 0
+    for config, release in zip(args.config, args.release):
+        cfg = load_config(config)
+        private = HierarchicalData.concat([load_input(cfg, spec)[0] for spec in cfg.private])
+        n_households += private.n_households
+        for level, counts in measured_coverage(Path(release), private).items():
+            measured[level] = [a + b for a, b in zip(measured.get(level, [0, 0, 0]), counts)]
+        covs.append(interval_coverage(Path(release), private))
+    cov = pd.concat(covs)
+    cov["inside_n"] = cov.inside * cov.cells
+    cov["se_n"], cov["err_n"] = cov.mean_se * cov.cells, cov.mean_abs_error * cov.cells
+    cov = cov.groupby(["kind", "level"]).sum(numeric_only=True).reset_index()
+    cov["inside"], cov["mean_se"], cov["mean_abs_error"] = cov.inside_n / cov.cells, cov.se_n / cov.cells, cov.err_n / cov.cells
+    cov = cov.sort_values(["kind", "level"], key=lambda c: c.map(LEVEL_ORDER) if c.name == "level" else c)
+    runs = "; ".join(f"{c} -> {Path(r).name}" for c, r in zip(args.config, args.release))
+    lines = [f"Interval calibration (issue 18 item 4): {runs}; {n_households} confidential households; {time.time() - t0:.0f} s.",
+             "Share of confidential answers inside the 90 % intervals (target 85-95 %), per level, pooled over the releases.",
              "",
              "Measured marginals (dprelease query's 'measured' columns): the noisy measurement +- 1.645 sd;",
              "'synthetic inside': share of the released synthetic counts inside the same interval.",
@@ -130,13 +145,14 @@ def main(argv=None) -> int:
               "synthetic marginals of the measured workloads by the Laplace approximation of the MAP posterior.",
               f"  {'kind':<30}{'level':<8}{'cells':>8}{'truth inside':>15}{'mean se':>10}{'mean |error|':>14}"]
     for r in cov.itertuples(index=False):
-        lines.append(f"  {r.kind:<30}{r.level:<8}{r.cells:>8}{r.inside:>15.3f}{r.mean_se:>10.2f}{r.mean_abs_error:>14.2f}")
+        lines.append(f"  {r.kind:<30}{r.level:<8}{int(r.cells):>8}{r.inside:>15.3f}{r.mean_se:>10.2f}{r.mean_abs_error:>14.2f}")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
+    keep = ["kind", "level", "cells", "inside", "mean_se", "mean_abs_error"]
     Path(args.out).with_suffix(".json").write_text(json.dumps(
-        {"config": args.config, "measured": measured, "released": cov.to_dict(orient="records")}, indent=1))
+        {"configs": args.config, "releases": args.release, "measured": measured, "released": cov[keep].to_dict(orient="records")}, indent=1))
     return 0
 
 

@@ -50,7 +50,8 @@ from engine.synthesis import MeasureFn
 
 __all__ = [
     "Z90", "CountNoise", "Intervals", "SizeNoise", "bootstrap_summary", "combine_total", "count_of_counts_bootstrap",
-    "fit_answer_sd", "intervals", "posterior_count_sd", "recording_measure", "simulate_noise", "total_variance",
+    "fit_answer_sd", "intervals", "posterior_count_sd", "recording_measure", "response_count_sd", "simulate_at_least",
+    "simulate_noise", "total_variance",
 ]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a two-sided 90 % interval
@@ -225,9 +226,36 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
 
 
 
+def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Workload, float]], total: float,
+                      prior_strength: float, queries: Sequence[Workload]) -> list[np.ndarray]:
+    """Standard deviation of the counts G·(B q) of other workloads ``queries`` that the fit's
+    measurement noise alone moves them by (the linear response of the MAP fit, a sandwich):
+    dq = Σ₀ Aᵀ (J + S)⁻¹ dỹ with Σ₀ = (diag q − q qᵀ)/α, so Cov(B q) = C (J+S)⁻¹ S (J+S)⁻¹ Cᵀ,
+    C = B Σ₀ Aᵀ. A PUMA fit moves its state's released answers by this much on top of the state
+    fit's error (a released state answer is the sum of its PUMAs'). One array per query."""
+    if not queries or not fitted:
+        return [np.zeros(w.n_cells(support.data.domain)) for w in queries]
+    G = max(float(total), 1.0)
+    alpha = max(float(prior_strength), 1e-6)
+    q = np.asarray(q, dtype=np.float64)
+    A = sp.vstack([support.incidence(w) for w, _ in fitted]).tocsr().astype(np.float64)
+    B = sp.vstack([support.incidence(w) for w in queries]).tocsr().astype(np.float64)
+    s = (np.concatenate([np.full(w.n_cells(support.data.domain), float(sg)) for w, sg in fitted]) / G) ** 2
+    a, b = A @ q, B @ q
+    Aq = A.multiply(q[None, :]).tocsr()
+    J = (np.asarray((A @ Aq.T).todense()) - np.outer(a, a)) / alpha
+    C = (np.asarray((B @ Aq.T).todense()) - np.outer(b, a)) / alpha
+    J[np.diag_indices_from(J)] += s
+    X = np.linalg.solve(J, C.T)  # (J + S)⁻¹ Cᵀ
+    sd = G * np.sqrt(np.maximum(np.einsum("ij,i,ij->j", X, s, X), 0.0))
+    bounds = np.cumsum([0] + [w.n_cells(support.data.domain) for w in queries])
+    return [sd[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
 def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequence[Workload], sigmas: Mapping[str, float],
                   *, rule: str, prior_strength: float, total_sd: float = 0.0,
-                  size_sd: float | None = None) -> tuple[dict[str, list[float]], float]:
+                  size_sd: float | None = None,
+                  queries: Sequence[Workload] = ()) -> tuple[dict[str, list[float]], float, dict[str, list[float]]]:
     """({workload id: sd of every cell's fitted count at a fixed total}, Var(total)) of one
     node's synthesis fit (``engine.synthesis.synthesize_node``): the measured ``workloads`` with
     their σ as recorded by :func:`recording_measure`, and the count-of-counts size marginal
@@ -236,15 +264,19 @@ def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequ
     bootstrap's, which covers the size estimate the fit took in); ``prior_strength`` relative to
     the total, as in the release config. The total's share a_c² Var(G) is left to the caller
     (:func:`combine_total`): a released state answer sums its PUMAs', whose totals were fitted
-    separately. ({}, 0) when nothing was measured."""
+    separately. Third: {query id: :func:`response_count_sd`} of the ``queries`` (a PUMA fit's
+    response on its state's workloads). ({}, 0, {}) when nothing was measured."""
     measured = [(w, float(sigmas[w.id])) for w in workloads if w.id in sigmas]
     if not measured:
-        return {}, 0.0
+        return {}, 0.0, {}
     fitted = list(measured)
     if size_sd is not None:
         fitted.append((Workload("group", (support.data.domain.size_attribute,), ()), float(size_sd)))
-    sds = posterior_count_sd(support, q, fitted, total, max(prior_strength * float(total), 1e-6), rule)
-    return {w.id: sd.tolist() for (w, _), sd in zip(fitted, sds)}, total_variance(support, q, measured, total_sd)
+    alpha = max(prior_strength * float(total), 1e-6)
+    sds = posterior_count_sd(support, q, fitted, total, alpha, rule)
+    response = response_count_sd(support, q, fitted, total, alpha, queries) if rule == "map" else []
+    return ({w.id: sd.tolist() for (w, _), sd in zip(fitted, sds)}, total_variance(support, q, measured, total_sd),
+            {w.id: sd.tolist() for w, sd in zip(queries, response)})
 
 
 def combine_total(released: np.ndarray, households: float, fit_sd: np.ndarray, total_var: float) -> np.ndarray:

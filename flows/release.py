@@ -235,7 +235,7 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
             puma_task.submit(
                 ctx, node, g, sizes.get(node),
                 None if posteriors is None else posteriors[node[0]], [] if workload is None else workload["puma"], seed,
-                supports[node[0]] if supports else None, sd[node],
+                supports[node[0]] if supports else None, sd[node], None if workload is None else workload["state"],
             )
         )
     label = "PUMAs (public-only baseline)" if posteriors is None else "PUMA posteriors and samples"

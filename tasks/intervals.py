@@ -121,11 +121,18 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
     combines the fit's at a fixed total with the released total's variance
     (:func:`engine.uncertainty.combine_total`): a PUMA's own fitted total; for a state, whose
     released answer is the sum of its PUMAs', the sum of its PUMAs' total variances (they were
-    fitted independently), not the state fit's. A state's size histogram is left to the
+    fitted independently), not the state fit's, and the state fit's sd is widened by the sum of
+    its PUMA fits' responses to their own noise on the state's workloads (``response_sd``,
+    :func:`engine.uncertainty.response_count_sd`). A state's size histogram is left to the
     count-of-counts rows: the sum of its PUMAs' fitted sizes follows the PUMAs' count-of-counts
     histograms, i.e. the state's count-of-counts estimate, more than the state fit."""
     records = [json.loads(Path(f).with_suffix(".json").read_text()) for f in node_files]
     total_var = {parse_node_key(r["node"]): float(r.get("total_var", 0.0)) for r in records}
+    response: dict[tuple[int, str], np.ndarray] = {}  # (state, workload id): Σ over its PUMAs of the response variance
+    for r in records:
+        node = parse_node_key(r["node"])
+        for wid, sd in (r.get("response_sd") or {}).items():
+            response[(node[0], wid)] = response.get((node[0], wid), 0.0) + np.asarray(sd) ** 2
     size_id = Workload("group", (release.domain.size_attribute,), ()).id
     parts = []
     for record in records:
@@ -141,7 +148,10 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
             w = Workload.from_id(wid)
             released = np.asarray(answer(data, w), dtype=np.float64).reshape(-1)
             codes, _ = cell_labels(wid, released.size, release.domain)
-            se = combine_total(released, data.n_households, np.asarray(sd), var_G)
+            fit_sd = np.asarray(sd)
+            if level == "state" and (node[0], wid) in response:
+                fit_sd = np.sqrt(fit_sd**2 + response[(node[0], wid)])
+            se = combine_total(released, data.n_households, fit_sd, var_G)
             parts.append(_rows("marginal", level, record["node"], wid, codes, released, intervals(released, se), method))
     return pa.concat_tables(parts) if parts else INTERVALS_SCHEMA.empty_table()
 

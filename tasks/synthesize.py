@@ -71,15 +71,16 @@ def size_extra(support: Support, size_estimate: SizeEstimate | None, total: floa
 
 
 def answer_sd(support: Support, res, workloads: list[Workload], sigmas: dict[str, float], s, total_sd: float,
-              size_estimate: SizeEstimate | None) -> dict:
+              size_estimate: SizeEstimate | None, queries: list[Workload] | None = None) -> dict:
     """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads at a
-    fixed total) and ``total_var`` (the variance of the fitted total), by
+    fixed total), ``total_var`` (the variance of the fitted total) and ``response_sd`` (how much
+    the fit's noise moves the ``queries``: a PUMA's on its state's workloads), by
     ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
     ``intervals.parquet``."""
-    sd, total_var = fit_answer_sd(support, res.weights, res.total, workloads, sigmas, rule=s.update_rule,
-                                  prior_strength=s.prior_strength, total_sd=total_sd,
-                                  size_sd=None if size_estimate is None else size_estimate[1])
-    return {"answer_sd": sd, "total_var": total_var}
+    sd, total_var, response = fit_answer_sd(support, res.weights, res.total, workloads, sigmas, rule=s.update_rule,
+                                            prior_strength=s.prior_strength, total_sd=total_sd,
+                                            size_sd=None if size_estimate is None else size_estimate[1], queries=queries or [])
+    return {"answer_sd": sd, "total_var": total_var, "response_sd": response}
 
 
 @task(name="synthesize-state")
@@ -119,12 +120,14 @@ def puma_task(
     seed: int,
     support_npz: str | None = None,
     households_sd: float = 0.0,
+    state_workload_ids: list[str] | None = None,
 ) -> str:
     """One PUMA: posterior (or the public prior for the baseline), updated with the
     count-of-counts ``size_estimate`` when given, then its household total of sampled households:
     the DP count ``n_households`` estimated jointly with the posterior from the PUMA's own
     measurements when its noise sd ``households_sd`` is given (``engine.synthesis``), else the
-    count itself."""
+    count itself. ``state_workload_ids``: the state's workloads, on which the fit's response to
+    its noise is kept for the state's error estimates (``tasks.intervals``)."""
     key = node_key(node)
     out = ctx.paths.node_path("synthesis", key)
     if out.exists():
@@ -145,7 +148,8 @@ def puma_task(
         extra=size_extra(support, size_estimate, n_households), total_sd=households_sd,
     )
     write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics,
-                                                 **answer_sd(support, res, workloads, sigmas, s, households_sd, size_estimate)})
+                                                 **answer_sd(support, res, workloads, sigmas, s, households_sd, size_estimate,
+                                                            [Workload.from_id(w) for w in state_workload_ids or []])})
     synth = sample_households(support, res.weights, int(round(res.total)), node_rng(seed, node), geo=node,
                               order=household_order(support.data))
     save_npz_atomic(out, synth.to_npz)

@@ -66,7 +66,8 @@ def test_count_of_counts_rows_come_from_the_released_histograms_and_the_noise_al
 
 def test_marginal_rows_answer_the_released_microdata(data, tmp_path):
     puma = {"node": "ST=50/PUMA=00100", "answer_sd": {"group:TEN|": [1.0, 2.0, 3.0], "group:NP|": [1.0] * 4}, "total_var": 4.0}
-    puma2 = {"node": "ST=50/PUMA=00200", "answer_sd": {"group:TEN|": [1.0, 1.0, 1.0]}, "total_var": 5.0}
+    puma2 = {"node": "ST=50/PUMA=00200", "answer_sd": {"group:TEN|": [1.0, 1.0, 1.0]}, "total_var": 5.0,
+             "response_sd": {"group:R18,TEN|": [1.0] * 6}}
     state = {"node": "ST=50", "answer_sd": {"group:NP|": [2.0] * 4, "group:R18,TEN|": [2.0] * 6}, "total_var": 1.0}
     old = {"node": "ST=33/PUMA=00100", "diagnostics": {}}  # a result without sds (an older run)
     files = []
@@ -88,6 +89,7 @@ def test_marginal_rows_answer_the_released_microdata(data, tmp_path):
     released = answer(st_data, Workload.from_id("group:R18,TEN|")).reshape(-1)
     assert st.released.tolist() == released.tolist() and (st.level == "state").all()
     # a state's released answer sums its PUMAs': their total variances, not the state fit's
-    assert st.se.to_numpy() == pytest.approx(np.sqrt(4.0 + (released / st_data.n_households) ** 2 * (4.0 + 5.0)))
+    # and its fit's sd widened by its PUMAs' responses to their own noise
+    assert st.se.to_numpy() == pytest.approx(np.sqrt(4.0 + 1.0 + (released / st_data.n_households) ** 2 * (4.0 + 5.0)))
     table = intervals_table(df.pipe(lambda d: marginal_intervals(files, data)))
     assert table.schema == INTERVALS_SCHEMA and table.column("node").to_pylist() == sorted(table.column("node").to_pylist())

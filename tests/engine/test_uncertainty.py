@@ -26,6 +26,7 @@ from engine.uncertainty import (
     fit_answer_sd,
     intervals,
     posterior_count_sd,
+    response_count_sd,
     simulate_at_least,
     simulate_noise,
 )
@@ -193,11 +194,45 @@ def test_laplace_sd_limits():
 def test_fit_answer_sd_and_the_total():
     support, q, G, _, sigma = _fit()
     sigmas = {w.id: sigma for w in WORKLOADS}
-    sd, total_var = fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3, total_sd=5.0, size_sd=7.0)
+    sd, total_var, response = fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3, total_sd=5.0,
+                                            size_sd=7.0, queries=[Workload("group", ("R18",), ())])
+    assert set(response) == {"group:R18|"} and len(response["group:R18|"]) == 2
     assert set(sd) == {w.id for w in WORKLOADS}  # the size marginal's id is group:NP|, also measured here
     direct = posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS] + [(WORKLOADS[0], 7.0)], G, 0.3 * G)
     assert sd[WORKLOADS[1].id] == pytest.approx(direct[1])
     assert 0 < total_var < 25.0  # the workloads add information to the count's own
     assert fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3)[1] == 0.0  # total given
-    assert fit_answer_sd(support, q, G, WORKLOADS, {}, rule="map", prior_strength=0.3) == ({}, 0.0)
+    assert fit_answer_sd(support, q, G, WORKLOADS, {}, rule="map", prior_strength=0.3) == ({}, 0.0, {})
     assert combine_total(np.array([50.0, 0.0]), 100.0, np.array([3.0, 1.0]), 16.0) == pytest.approx([np.sqrt(9 + 4), 1.0])
+
+
+def test_response_sd_equals_the_finite_difference_jacobian_of_the_map_fit():
+    """How much the fit's noise moves other workloads' counts: the sandwich of
+    :func:`response_count_sd` against the MAP fit's Jacobian in the noisy answers, by finite
+    differences of ``map_update`` itself."""
+    public = random_data(DOMAIN, 15, seed=41)
+    private = random_data(DOMAIN, 80, seed=42)
+    support = Support.from_data(public)
+    G, sigma, alpha = float(private.n_households), 4.0, 0.3 * private.n_households
+    fitted = WORKLOADS[:2]
+    queries = [Workload("group", ("TEN",), ()), Workload("person", (), ("AGE",))]
+    y = [answer(private, w).astype(float) for w in fitted]
+
+    def fit(ys):
+        q, _ = map_update(support, support.weights, [NoisyWorkload(w, v / G, sigma) for w, v in zip(fitted, ys)], G,
+                          prior_strength=alpha, tol=1e-14)
+        return G * np.concatenate([support.answer(w, q) for w in queries])
+
+    q0 = fit(y)
+    q, _ = map_update(support, support.weights, [NoisyWorkload(w, v / G, sigma) for w, v in zip(fitted, y)], G,
+                      prior_strength=alpha, tol=1e-14)
+    jac, h = [], 1e-3
+    for i, v in enumerate(y):
+        for c in range(v.size):
+            ys = [u.copy() for u in y]
+            ys[i][c] += h
+            jac.append((fit(ys) - q0) / h)
+    brute = sigma * np.sqrt(np.sum(np.array(jac) ** 2, axis=0))
+    got = np.concatenate(response_count_sd(support, q, [(w, sigma) for w in fitted], G, alpha, queries))
+    assert got == pytest.approx(brute, rel=2e-2, abs=1e-3)
+    assert [a.size for a in response_count_sd(support, q, [], G, alpha, queries)] == [3, 4]
