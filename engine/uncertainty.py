@@ -31,6 +31,9 @@ Two estimators, two methods:
   posterior for a PUMA) is as far from the truth as its own spread says; the sampling of
   households (systematic, each stratum within one household of its expectation) is neglected.
   For the IDE rule (which matches the noisy answers) the sd is the measurement's σ.
+  A released state answer is the sum of its PUMAs' (each PUMA fit starts from the state
+  posterior), so each PUMA fit's linear response to its own noise on the state's workloads
+  (:func:`response_count_sd`, a sandwich) is added to the state fit's variance by the caller.
 """
 
 from __future__ import annotations
@@ -223,7 +226,6 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
     sd = np.sqrt(var + a * a * float(total_var))
     bounds = np.cumsum([0] + [w.n_cells(support.data.domain) for w, _ in fitted])
     return [sd[b:e] for b, e in zip(bounds[:-1], bounds[1:])]
-
 
 
 def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Workload, float]], total: float,
