@@ -146,6 +146,13 @@ def main(argv=None) -> int:
               f"  {'kind':<30}{'level':<8}{'cells':>8}{'truth inside':>15}{'mean se':>10}{'mean |error|':>14}"]
     for r in cov.itertuples(index=False):
         lines.append(f"  {r.kind:<30}{r.level:<8}{int(r.cells):>8}{r.inside:>15.3f}{r.mean_se:>10.2f}{r.mean_abs_error:>14.2f}")
+    per_level = cov.groupby("level")[["cells", "inside_n"]].sum()
+    lines += ["", "Every released interval of a level together (all kinds above):",
+              f"  {'level':<8}{'cells':>8}{'truth inside':>15}"]
+    for level in ("nation", "state", "puma"):
+        if level in per_level.index:
+            n, a = per_level.loc[level]
+            lines.append(f"  {level:<8}{int(n):>8}{a / n:>15.3f}")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
