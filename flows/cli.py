@@ -89,9 +89,11 @@ def cmd_query(args) -> int:
         if args.format == "table":
             unit = "persons" if args.level == "person" else "households"
             scope = ", ".join(f"{k}={v}" for k, v in where.items()) or "the whole release"
-            note = ("measured: the run's noisy measurement of this marginal at this node, with its 90 % interval"
-                    if "measured" in table.columns else "no measurement of exactly this marginal at this node: no error estimate")
-            text = f"{args.margin} over {int(table['count'].sum())} synthetic {unit} ({scope}); {note}\n" + text
+            notes = ["count_se, count_lower_90, count_upper_90: the released count's standard error and 90 % interval"
+                     if "count_se" in table.columns else "no interval for the released count (this marginal has no error estimate at this node)"]
+            if "measured" in table.columns:
+                notes.append("measured: the run's noisy measurement of this marginal at this node, with its 90 % interval")
+            text = f"{args.margin} over {int(table['count'].sum())} synthetic {unit} ({scope}); {'; '.join(notes)}\n" + text
         if args.out is None:
             sys.stdout.write(text)
         else:

@@ -39,8 +39,10 @@ from tasks.count_of_counts import (
 )
 from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, validation_record, write_validation
+from tasks.intervals import count_of_counts_intervals, intervals_table, marginal_intervals
+from tasks.intervals import manifest_entry as intervals_entry
 from tasks.measurements_table import manifest_entry as measurements_entry
-from tasks.measurements_table import store_measurements_table
+from tasks.measurements_table import measurements_table
 from tasks.publish import code_version, input_identity, library_versions, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
@@ -241,6 +243,7 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
                 puma_batch_task.submit(
                     ctx, jobs[i : i + PUMAS_PER_TASK], None if posteriors is None else posteriors[st],
                     [] if workload is None else workload["puma"], seed, supports[st] if supports else None,
+                    None if workload is None else workload["state"],
                 )
             )
     label = "batches of PUMAs (public-only baseline)" if posteriors is None else "batches of PUMA posteriors and samples"
@@ -248,14 +251,22 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
 
 
 @flow(name="publish")
-def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None, counts_path: str) -> str:
+def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None, counts_path: str, seed: int) -> str:
     logger = get_run_logger()
     cfg, paths = ctx.cfg, ctx.paths
     synth = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
     audit = AuditLog(paths.audit_path)
     sync_charges(audit, ctx.ledger)
     summary = ctx.ledger.summary()
-    measurements = store_measurements_table(ctx.store, synth.domain)
+    stored = ctx.store.all()
+    measurements = measurements_table(stored, synth.domain)
+    coc_released = release_histograms(coc_path, synth) if coc_path else None
+    state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
+    intervals = intervals_table(
+        *([] if coc_released is None else [count_of_counts_intervals(
+            *coc_released, stored, synth.domain, cfg.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
+        marginal_intervals(state_files + sorted(node_files), synth),
+    )
     manifest = {
         "release": cfg.name,
         "description": cfg.description,
@@ -280,6 +291,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             **cfg.count_of_counts.model_dump(), "table": "count_of_counts.parquet",
             "table_semantics": "household-size histograms of the released microdata per node (equal to it exactly; children sum to parents)"},
         "measurements": measurements_entry(measurements),
+        "intervals": intervals_entry(intervals),
         "stages": stages + ["publish"],
         "release_counts": {"households": synth.n_households, "persons": synth.n_persons},
         "validation": RELEASE_VALIDATION,
@@ -289,9 +301,10 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "post_processing_sampling": "numpy PCG64 seeded from the run's sampling seed (kept in the internal work directory)",
         },
     }
-    coc_table = coc_as_table(*release_histograms(coc_path, synth)) if coc_path else None
+    coc_table = coc_as_table(*coc_released) if coc_released else None
     gate = release_gate(cfg, paths, counts_path, synth.domain)
-    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements, audit=audit, gate=gate)
+    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
+                             intervals=intervals, audit=audit, gate=gate)
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
@@ -377,7 +390,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             supports = stage("hgem", hgem_stage, ctx, counts_path, address, seed, workload)
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
         node_files = stage("puma_synthesis", puma_stage, ctx, counts_path, workload, posteriors, seed, supports)
-        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path, counts_path)
+        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
         report = internal_qa(ctx, node_files, seed, coc_path)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir

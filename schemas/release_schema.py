@@ -45,6 +45,27 @@ MEASUREMENTS_COLUMNS = {
 MEASUREMENTS_SCHEMA = pa.schema(
     [pa.field(name, typ, metadata={"description": doc}) for name, (typ, doc) in MEASUREMENTS_COLUMNS.items()]
 )
+# intervals.parquet: an error estimate beside every released answer of the count-of-counts table
+# and of the measured marginals at their nodes (tasks/intervals.py, engine/uncertainty.py)
+INTERVALS_COLUMNS = {
+    "table": (pa.string(), "count_of_counts (a household-size histogram of count_of_counts.parquet) or marginal "
+                           "(a workload the synthesis measured at this node, answered by the released microdata)"),
+    "level": (pa.string(), "the geography level: nation, state or puma"),
+    "node": (pa.string(), "the geography node: nation, ST=xx or ST=xx/PUMA=xxxxx"),
+    "marginal": (pa.string(), "size_histogram, or the workload id (group:<group attrs>|<person attrs>, person:…|…;first=k)"),
+    "cell": (pa.int32(), "index of the cell (C order over the workload's attributes; size k at cell k-1)"),
+    "cell_codes": (pa.string(), "the cell as release codes, 'ATTR=code; ATTR=code' (NP=k for sizes)"),
+    "released": (pa.float64(), "the released answer: the cell's count in the released microdata"),
+    "se": (pa.float64(), "standard error of the released answer as an estimate of the confidential one"),
+    "bias": (pa.float64(), "estimated bias of the estimator (bootstrap mean minus released; 0 for the analytic form)"),
+    "lo90": (pa.float64(), "lower end of the 90 % interval: released - bias - 1.645 se, floored at 0"),
+    "hi90": (pa.float64(), "upper end of the 90 % interval: released - bias + 1.645 se"),
+    "method": (pa.string(), "parametric_bootstrap (count-of-counts estimator rerun on simulated measurements), "
+                            "laplace_map (Laplace approximation of the MAP update's posterior) or measurement_sd (IDE rule)"),
+}
+INTERVALS_SCHEMA = pa.schema(
+    [pa.field(name, typ, metadata={"description": doc}) for name, (typ, doc) in INTERVALS_COLUMNS.items()]
+)
 
 
 def household_schema(domain: Domain) -> pa.Schema:

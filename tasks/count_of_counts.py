@@ -82,9 +82,27 @@ def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple
         return h.aggregate_up(leaf), np.zeros(h.n_nodes)
     if not measured:
         raise PrivacyInvariantError("no household-count measurement and no invariant (the config check should have refused this)")
+    return fit_household_counts(h, measured)
+
+
+def fit_household_counts(h: Hierarchy, measured: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(G, sd) per node from noisy counts alone (``measured``: (values, variances) pairs, NaN
+    off their level): merged by inverse variance, then the nonnegative integer, consistent
+    least-squares fit. Post-processing only (also rerun by the count-of-counts bootstrap)."""
     noisy, var = inverse_variance_merge([v for v, _ in measured], [s for _, s in measured])
     G = consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
     return G, np.sqrt(np.where(np.isnan(var), np.inf, var))
+
+
+def fit_histograms(h: Hierarchy, at_least: dict[int, np.ndarray], G: np.ndarray, variances: list[float], K: int,
+                   consistency: str) -> np.ndarray:
+    """The consistent (N, K+1) count-of-counts histograms from the noisy households of size ≥ k
+    per level (``at_least``), their noise variance per level (``variances``: that of G's entry, which
+    bounds every at-least entry's) and the consistent household counts ``G``: Hc estimated per node
+    and made consistent top-down (post-processing only; also rerun by the bootstrap)."""
+    # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
+    hc = {lv: G[h.level_range(lv), None] - at_least[lv] for lv in at_least}
+    return run_hierarchy(h, hc, variances, K=K, method="hc", consistency=consistency, group_counts=G).histograms
 
 
 def _save(ctx: RunContext, name: str, h: Hierarchy, G: tuple[np.ndarray, np.ndarray],
@@ -122,10 +140,8 @@ def count_of_counts_task(ctx: RunContext) -> str:
         sd[ids] = ms[0].histogram_sd
         variances.append(ms[0].count_variance)  # every at-least entry's noise variance is at most G's
     G = household_counts(session, h, measured)
-    # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
-    hc = {lv: G[0][h.level_range(lv), None] - at_least[lv] for lv in at_least}
-    res = run_hierarchy(h, hc, variances, K=K, method="hc", consistency=ctx.cfg.count_of_counts.consistency, group_counts=G[0])
-    return _save(ctx, STAGE, h, G, (res.histograms, sd))
+    H = fit_histograms(h, at_least, G[0], variances, K, ctx.cfg.count_of_counts.consistency)
+    return _save(ctx, STAGE, h, G, (H, sd))
 
 
 @task(name="household-counts")

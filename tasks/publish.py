@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from engine.hierarchical_data import HierarchicalData
 from schemas.release_contract import validate_release_tables
-from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
+from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
 from tasks.audit import AuditLog
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +31,7 @@ LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "great
 ReleaseGate = Callable[[pa.Table, pa.Table, "pa.Table | None"], bytes]
 GATE_RESULT = "validation/gx_release.json"
 MEASUREMENTS = "measurements.parquet"
+INTERVALS = "intervals.parquet"
 
 
 def sha256_file(path: Path) -> str:
@@ -139,6 +140,7 @@ def write_release(
     manifest: dict,
     count_of_counts: pa.Table | None = None,
     measurements: pa.Table | None = None,
+    intervals: pa.Table | None = None,
     extra_files: dict[str, bytes] | None = None,
     audit: AuditLog | None = None,
     gate: ReleaseGate | None = None,
@@ -150,7 +152,8 @@ def write_release(
     gate), the tables are validated before anything is written and the gate's JSON result ships as
     ``validation/gx_release.json`` (hashed in the manifest like every output); a failing gate
     raises and nothing is published. ``measurements`` (every noisy measurement of the run,
-    ``tasks.measurements_table``) ships as ``measurements.parquet``. With ``audit``, the publish
+    ``tasks.measurements_table``) ships as ``measurements.parquet``, ``intervals`` (the error estimates
+    beside the released answers, ``tasks.intervals``) as ``intervals.parquet``. With ``audit``, the publish
     event (carrying the manifest's SHA-256) is appended and the chained log is shipped as ``audit.jsonl``. The caller
     holds the run lock, so leftovers of an earlier, killed publish of this release are removed.
     """
@@ -165,6 +168,7 @@ def write_release(
         households, persons = to_tables(data)
         coc = None if count_of_counts is None else count_of_counts.cast(COUNT_OF_COUNTS_SCHEMA)
         meas = None if measurements is None else measurements.cast(MEASUREMENTS_SCHEMA)
+        ivs = None if intervals is None else intervals.cast(INTERVALS_SCHEMA)
         gate_result = None if gate is None else gate(households, persons, coc)
         validate_release_tables(households, persons, data.domain)
         _write_dataset(households, tmp / "households")
@@ -174,6 +178,8 @@ def write_release(
             pq.write_table(coc, tmp / "count_of_counts.parquet")
         if meas is not None:
             pq.write_table(meas, tmp / MEASUREMENTS, compression="zstd")
+        if ivs is not None:
+            pq.write_table(ivs, tmp / INTERVALS, compression="zstd")
         if gate_result is not None:
             (tmp / GATE_RESULT).parent.mkdir(parents=True, exist_ok=True)
             (tmp / GATE_RESULT).write_bytes(gate_result)

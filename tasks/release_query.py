@@ -5,13 +5,28 @@ Reads only the release directory — the partitioned microdata, ``domain.json`` 
 microdata (persons, or households at group level), every cell of the domain in domain order
 (zeros included), with its share.
 
-Error estimate: where the run measured this very marginal at this very node (a group-level
-partition workload, or the household-size histogram), the table also gives that noisy
-measurement — an unbiased estimate of the confidential answer whose noise standard deviation is
-published — merged by inverse variance when several stages measured it, and its 90 % interval
-± 1.645 sd (Gaussian; the sd of a discrete Gaussian is at most its σ). Other marginals carry no
-error estimate yet: the synthetic answer's error also holds sampling and model error, which no
-published number bounds.
+Error estimates, two kinds:
+
+- ``count_se``, ``count_lower_90``, ``count_upper_90``: the error of the released answer (the
+  ``count`` column) as an estimate of the confidential one, read from the release's
+  ``intervals.parquet`` (``tasks.intervals``, ``engine.uncertainty``) where it holds this
+  marginal at this node: the household-size histogram (``--margin NP --level group``) at every
+  node (at a state or PUMA, whose sizes the synthesis fit, that fit's; at the nation the
+  parametric bootstrap of the count-of-counts estimator), and every workload the synthesis
+  measured at a state or PUMA node (Laplace approximation of the MAP update's posterior): a
+  group-level partition (``group:A,B|``) at ``--level group``, a person workload counting every
+  person (``person:A|B``, i.e. ``synthesis.person_first: 0``) at ``--level person``.
+- ``measured``, ``measured_sd``, ``measured_lower_90``, ``measured_upper_90``: where the run
+  measured this very marginal at this very node (a group-level partition workload, or the
+  household-size histogram), that noisy measurement — an unbiased estimate of the confidential
+  answer whose noise standard deviation is published — merged by inverse variance when several
+  stages measured it, and its 90 % interval ± 1.645 sd (Gaussian; the sd of a discrete Gaussian
+  is at most its σ).
+
+Other marginals (a sub-marginal of a measured one, a node where it was not measured, a filter
+on non-geography columns) carry no error estimate: the published standard errors are per cell,
+without the covariances a sum of cells would need, and the synthetic answer's error elsewhere
+also holds model error that no published number bounds. The command line says so.
 """
 
 from __future__ import annotations
@@ -128,12 +143,43 @@ def _measured(release: Path, margin: list[str], level: Level, node: str | None, 
     return pd.DataFrame({"measured": merged.wy / merged.w, "measured_sd": 1.0 / np.sqrt(merged.w)})
 
 
+def _released_intervals(release: Path, margin: list[str], level: Level, node: str | None, domain: Domain) -> pd.DataFrame | None:
+    """The error estimates of the released answer of exactly this marginal at this node from
+    ``intervals.parquet``, indexed by canonical cell key: ``count_se``, ``count_lower_90``,
+    ``count_upper_90`` (None when the release holds none)."""
+    path = release / "intervals.parquet"
+    if node is None or not path.exists():
+        return None
+    group_names = {g.name for g in domain.group}
+    g = [a for a in margin if a in group_names]
+    p = [a for a in margin if a not in group_names]
+    if level == "group":
+        ids = {f"group:{','.join(x)}|" for x in itertools.permutations(g)}
+        if margin == [domain.size_attribute]:
+            ids.add("size_histogram")
+    else:
+        ids = {f"person:{','.join(x)}|{','.join(y)}" for x in itertools.permutations(g) for y in itertools.permutations(p)}
+    t = pq.read_table(path, columns=["node", "marginal", "cell_codes", "se", "lo90", "hi90"],
+                      filters=[("node", "=", node)]).to_pandas()
+    t = t[t.marginal.isin(ids)]
+    if t.empty:
+        return None
+    # one source per cell: a state's or PUMA's size histogram is the synthesis fit's (group:NP|,
+    # Laplace), sharper than the count-of-counts bootstrap's (size_histogram), which the nation has
+    t = t[t.marginal == min(t.marginal.unique(), key=lambda m: (m == "size_histogram", m))]
+    key = t.cell_codes.map(lambda c: _cell_key(str(c).split("; ")))
+    return pd.DataFrame({"count_se": t.se.to_numpy(), "count_lower_90": t.lo90.to_numpy(), "count_upper_90": t.hi90.to_numpy()},
+                        index=pd.Index(key.to_numpy()))
+
+
 def query_release(release_dir: str | Path, margin: list[str], level: Level, where: dict[str, str] | None = None) -> pd.DataFrame:
     """The marginal ``margin`` of the release at ``level`` ("person": persons, with their
     household's attributes joined; "group": households) among the records matching ``where``
     ({column: code}, e.g. {"ST": "50", "PUMA": "00100"}). Columns: one code and one label column
     per attribute, ``count``, ``share``, and where the run measured this marginal at this node
-    ``measured``, ``measured_sd``, ``lower_90``, ``upper_90`` (module docstring)."""
+    ``measured``, ``measured_sd``, ``measured_lower_90``, ``measured_upper_90``, and where the
+    release holds an error estimate of this marginal at this node ``count_se``,
+    ``count_lower_90``, ``count_upper_90`` (module docstring)."""
     release = Path(release_dir)
     where = {str(k): str(v) for k, v in (where or {}).items()}
     if level not in ("person", "group"):
@@ -164,12 +210,16 @@ def query_release(release_dir: str | Path, margin: list[str], level: Level, wher
     out["count"] = out["count"].astype(np.int64)
     total = int(out["count"].sum())
     out["share"] = out["count"] / total if total else 0.0
-    measured = _measured(release, margin, level, node_of(where, geography), domain)
-    if measured is not None:
-        cell = _cell_keys(out, margin)
-        if cell.isin(measured.index).all():  # every cell measured (a K-capped size histogram may not be)
-            out["measured"] = measured.loc[cell, "measured"].to_numpy()
-            out["measured_sd"] = measured.loc[cell, "measured_sd"].to_numpy()
-            out["lower_90"] = out["measured"] - Z90 * out["measured_sd"]
-            out["upper_90"] = out["measured"] + Z90 * out["measured_sd"]
+    node = node_of(where, geography)
+    cell = _cell_keys(out, margin)
+    released = _released_intervals(release, margin, level, node, domain)
+    if released is not None and cell.isin(released.index).all():
+        for c in released.columns:
+            out[c] = released.loc[cell, c].to_numpy()
+    measured = _measured(release, margin, level, node, domain)
+    if measured is not None and cell.isin(measured.index).all():  # every cell measured (a K-capped size histogram may not be)
+        out["measured"] = measured.loc[cell, "measured"].to_numpy()
+        out["measured_sd"] = measured.loc[cell, "measured_sd"].to_numpy()
+        out["measured_lower_90"] = out["measured"] - Z90 * out["measured_sd"]
+        out["measured_upper_90"] = out["measured"] + Z90 * out["measured_sd"]
     return out

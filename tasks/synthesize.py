@@ -35,6 +35,7 @@ from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_select
 from engine.support import Support
 from engine.synthesis import size_measurement, synthesize_node
+from engine.uncertainty import fit_answer_sd, recording_measure
 from engine.workload_selection import select_workloads
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic, write_json_atomic
@@ -72,6 +73,19 @@ def size_extra(support: Support, size_estimate: SizeEstimate | None) -> list[Mea
     return [] if size_estimate is None else [size_measurement(support.data.domain, size_estimate[0], size_estimate[1])]
 
 
+def answer_sd(support: Support, res, workloads: list[Workload], sigmas: dict[str, float], s, total_sd: float,
+              size_estimate: SizeEstimate | None, queries: list[Workload] | None = None) -> dict:
+    """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads at a
+    fixed total), ``total_var`` (the variance of the fitted total) and ``response_sd`` (how much
+    the fit's noise moves the ``queries``: a PUMA's on its state's workloads), by
+    ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
+    ``intervals.parquet``."""
+    sd, total_var, response = fit_answer_sd(support, res.weights, res.total, workloads, sigmas, rule=s.update_rule,
+                                            prior_strength=s.prior_strength, total_sd=total_sd,
+                                            size_sd=None if size_estimate is None else size_estimate[1], queries=queries or [])
+    return {"answer_sd": sd, "total_var": total_var, "response_sd": response}
+
+
 @task(name="synthesize-state")
 def state_update_task(ctx: RunContext, state: int, households: int, workload_ids: list[str],
                       size_estimate: SizeEstimate | None = None, households_sd: float = 0.0) -> str:
@@ -85,15 +99,18 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         return str(out)
     support = cached_support(ctx.public_npz)
     s = ctx.cfg.synthesis
+    workloads = [Workload.from_id(w) for w in workload_ids]
+    measure, sigmas = recording_measure(session_measure(ctx.session(), "state_synthesis", "state", node))
     res = synthesize_node(
-        support, support.weights, [Workload.from_id(w) for w in workload_ids], ctx.allocation("state_synthesis", "state"),
-        session_measure(ctx.session(), "state_synthesis", "state", node), total=households,
+        support, support.weights, workloads, ctx.allocation("state_synthesis", "state"), measure, total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate), total_sd=households_sd,
         adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
-    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics})
+    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics,
+                                                 **answer_sd(support, res, workloads, sigmas, s, households_sd,
+                                                             size_estimate)})
     return str(out)
 
 
@@ -109,27 +126,31 @@ class PumaJob:
 
 
 def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, workload_ids: list[str], seed: int,
-                    support: Support) -> str:
+                    support: Support, state_workload_ids: list[str] | None = None) -> str:
     """One PUMA: posterior (or the public prior for the baseline, ``prior`` None), updated with
     the count-of-counts size estimate when given, then its household total of sampled households:
     the DP count estimated jointly with the posterior from the PUMA's own measurements when its
-    noise sd is given (``engine.synthesis``), else the count itself. Persisted; a rerun reuses it."""
+    noise sd is given (``engine.synthesis``), else the count itself. Persisted; a rerun reuses it.
+    ``state_workload_ids``: the state's workloads, on which the fit's response to its noise is kept
+    for the state's error estimates (``tasks.intervals``)."""
     node, key = job.node, node_key(job.node)
     out = ctx.paths.node_path("synthesis", key)
     if out.exists():
         return str(out)
     s = ctx.cfg.synthesis
     baseline = prior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
+    workloads = [] if baseline else [Workload.from_id(w) for w in workload_ids]
+    measure, sigmas = (None, {}) if baseline else recording_measure(session_measure(ctx.session(), "puma_synthesis", "puma", node))
     res = synthesize_node(
-        support, support.weights if prior is None else prior, [] if baseline else [Workload.from_id(w) for w in workload_ids],
-        Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
-        None if baseline else session_measure(ctx.session(), "puma_synthesis", "puma", node), total=job.n_households,
-        rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
+        support, support.weights if prior is None else prior, workloads, Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
+        measure, total=job.n_households, rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, job.size_estimate), total_sd=job.households_sd,
         adaptive=None if baseline else s.adaptive.plan("puma"),
         select=None if baseline else session_select(ctx.session(), "puma_synthesis", "puma", node), unit=ctx.cfg.privacy_unit,
     )
-    write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics})
+    write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics,
+                                                 **answer_sd(support, res, workloads, sigmas, s, job.households_sd,
+                                                             job.size_estimate, [Workload.from_id(w) for w in state_workload_ids or []])})
     synth = sample_households(support, res.weights, int(round(res.total)), node_rng(seed, node), geo=node,
                               order=household_order(support.data))
     save_npz_atomic(out, synth.to_npz)
@@ -138,7 +159,7 @@ def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, wor
 
 @task(name="synthesize-pumas")
 def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, workload_ids: list[str], seed: int,
-                    support_npz: str | None = None) -> list[str]:
+                    support_npz: str | None = None, state_workload_ids: list[str] | None = None) -> list[str]:
     """Several PUMAs of one state (:func:`synthesize_puma` each, persisted one by one, so a resumed
     batch redoes only the PUMAs it had not finished). Batches keep the orchestration's cost per
     task (scheduling, state reports) off the per-PUMA path: a PUMA's own work is a fraction of a
@@ -148,7 +169,7 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     if state_posterior is not None:
         with np.load(state_posterior) as z:
             prior = z["weights"]
-    return [synthesize_puma(ctx, job, prior, workload_ids, seed, support) for job in jobs]
+    return [synthesize_puma(ctx, job, prior, workload_ids, seed, support, state_workload_ids) for job in jobs]
 
 
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:

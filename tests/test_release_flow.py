@@ -111,6 +111,18 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
         assert np.array_equal(rows.noisy_value.to_numpy(), m.noisy_answer.astype(np.float64)), key
         assert (rows.stage == m.stage).all() and (rows.node == m.node).all() and (rows.rho == str(m.rho)).all()
     assert meas.cell_labels.notna().all()
+    # intervals.parquet: hashed; an error estimate beside every count-of-counts cell and every
+    # measured workload's cells at its node; dprelease query shows it
+    assert manifest["outputs"]["intervals.parquet"] == sha256_file(rel / "intervals.parquet")
+    iv = pq.read_table(rel / "intervals.parquet").to_pandas()
+    assert manifest["intervals"]["rows"] == len(iv) and (iv.se >= 0).all() and (iv.lo90 <= iv.hi90).all()
+    coc_iv = iv[iv.table == "count_of_counts"].set_index(["node", "cell"]).released
+    assert coc_iv.to_dict() == {(n, s - 1): float(v) for n, s, v in zip(coc.node, coc["size"], coc.households)}
+    marg = iv[iv.table == "marginal"]
+    assert set(marg.marginal[marg.level == "puma"]) >= set(manifest["workload"]["puma"])
+    assert set(marg.marginal[marg.level == "state"]) == set(manifest["workload"]["state"])
+    assert main(["query", str(rel), "--margin", "NP", "--level", "group", "--where", "ST=50"]) == 0
+    assert "count_lower_90" in capsys.readouterr().out
     assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
     assert json.loads((work / "validation.json").read_text())["success"] is True
     # no confidential identifier or record reaches the release or a Prefect artifact

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.cli import main
-from schemas.release_schema import to_tables
+from schemas.release_schema import INTERVALS_SCHEMA, to_tables
 from tasks.publish import _write_dataset
 from tasks.release_query import Z90, QueryError, node_of, query_release
 from tests.engine._support_testdata import random_data, small_domain
@@ -37,6 +37,17 @@ def release(tmp_path_factory):
             rows.append({"workload_id": "group:R18,TEN|", "node": "ST=50", "cell_codes": f"R18={r}; TEN={t}",
                          "noisy_value": float(10 * i + (1 if stage == "state_synthesis" else -1)), "noise_sd": sd, "stage": stage})
     pq.write_table(pa.Table.from_pylist(rows), d / "measurements.parquet")
+    iv = []  # error estimates of the released answers: TEN,R18 at ST=50 (a marginal), the sizes at PUMA 00100
+    for i, (r, t) in enumerate(itertools.product(range(2), range(3))):
+        iv.append({"table": "marginal", "level": "state", "node": "ST=50", "marginal": "group:R18,TEN|", "cell": i,
+                   "cell_codes": f"R18={r}; TEN={t}", "released": 0.0, "se": 1.0 + i, "bias": 0.0, "lo90": 100.0 + i,
+                   "hi90": 200.0 + i, "method": "laplace_map"})
+    for source, se in (("size_histogram", 5.0), ("group:NP|", 2.0)):
+        for k in range(1, DOMAIN.max_size + 1):
+            iv.append({"table": "count_of_counts" if source == "size_histogram" else "marginal", "level": "puma",
+                       "node": "ST=50/PUMA=00100", "marginal": source, "cell": k - 1, "cell_codes": f"NP={k}", "released": 0.0,
+                       "se": se, "bias": 0.0, "lo90": 10.0 * k, "hi90": 10.0 * k + se, "method": "x"})
+    pq.write_table(pa.Table.from_pylist(iv, schema=INTERVALS_SCHEMA), d / "intervals.parquet")
     return d, data
 
 
@@ -80,9 +91,23 @@ def test_the_measured_marginal_is_attached_merged_by_inverse_variance(release):
         i = int(r["R18"]) * 3 + int(r["TEN"])  # the stored cell order (R18 slowest)
         expected = (w @ [10 * i + 1, 10 * i - 1]) / w.sum()
         assert r["measured"] == pytest.approx(expected) and r["measured_sd"] == pytest.approx(1 / np.sqrt(w.sum()))
-        assert r["upper_90"] - r["measured"] == pytest.approx(Z90 * r["measured_sd"])
+        assert r["measured_upper_90"] - r["measured"] == pytest.approx(Z90 * r["measured_sd"])
     assert "measured" not in query_release(d, ["TEN", "R18"], "group", {"ST": "50", "PUMA": "00100"}).columns  # other node
     assert "measured" not in query_release(d, ["TEN"], "group", {"ST": "50"}).columns  # other marginal
+
+
+def test_the_released_count_gets_its_interval_from_the_release(release):
+    d, _ = release
+    t = query_release(d, ["TEN", "R18"], "group", {"ST": "50"})  # margin order differs from the stored workload's
+    for _, r in t.iterrows():
+        i = int(r["R18"]) * 3 + int(r["TEN"])
+        assert (r["count_se"], r["count_lower_90"], r["count_upper_90"]) == (1.0 + i, 100.0 + i, 200.0 + i)
+    sizes = query_release(d, ["NP"], "group", {"ST": "50", "PUMA": "00100"})
+    assert sizes.count_se.tolist() == [2.0] * 4  # the synthesis fit's (group:NP|) before the bootstrap's
+    assert sizes.count_lower_90.tolist() == [10.0 * k for k in range(1, 5)]
+    for margin, where in ((["TEN", "R18"], {"ST": "50", "PUMA": "00100"}), (["TEN"], {"ST": "50"}), (["NP"], {"ST": "50"}),
+                          (["NP"], {"TEN": "1"})):
+        assert "count_se" not in query_release(d, margin, "group", where).columns  # no estimate of exactly that there
 
 
 def test_node_keys_and_refusals(release):
@@ -103,7 +128,10 @@ def test_the_command_line(release, tmp_path, capsys):
     d, data = release
     assert main(["query", str(d), "--margin", "TEN,R18", "--level", "group", "--where", "ST=50"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"TEN,R18 over {data.n_households} synthetic households (ST=50); measured") and "lower_90" in out
+    assert out.startswith(f"TEN,R18 over {data.n_households} synthetic households (ST=50); count_se") and "measured_lower_90" in out
+    assert "count_lower_90" in out and "the released count's standard error and 90 % interval" in out
+    assert main(["query", str(d), "--margin", "TEN", "--level", "group", "--where", "ST=50"]) == 0
+    assert "no interval for the released count" in capsys.readouterr().out
     assert main(["query", str(d), "--margin", "SEX", "--level", "person", "--format", "csv"]) == 0
     csv = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out))
     assert list(csv.columns) == ["SEX", "SEX_label", "count", "share"] and csv["count"].sum() == data.n_persons

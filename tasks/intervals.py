@@ -1,0 +1,173 @@
+"""The release's ``intervals.parquet``: an error estimate beside every released answer of the
+count-of-counts table and of every marginal the synthesis measured at a node.
+
+Everything here is post-processing of what the release is a function of — the released
+microdata, the noise of the stored measurements (mechanism and scale, as published in
+``measurements.parquet``), the synthesis fits' posteriors (functions of the noisy measurements)
+and the sampling seed — never of the confidential data. The mathematics is
+:mod:`engine.uncertainty`:
+
+- ``table = count_of_counts``: every cell of ``count_of_counts.parquet`` (every node, sizes
+  1..K), by a parametric bootstrap of the count-of-counts stage's own estimator
+  (``tasks.count_of_counts.fit_household_counts`` and ``fit_histograms``), simulated from the
+  released histograms with the stored noise, :data:`engine.uncertainty.BOOTSTRAP_REPLICATES`
+  replicates seeded from the sampling seed;
+- ``table = marginal``: every cell of every workload measured by the state and PUMA updates, at
+  its node, answered by the released microdata; sd by the Laplace approximation of the MAP
+  update's posterior, computed by the synthesis task after its fit (``answer_sd`` in the node's
+  diagnostics, :func:`engine.uncertainty.fit_answer_sd`).
+
+Rows are sorted by table, node, marginal and cell: a replay writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from engine.count_of_counts.geography import geography_hierarchy
+from engine.domain import Domain
+from engine.geography import LEVELS, parse_node_key
+from engine.hierarchical_data import HierarchicalData
+from engine.privacy.measurements import MeasurementRecord as Measurement
+from engine.queries import Workload, answer
+from engine.uncertainty import (
+    BOOTSTRAP_REPLICATES,
+    CountNoise,
+    Intervals,
+    SizeNoise,
+    combine_total,
+    count_of_counts_bootstrap,
+    intervals,
+)
+from schemas.release_schema import INTERVALS_SCHEMA
+from tasks.count_of_counts import COUNTS_STAGE, STAGE, fit_histograms, fit_household_counts
+from tasks.measurements_table import cell_labels
+
+__all__ = ["TABLE", "count_of_counts_intervals", "intervals_table", "manifest_entry", "marginal_intervals", "uncertainty_rng"]
+
+TABLE = "intervals.parquet"
+SPAWN_KEY = (0x75, 0x6E, 0x63)  # "unc": a stream of the sampling seed no node's (1 or 2 entries) can share
+
+
+def uncertainty_rng(seed: int) -> np.random.Generator:
+    """The bootstrap's randomness: post-processing, reproducible from the sampling seed."""
+    return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=SPAWN_KEY))
+
+
+def _rows(table: str, level: str, node: str, marginal: str, codes: pa.Array, released, iv: Intervals, method: str) -> pa.Table:
+    n = len(codes)
+    return pa.table({
+        "table": pa.array([table] * n, pa.string()), "level": pa.array([level] * n, pa.string()),
+        "node": pa.array([node] * n, pa.string()), "marginal": pa.array([marginal] * n, pa.string()),
+        "cell": pa.array(np.arange(n, dtype=np.int32)), "cell_codes": codes,
+        "released": pa.array(np.asarray(released, dtype=np.float64)), "se": pa.array(iv.se), "bias": pa.array(iv.bias),
+        "lo90": pa.array(iv.lo90), "hi90": pa.array(iv.hi90), "method": pa.array([method] * n, pa.string()),
+    }, schema=INTERVALS_SCHEMA)
+
+
+def count_of_counts_intervals(keys: list[str], level: np.ndarray, released: np.ndarray, measurements: Iterable[Measurement],
+                              domain: Domain, consistency: str, exact_counts: bool, seed: int,
+                              replicates: int = BOOTSTRAP_REPLICATES) -> pa.Table:
+    """Rows for the count-of-counts table: ``keys``, ``level``, ``released`` as
+    ``tasks.count_of_counts.release_histograms`` gives them ((N, K+1), the released microdata's
+    sizes); ``measurements``: the run's stored measurements, of which only the noise of the size
+    and household-count measurements is used; ``exact_counts``: the ``puma_household_counts``
+    invariant (G then taken as released)."""
+    leaves = np.array([parse_node_key(k) for k, lv in zip(keys, level) if lv == 2], dtype=np.int64).reshape(-1, 2)
+    h = geography_hierarchy(leaves)
+    order = np.array([h.index[k] for k in keys], dtype=np.int64)
+    H = np.zeros((h.n_nodes, released.shape[1] - 1), dtype=np.int64)
+    H[order] = released[:, 1:]
+    K = H.shape[1]
+    sizes: dict[int, SizeNoise] = {}
+    counts: dict[int, CountNoise] = {}
+    for m in measurements:
+        if m.stage == STAGE and m.workload_id.startswith("size_"):
+            sizes.setdefault(LEVELS.index(m.level), SizeNoise(m.workload_id.removeprefix("size_"), m.mechanism, float(m.scale), m.variance))
+        elif m.stage == COUNTS_STAGE and m.workload_id == "households":
+            counts.setdefault(LEVELS.index(m.level), CountNoise(m.mechanism, float(m.scale), m.variance))
+    if set(sizes) != set(range(h.n_levels)):
+        raise ValueError("the count-of-counts bootstrap needs the size measurement of every level")
+    # the noise variance the task passes per level (NoisySizes.count_variance: that of G's entry)
+    variances = [sizes[lv].variance * (K if sizes[lv].form == "histogram" else 1) for lv in range(h.n_levels)]
+    G_released = H.sum(axis=1)
+
+    def estimator(at_least, measured):
+        G = G_released if exact_counts else fit_household_counts(h, measured)[0]
+        return fit_histograms(h, at_least, G, variances, K, consistency)[:, 1:]
+
+    iv = count_of_counts_bootstrap(h, H, sizes, counts, estimator, uncertainty_rng(seed), replicates)
+    codes, _ = cell_labels("size_histogram", K, domain)
+    parts = [_rows("count_of_counts", LEVELS[h.level[i]], str(h.keys[i]), "size_histogram", codes, H[i],
+                   Intervals(iv.se[i], iv.bias[i], iv.lo90[i], iv.hi90[i]), "parametric_bootstrap") for i in range(h.n_nodes)]
+    return pa.concat_tables(parts)
+
+
+def _node_data(release: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
+    mask = np.all(release.geo[:, : len(node)] == np.asarray(node), axis=1)
+    return release.select(mask)
+
+
+def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalData, method: str = "laplace_map") -> pa.Table:
+    """Rows for the measured marginals: per synthesis node result (its ``.json`` with
+    ``answer_sd`` and ``total_var``; results of older runs without them are skipped), every
+    measured workload's cells answered by the released microdata of that node, ± Z90 sd. The sd
+    combines the fit's at a fixed total with the released total's variance
+    (:func:`engine.uncertainty.combine_total`): a PUMA's own fitted total; for a state, whose
+    released answer is the sum of its PUMAs', the sum of its PUMAs' total variances (they were
+    fitted independently), not the state fit's, and the state fit's sd is widened by the sum of
+    its PUMA fits' responses to their own noise on the state's workloads (``response_sd``,
+    :func:`engine.uncertainty.response_count_sd`). A state's size histogram is left to the
+    count-of-counts rows: the sum of its PUMAs' fitted sizes follows the PUMAs' count-of-counts
+    histograms, i.e. the state's count-of-counts estimate, more than the state fit."""
+    records = [json.loads(Path(f).with_suffix(".json").read_text()) for f in node_files]
+    total_var = {parse_node_key(r["node"]): float(r.get("total_var", 0.0)) for r in records}
+    response: dict[tuple[int, str], np.ndarray] = {}  # (state, workload id): Σ over its PUMAs of the response variance
+    for r in records:
+        node = parse_node_key(r["node"])
+        for wid, sd in (r.get("response_sd") or {}).items():
+            response[(node[0], wid)] = response.get((node[0], wid), 0.0) + np.asarray(sd) ** 2
+    size_id = Workload("group", (release.domain.size_attribute,), ()).id
+    parts = []
+    for record in records:
+        if not record.get("answer_sd"):
+            continue
+        node = parse_node_key(record["node"])
+        data = _node_data(release, node)
+        level = "state" if len(node) == 1 else "puma"
+        var_G = total_var[node] if level == "puma" else sum(v for n, v in total_var.items() if len(n) == 2 and n[0] == node[0])
+        for wid, sd in sorted(record["answer_sd"].items()):
+            if level == "state" and wid == size_id:
+                continue  # a state's released sizes are its PUMAs' sum, which tracks the count-of-counts estimate
+            w = Workload.from_id(wid)
+            released = np.asarray(answer(data, w), dtype=np.float64).reshape(-1)
+            codes, _ = cell_labels(wid, released.size, release.domain)
+            fit_sd = np.asarray(sd)
+            if level == "state" and (node[0], wid) in response:
+                fit_sd = np.sqrt(fit_sd**2 + response[(node[0], wid)])
+            se = combine_total(released, data.n_households, fit_sd, var_G)
+            parts.append(_rows("marginal", level, record["node"], wid, codes, released, intervals(released, se), method))
+    return pa.concat_tables(parts) if parts else INTERVALS_SCHEMA.empty_table()
+
+
+def intervals_table(*parts: pa.Table) -> pa.Table:
+    """The parts in one table, sorted by table, node, marginal and cell."""
+    t = pa.concat_tables([p.cast(INTERVALS_SCHEMA) for p in parts]) if parts else INTERVALS_SCHEMA.empty_table()
+    return t.sort_by([("table", "ascending"), ("node", "ascending"), ("marginal", "ascending"), ("cell", "ascending")])
+
+
+def manifest_entry(table: pa.Table) -> dict:
+    return {
+        "table": TABLE,
+        "rows": table.num_rows,
+        "replicates": BOOTSTRAP_REPLICATES,
+        "table_semantics": "an error estimate beside every released answer of count_of_counts.parquet (parametric bootstrap "
+                           "of the count-of-counts estimator from the stored noise, seeded from the sampling seed) and of every "
+                           "workload measured by the synthesis at its node (Laplace approximation of the MAP update's posterior): "
+                           "released value, se, bias, 90 % interval; post-processing of the noisy measurements only",
+    }

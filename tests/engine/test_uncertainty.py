@@ -1,0 +1,239 @@
+"""Error estimates (engine.uncertainty): the noise simulator against the mechanisms' variances,
+the parametric bootstrap against an analytic linear case and by coverage on simulated data with
+the pipeline's own count-of-counts estimator, and the Laplace approximation of the MAP
+posterior against a brute-force Hessian of the MAP objective."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+from scipy.linalg import null_space
+
+from engine.count_of_counts.geography import geography_hierarchy
+from engine.map_update import map_update
+from engine.measurement import Measurement as Noisy
+from engine.privacy.measurements import MeasurementRecord as Measurement
+from engine.queries import Workload, answer
+from engine.support import Support
+from engine.uncertainty import (
+    Z90,
+    CountNoise,
+    SizeNoise,
+    bootstrap_summary,
+    combine_total,
+    count_of_counts_bootstrap,
+    fit_answer_sd,
+    intervals,
+    posterior_count_sd,
+    response_count_sd,
+    simulate_at_least,
+    simulate_noise,
+)
+from tasks.count_of_counts import fit_histograms, fit_household_counts
+from tests.engine._support_testdata import random_data, small_domain
+
+LEAVES = np.array([[10, 100], [10, 200], [20, 100], [20, 200], [20, 300]])
+
+
+def _variance(mechanism: str, scale: float) -> float:
+    m = Measurement("k", "w", "s", "puma", "n", np.zeros(1), mechanism, scale, 1.0, 0, None, "", 0.0)  # type: ignore[arg-type]
+    return m.variance
+
+
+@pytest.mark.parametrize(("mechanism", "scale"), [("discrete_laplace", 3.0), ("discrete_gaussian", 5.0)])
+def test_simulated_noise_has_the_mechanisms_variance(mechanism, scale):
+    x = simulate_noise(np.random.default_rng(0), mechanism, scale, 200_000)
+    expected = _variance(mechanism, scale) + (1 / 12 if mechanism == "discrete_gaussian" else 0.0)  # rounding
+    assert np.all(x == np.rint(x)) and abs(x.mean()) < 0.05
+    assert x.var() == pytest.approx(expected, rel=0.02)
+    with pytest.raises(ValueError, match="no additive noise"):
+        simulate_noise(np.random.default_rng(0), "exponential_mechanism", 1.0, 3)
+
+
+def test_intervals_and_bootstrap_summary():
+    iv = intervals([10.0, 1.0], [2.0, 2.0], bias=[1.0, 0.0])
+    assert iv.lo90 == pytest.approx([9 - Z90 * 2, 0.0]) and iv.hi90 == pytest.approx([9 + Z90 * 2, 1 + Z90 * 2])
+    reps = np.array([[1.0, 4.0], [3.0, 4.0], [5.0, 4.0]])
+    s = bootstrap_summary([2.0, 4.0], reps)
+    assert s.se == pytest.approx([2.0, 0.0]) and s.bias == pytest.approx([1.0, 0.0])
+    with pytest.raises(ValueError, match="two replicates"):
+        bootstrap_summary([1.0], [[1.0]])
+
+
+def _released(h, seed=0, scale=60):
+    """Exact (N, K) size histograms of a small hierarchy: households of size 1..4 per PUMA."""
+    rng = np.random.default_rng(seed)
+    leaf = rng.poisson(scale * np.array([3.0, 4.0, 2.0, 1.0]), size=(len(LEAVES), 4))
+    H = np.zeros((h.n_nodes, 4), dtype=np.int64)
+    H[h.leaves()] = leaf
+    return h.aggregate_up(H)
+
+
+def test_bootstrap_of_a_linear_estimator_matches_its_analytic_standard_error():
+    """Estimator: the leaves' noisy histograms (differences of the at-least counts) summed up the
+    hierarchy. Its standard error is σ√(leaves below the node), its bias 0."""
+    h = geography_hierarchy(LEAVES)
+    H = _released(h)
+    sigma = 4.0
+
+    def linear(at_least, measured):
+        leaf = at_least[2] - np.append(at_least[2][:, 1:], np.zeros((len(LEAVES), 1)), axis=1)
+        full = np.zeros(H.shape)
+        full[h.leaves()] = leaf
+        return h.aggregate_up(full)
+
+    sizes = {lv: SizeNoise("histogram", "discrete_gaussian", sigma, sigma**2) for lv in range(3)}
+    iv = count_of_counts_bootstrap(h, H, sizes, {}, linear, np.random.default_rng(1), replicates=800)
+    n_leaves = h.aggregate_up(h.is_leaf().astype(np.int64))
+    analytic = np.sqrt(sigma**2 + 1 / 12) * np.sqrt(n_leaves)[:, None] * np.ones(H.shape)
+    assert iv.se == pytest.approx(analytic, rel=0.12)
+    assert np.all(np.abs(iv.bias) < 4 * analytic / np.sqrt(800))
+    # the interval is centred on the released value minus the bias
+    assert (iv.lo90 + iv.hi90) / 2 == pytest.approx(np.maximum(H - iv.bias - Z90 * iv.se, 0) / 2 + (H - iv.bias + Z90 * iv.se) / 2)
+
+
+def _pipeline_estimator(h, sizes, K=4, consistency="weighted"):
+    """The count-of-counts task's post-processing (tasks.count_of_counts) as the bootstrap calls it."""
+    variances = [sizes[lv].variance * K for lv in range(3)]  # histogram form: G's entry sums K entries
+    return lambda at_least, measured: fit_histograms(h, at_least, fit_household_counts(h, measured)[0], variances, K, consistency)[:, 1:]
+
+
+def test_bootstrap_intervals_of_the_count_of_counts_estimator_cover_the_truth():
+    """Known truth, noise of known σ: the pipeline's estimator on one noisy draw is the 'release';
+    the bootstrap from it (noise parameters only) must cover the truth about 90 % of the time."""
+    h = geography_hierarchy(LEAVES)
+    truth = _released(h, seed=5)
+    sigma = 6.0
+    sizes = {lv: SizeNoise("histogram", "discrete_gaussian", sigma, sigma**2) for lv in range(3)}
+    counts = {2: CountNoise("discrete_gaussian", 3.0, 9.0)}
+    estimator = _pipeline_estimator(h, sizes)
+    rng = np.random.default_rng(11)
+    inside, n = 0, 0
+    for _ in range(16):
+        # one run: the measurements drawn from the truth, the estimator's output released
+        measured, at_least = [], {}
+        ids = h.level_range(2)
+        vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
+        vals[ids], var[ids] = truth.sum(axis=1)[ids] + simulate_noise(rng, "discrete_gaussian", 3.0, ids.size), 9.0
+        measured.append((vals, var))
+        for lv in range(3):
+            ids = h.level_range(lv)
+            at_least[lv], cv = simulate_at_least(rng, truth[ids], sizes[lv])
+            vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
+            vals[ids], var[ids] = at_least[lv][:, 0], cv
+            measured.append((vals, var))
+        released = estimator(at_least, measured)
+        iv = count_of_counts_bootstrap(h, released, sizes, counts, estimator, rng, replicates=40)
+        inside += int(((iv.lo90 <= truth) & (truth <= iv.hi90)).sum())
+        n += truth.size
+    print(f'coverage {inside / n:.3f} of {n} cells')
+    assert 0.82 <= inside / n <= 0.98, inside / n
+
+
+def test_the_bootstrap_takes_no_confidential_input():
+    """Its inputs are the released histograms, the published noise parameters, the estimator and
+    a seed; the same inputs give the same intervals."""
+    params = set(inspect.signature(count_of_counts_bootstrap).parameters)
+    assert params == {"hierarchy", "released", "sizes", "counts", "estimator", "rng", "replicates"}
+    h = geography_hierarchy(LEAVES)
+    H = _released(h)
+    sizes = {lv: SizeNoise("at_least", "discrete_laplace", 2.0, _variance("discrete_laplace", 2.0)) for lv in range(3)}
+    est = _pipeline_estimator(h, sizes)
+    a = count_of_counts_bootstrap(h, H, sizes, {}, est, np.random.default_rng(3), replicates=5)
+    b = count_of_counts_bootstrap(h, H, sizes, {}, est, np.random.default_rng(3), replicates=5)
+    assert np.array_equal(a.se, b.se) and np.array_equal(a.lo90, b.lo90)
+
+
+# -- Laplace approximation of the MAP posterior -------------------------------------------------
+DOMAIN = small_domain(M=3)
+WORKLOADS = [Workload("group", ("NP",), ()), Workload("group", ("TEN", "R18"), ()), Workload("person", (), ("SEX",))]
+
+
+def _fit(alpha_rel=0.3, sigma=4.0, seed=0):
+    public = random_data(DOMAIN, 15, seed=41)
+    private = random_data(DOMAIN, 80, seed=42 + seed)
+    support = Support.from_data(public)
+    G = float(private.n_households)
+    rng = np.random.default_rng(seed)
+    ms = [Noisy(w, answer(private, w) + rng.normal(0, sigma, w.n_cells(DOMAIN)), sigma) for w in WORKLOADS]
+    q, _ = map_update(support, support.weights, ms, G, prior_strength=alpha_rel * G)
+    return support, q, G, alpha_rel * G, sigma
+
+
+def test_laplace_sd_equals_the_inverse_hessian_of_the_map_objective():
+    """Brute force: the Hessian of α KL(q‖p) + Σ ‖G A q − ỹ‖²/(2σ²) on the simplex's tangent
+    space, inverted; the fitted counts' covariance G² A H⁻¹ Aᵀ."""
+    support, q, G, alpha, sigma = _fit()
+    A = np.vstack([support.incidence(w).toarray() for w in WORKLOADS])
+    live = q > 1e-12
+    A, qq = A[:, live], q[live]
+    H = alpha * np.diag(1 / qq) + G * G * A.T @ A / sigma**2
+    U = null_space(np.ones((1, qq.size)))  # the simplex's tangent directions
+    cov_q = U @ np.linalg.inv(U.T @ H @ U) @ U.T
+    brute = np.sqrt(np.diag(G * G * A @ cov_q @ A.T))
+    sd = np.concatenate(posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS], G, alpha))
+    assert sd == pytest.approx(brute, rel=1e-5, abs=1e-6)
+
+
+def test_laplace_sd_limits():
+    """A prior of no weight leaves the measurement's σ on a partition's cells (the fit matches the
+    noisy answers) less the total's direction (at a fixed total the n cells sum to G: σ²(1 − 1/n));
+    a dominating prior leaves almost no posterior spread."""
+    support, q, G, _, sigma = _fit()
+    fitted = [(WORKLOADS[0], sigma)]
+    weak = posterior_count_sd(support, q, fitted, G, 1e-6)[0]
+    strong = posterior_count_sd(support, q, fitted, G, 1e9)[0]
+    assert weak == pytest.approx(np.full(3, sigma * np.sqrt(1 - 1 / 3)), rel=1e-3)
+    assert np.all(strong < 0.01 * sigma)
+    assert posterior_count_sd(support, q, fitted, G, 1.0, rule="ide")[0] == pytest.approx(np.full(3, sigma))
+    with_total = posterior_count_sd(support, q, fitted, G, 1e-6, total_var=sigma**2 * 3)[0]  # the sum's own variance, 3σ²
+    assert np.sum(with_total**2) > np.sum(weak**2)
+
+
+def test_fit_answer_sd_and_the_total():
+    support, q, G, _, sigma = _fit()
+    sigmas = {w.id: sigma for w in WORKLOADS}
+    sd, total_var, response = fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3, total_sd=5.0,
+                                            size_sd=7.0, queries=[Workload("group", ("R18",), ())])
+    assert set(response) == {"group:R18|"} and len(response["group:R18|"]) == 2
+    assert set(sd) == {w.id for w in WORKLOADS}  # the size marginal's id is group:NP|, also measured here
+    direct = posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS] + [(WORKLOADS[0], 7.0)], G, 0.3 * G)
+    assert sd[WORKLOADS[1].id] == pytest.approx(direct[1])
+    assert 0 < total_var < 25.0  # the workloads add information to the count's own
+    assert fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3)[1] == 0.0  # total given
+    assert fit_answer_sd(support, q, G, WORKLOADS, {}, rule="map", prior_strength=0.3) == ({}, 0.0, {})
+    assert combine_total(np.array([50.0, 0.0]), 100.0, np.array([3.0, 1.0]), 16.0) == pytest.approx([np.sqrt(9 + 4), 1.0])
+
+
+def test_response_sd_equals_the_finite_difference_jacobian_of_the_map_fit():
+    """How much the fit's noise moves other workloads' counts: the sandwich of
+    :func:`response_count_sd` against the MAP fit's Jacobian in the noisy answers, by finite
+    differences of ``map_update`` itself."""
+    public = random_data(DOMAIN, 15, seed=41)
+    private = random_data(DOMAIN, 80, seed=42)
+    support = Support.from_data(public)
+    G, sigma, alpha = float(private.n_households), 4.0, 0.3 * private.n_households
+    fitted = WORKLOADS[:2]
+    queries = [Workload("group", ("TEN",), ()), Workload("person", (), ("AGE",))]
+    y = [answer(private, w).astype(float) for w in fitted]
+
+    def fit(ys):
+        q, _ = map_update(support, support.weights, [Noisy(w, v, sigma) for w, v in zip(fitted, ys)], G,
+                          prior_strength=alpha, tol=1e-14)
+        return G * np.concatenate([support.answer(w, q) for w in queries])
+
+    q0 = fit(y)
+    q, _ = map_update(support, support.weights, [Noisy(w, v, sigma) for w, v in zip(fitted, y)], G,
+                      prior_strength=alpha, tol=1e-14)
+    jac, h = [], 1e-3
+    for i, v in enumerate(y):
+        for c in range(v.size):
+            ys = [u.copy() for u in y]
+            ys[i][c] += h
+            jac.append((fit(ys) - q0) / h)
+    brute = sigma * np.sqrt(np.sum(np.array(jac) ** 2, axis=0))
+    got = np.concatenate(response_count_sd(support, q, [(w, sigma) for w in fitted], G, alpha, queries))
+    assert got == pytest.approx(brute, rel=2e-2, abs=1e-3)
+    assert [a.size for a in response_count_sd(support, q, [], G, alpha, queries)] == [3, 4]
