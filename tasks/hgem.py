@@ -41,12 +41,12 @@ from prefect import task
 from engine.domain import Domain
 from engine.geography import node_key
 from engine.hgem.mixture import default_device
-from engine.hgem.sampling import AnyPerson, HouseholdStructure
+from engine.hgem.sampling import HouseholdStructure
 from engine.hgem.state import run_state, session_oracles
 from engine.queries import Workload
 from schemas.domain_spec import load_domain_spec
+from schemas.household_structure import household_structure as structure_of
 from schemas.release_config import ReleaseConfig
-from schemas.release_expectations import householder_of
 from tasks.context import RunContext
 from tasks.run_context import RunPaths, save_npz_atomic, write_json_atomic
 
@@ -64,22 +64,10 @@ def _logger():
 
 
 def household_structure(cfg: ReleaseConfig, domain: Domain) -> HouseholdStructure:
-    """The household rules of the release's domain spec, restricted to the attributes ``domain``
-    keeps: the householder marker the release gate checks (``householder_of``), whether one-person
-    group-quarters households exist (``household_rules.group_quarters``), and the ``derive:
-    householder`` / ``any_person`` household attributes whose person attribute is kept."""
-    spec = load_domain_spec(cfg.domain_path())
-    groups, persons = {a.name for a in domain.group}, {a.name for a in domain.person}
-    head = householder_of(spec, domain)
-    kept = {n: h for n, h in spec.household_attributes.items() if n in groups and h.attribute in persons}
-    return HouseholdStructure(
-        relationship=head.attribute if head else None,
-        householder=head.code if head else None,
-        group_quarters=head.group_quarters if head else (),
-        group_quarters_households=cfg.household_rules.group_quarters == "single_person_households",
-        householder_attributes=tuple((n, str(h.attribute)) for n, h in kept.items() if h.derive == "householder"),
-        any_person=tuple(AnyPerson(n, str(h.attribute), tuple(h.values or ())) for n, h in kept.items() if h.derive == "any_person"),
-    )
+    """The release's household structure (:func:`schemas.household_structure.household_structure`
+    of the config's domain spec and ``household_rules.group_quarters``) on ``domain``."""
+    return structure_of(load_domain_spec(cfg.domain_path()), domain,
+                        group_quarters_households=cfg.household_rules.group_quarters == "single_person_households")
 
 
 @task(name="hgem-state")

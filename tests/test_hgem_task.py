@@ -125,6 +125,16 @@ def test_household_structure_of_the_domain_spec(inputs):
     assert dict(s.householder_attributes) == {"HHLDR_AGEP_BAND": "AGEP_BAND", "HHLDR_SEX": "SEX",
                                               "HHLDR_RAC1P_GROUP": "RAC1P_GROUP", "HHLDR_HISP_ORIGIN": "HISP_ORIGIN"}
     assert s.any_person == (AnyPerson("R18", "AGEP_BAND", ("0-17",)),)
+    # only what the release keeps: without RELP_GROUP and SEX no relationship rule and no HHLDR_SEX
+    from dataclasses import replace
+
+    from schemas.domain_spec import load_domain_spec
+    from schemas.household_structure import household_structure as structure_of
+
+    kept = replace(domain, person=tuple(a for a in domain.person if a.name not in ("RELP_GROUP", "SEX")))
+    s = structure_of(load_domain_spec(make_config().domain_path()), kept, group_quarters_households=True)
+    assert s.relationship is None and s.group_quarters_households
+    assert "HHLDR_SEX" not in dict(s.householder_attributes) and "HHLDR_AGEP_BAND" in dict(s.householder_attributes)
 
 
 def test_sampled_households_are_structurally_consistent(first_run):
