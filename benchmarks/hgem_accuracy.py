@@ -232,6 +232,8 @@ def run_real(
     from engine.support import Support
     from engine.synthesis import local_measure, synthesize_node
     from engine.workload_selection import select_workloads
+    from schemas.domain_spec import load_domain_spec
+    from schemas.household_structure import household_structure
 
     settings = settings or HGEMSettings()
     if public_fit == "households":
@@ -244,6 +246,7 @@ def run_real(
     rows: list[dict] = []
     support = Support.from_data(public)
     sel = select_workloads(public)
+    structure = household_structure(load_domain_spec(), public.domain)  # as tasks.hgem samples (group quarters excluded)
     for st in private.nodes("ST"):
         priv = private.select(private.node_mask(st))
         dom = priv.domain
@@ -306,7 +309,7 @@ def run_real(
                     synth, fit = run_state(public, settings, rho, n_g, local_oracles(priv, unit), n_g, unit=unit,
                                            state=int(st[0]), initial_workloads=sel.state, seed=run,
                                            prior_strength=prior_strength, device=device, public_fit=pub_state,
-                                           overrides=overrides)
+                                           overrides=overrides, structure=structure)
                     model = level_errors(ws, _hgem_answers(fit.result.generator, plan), true)
                     score(synth, "hgem", eps, run, time.perf_counter() - t0,
                           {"model": model, "initial_share": str(settings.initial_share), "rounds": settings.rounds})

@@ -10,6 +10,10 @@ before it is used, keys ``hgem/<node>/initial/<workload id>``, ``hgem/<node>/rou
 ``hgem/<node>/round-<r>/<workload id>``). This module only adapts: context, paths, atomic save,
 resume, logging, torch threads and Dask GPU resources.
 
+The households are sampled with the domain's household structure (:func:`household_structure`:
+exactly one householder per household, householder attributes and any-person indicators derived
+from the persons; ``engine.hgem.sampling``), so that the release gate's householder check holds.
+
 Output: ``nodes/hgem_support/ST<xx>.npz`` (the sampled households, geo (state, 0, ...)) and a
 ``.json`` sidecar with the settings, the budget split and the per-round diagnostics (no true
 errors, only DP-derived values).
@@ -34,10 +38,15 @@ import numpy as np
 import torch
 from prefect import task
 
+from engine.domain import Domain
 from engine.geography import node_key
 from engine.hgem.mixture import default_device
+from engine.hgem.sampling import HouseholdStructure
 from engine.hgem.state import run_state, session_oracles
 from engine.queries import Workload
+from schemas.domain_spec import load_domain_spec
+from schemas.household_structure import household_structure as structure_of
+from schemas.release_config import ReleaseConfig
 from tasks.context import RunContext
 from tasks.run_context import RunPaths, save_npz_atomic, write_json_atomic
 
@@ -52,6 +61,13 @@ def _logger():
         return get_run_logger()
     except Exception:  # no flow/task run context (e.g. ``.fn`` called directly)
         return logging.getLogger(__name__)
+
+
+def household_structure(cfg: ReleaseConfig, domain: Domain) -> HouseholdStructure:
+    """The release's household structure (:func:`schemas.household_structure.household_structure`
+    of the config's domain spec and ``household_rules.group_quarters``) on ``domain``."""
+    return structure_of(load_domain_spec(cfg.domain_path()), domain,
+                        group_quarters_households=cfg.household_rules.group_quarters == "single_person_households")
 
 
 @task(name="hgem-state")
@@ -92,6 +108,7 @@ def hgem_state_task(
             session_oracles(session, STAGE, LEVEL, (int(state),)), int(n_samples),
             unit=ctx.cfg.privacy_unit, state=int(state), seed=base, prior_strength=ctx.cfg.synthesis.prior_strength,
             initial_workloads=[Workload.from_id(i) for i in (initial_workload_ids or [])],
+            structure=household_structure(ctx.cfg, public.domain),
             log=lambda msg: log.info(f"hgem {node}: {msg}"),
         )
         save_npz_atomic(out, synth.to_npz)

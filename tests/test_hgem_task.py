@@ -114,6 +114,42 @@ def test_output_is_valid_hierarchical_data(first_run, inputs, tiny):
     assert len(meta["rounds"]) == tiny.rounds and "score" not in meta["rounds"][0]
 
 
+def test_household_structure_of_the_domain_spec(inputs):
+    from engine.hgem.sampling import AnyPerson
+    from tasks.hgem import household_structure
+
+    domain = HierarchicalData.from_npz(inputs["public"]).domain
+    s = household_structure(make_config(), domain)
+    assert (s.relationship, s.householder, s.group_quarters) == ("RELP_GROUP", "Householder", ("Group quarters resident",))
+    assert not s.group_quarters_households  # household_rules.group_quarters: exclude (the default)
+    assert dict(s.householder_attributes) == {"HHLDR_AGEP_BAND": "AGEP_BAND", "HHLDR_SEX": "SEX",
+                                              "HHLDR_RAC1P_GROUP": "RAC1P_GROUP", "HHLDR_HISP_ORIGIN": "HISP_ORIGIN"}
+    assert s.any_person == (AnyPerson("R18", "AGEP_BAND", ("0-17",)),)
+    # only what the release keeps: without RELP_GROUP and SEX no relationship rule and no HHLDR_SEX
+    from dataclasses import replace
+
+    from schemas.domain_spec import load_domain_spec
+    from schemas.household_structure import household_structure as structure_of
+
+    kept = replace(domain, person=tuple(a for a in domain.person if a.name not in ("RELP_GROUP", "SEX")))
+    s = structure_of(load_domain_spec(make_config().domain_path()), kept, group_quarters_households=True)
+    assert s.relationship is None and s.group_quarters_households
+    assert "HHLDR_SEX" not in dict(s.householder_attributes) and "HHLDR_AGEP_BAND" in dict(s.householder_attributes)
+
+
+def test_sampled_households_are_structurally_consistent(first_run):
+    """One householder per household, in slot 1; householder attributes equal slot 1's."""
+    _, _, out = first_run
+    synth = HierarchicalData.from_npz(out)
+    dom = synth.domain
+    rel = synth.person[:, dom.person_index("RELP_GROUP")]
+    head = dom.person_attribute("RELP_GROUP").codes.index("Householder")
+    first = synth.person_offsets[:-1]
+    assert (rel[first] == head).all() and (rel == head).sum() == synth.n_households
+    for g in ("AGEP_BAND", "SEX", "RAC1P_GROUP", "HISP_ORIGIN"):
+        assert np.array_equal(synth.group[:, dom.group_index(f"HHLDR_{g}")], synth.person[first, dom.person_index(g)])
+
+
 def test_every_cost_is_in_the_ledger_within_the_allocation(first_run, inputs, tiny):
     cfg, paths, _ = first_run
     from tasks.context import RunContext

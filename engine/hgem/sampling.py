@@ -4,8 +4,29 @@ For each household: pick a mixture component k (by its weight; the B sub-populat
 appendix B.1 are equally weighted until the private update moves the weights), draw the group
 attributes from F_G(z_k) and the size m ~ F_c(z_k), then draw m persons, the j-th from the slot distribution F_I,j(z_k) ("the first row is sampled
 from F_I,1(z_k), the second from F_I,2(z_k), etc."). Slot 1 is the householder (person row 0 of the
-household in HierarchicalData). No special handling of a relationship attribute: whatever the
-slot-1 head learnt is what the householder gets.
+household in HierarchicalData).
+
+Household structure (:class:`HouseholdStructure`, optional; the release passes the domain's): the
+paper draws every attribute of every slot independently given the component, so a household may
+get no householder or several, and its householder attributes (HHLDR_SEX …) may disagree with its
+first person. With a structure the released microdata are coherent, as the input encoding makes
+them (``schemas.domain_spec.DomainSpec.encode``):
+
+* relationship: slot 1 is drawn from F_I,1(z_k) conditioned on "householder" (in a one-person
+  household, when one-person group-quarters households exist, on "householder or group-quarters
+  resident", so those keep their learnt share); slots ≥ 2 from F_I,j(z_k) conditioned on "neither
+  householder nor group-quarters resident". Conditioning zeroes the excluded codes' probabilities
+  inside the same inverse-CDF draw (which renormalises); a row whose allowed codes all have
+  probability 0 draws uniformly among them. Exactly one householder per household, as the release
+  gate requires (it counts the resident of a one-person group-quarters household as its head);
+* householder attributes (``derive: householder``) are copied from slot 1's drawn person
+  attributes instead of being drawn from F_G(z_k): the household attribute is *defined* as the
+  householder's value, so deriving it is the only way both tables agree (F_G's head for it and
+  F_I,1's have learnt the same marginal, so the choice costs no fit);
+* any-person indicators (``derive: any_person``, e.g. R18 = some person aged 0-17) are likewise
+  derived from the drawn persons of the household (slots ≤ m).
+* Not derived: attributes that need information the persons do not carry (MULTG needs the detailed
+  relationship codes, which RELP_GROUP merges); those stay draws from F_G(z_k).
 
 Low-variance sampling (each household is still, marginally, a draw from the mixture; only the
 dependence *between* households changes, to cut the sampling noise of every released answer):
@@ -32,11 +53,99 @@ are drawn and the slots beyond m are dropped by a mask), with a seeded ``torch.G
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from engine.domain import Domain
 from engine.hgem.mixture import ProductMixture
 from engine.hierarchical_data import HierarchicalData
+
+
+@dataclass(frozen=True)
+class AnyPerson:
+    """Group attribute ``group`` = code index 1 when some person's ``person`` attribute is one of
+    ``codes`` (release codes), else 0 (``derive: any_person`` of the domain spec)."""
+
+    group: str
+    person: str
+    codes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HouseholdStructure:
+    """The household rules the sampler keeps (module docstring), in release codes of the domain.
+
+    relationship             person attribute holding the relationship to the householder (None:
+                             the release does not keep it; no relationship constraint)
+    householder              its code of the householder
+    group_quarters           its codes of group-quarters residents (never in a multi-person household)
+    group_quarters_households  whether one-person group-quarters households exist (ingestion rule
+                             ``single_person_households``): slot 1 of a one-person household may
+                             then be a group-quarters resident
+    householder_attributes   (group attribute, person attribute) pairs, ``derive: householder``
+    any_person               ``derive: any_person`` indicators
+    """
+
+    relationship: str | None = None
+    householder: str | None = None
+    group_quarters: tuple[str, ...] = ()
+    group_quarters_households: bool = False
+    householder_attributes: tuple[tuple[str, str], ...] = ()
+    any_person: tuple[AnyPerson, ...] = ()
+
+    def __post_init__(self):
+        if (self.relationship is None) != (self.householder is None):
+            raise ValueError("HouseholdStructure: relationship and householder go together")
+        if self.householder is not None and self.householder in self.group_quarters:
+            raise ValueError("HouseholdStructure: the householder code is not a group-quarters code")
+
+    def check(self, domain: Domain) -> None:
+        """Raise ValueError when an attribute or code is not in ``domain``."""
+        if self.relationship is not None:
+            codes = domain.person_attribute(self.relationship).codes
+            for c in (self.householder, *self.group_quarters):
+                if c not in codes:
+                    raise ValueError(f"HouseholdStructure: {c!r} is not a code of {self.relationship}")
+        for g, p in self.householder_attributes:
+            if domain.group_attribute(g).codes != domain.person_attribute(p).codes:
+                raise ValueError(f"HouseholdStructure: {g} and {p} have different codes")
+        for a in self.any_person:
+            if len(domain.group_attribute(a.group).codes) != 2:
+                raise ValueError(f"HouseholdStructure: {a.group} is not a two-code indicator")
+            person_codes = domain.person_attribute(a.person).codes
+            if any(c not in person_codes for c in a.codes):
+                raise ValueError(f"HouseholdStructure: a code of {a.codes} is not a code of {a.person}")
+
+    @property
+    def derived_group(self) -> tuple[str, ...]:
+        """The group attributes derived from the persons (not drawn from F_G)."""
+        return tuple(g for g, _ in self.householder_attributes) + tuple(a.group for a in self.any_person)
+
+    def relationship_mask(self, domain: Domain, size_idx: torch.Tensor) -> torch.Tensor:
+        """(n, M, s) bool: the relationship codes slot j of each household may take (module doc)."""
+        if self.relationship is None or self.householder is None:
+            raise ValueError("HouseholdStructure: no relationship attribute to constrain")
+        codes = domain.person_attribute(self.relationship).codes
+        head, gq = codes.index(self.householder), [codes.index(c) for c in self.group_quarters]
+        n, M, dev = int(size_idx.shape[0]), domain.max_size, size_idx.device
+        others = torch.ones(len(codes), dtype=torch.bool, device=dev)
+        others[[head, *gq]] = False
+        mask = others.expand(n, M, len(codes)).clone()
+        mask[:, 0] = False
+        mask[:, 0, head] = True
+        if self.group_quarters_households and gq:
+            mask[:, 0, gq] = (size_idx == 0).unsqueeze(1)
+        return mask
+
+
+def conditioned(probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``probs`` (rows × codes) restricted to the ``allowed`` codes (unnormalised: the inverse-CDF
+    draw scales by the row total); a row whose allowed codes all have probability 0 gets them
+    uniformly."""
+    p = probs.to(torch.float64) * allowed
+    return torch.where(p.sum(-1, keepdim=True) > 0, p, allowed.to(torch.float64))
 
 
 def stratified_uniforms(strata: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -109,16 +218,22 @@ def sample_households(
     seed: int | None = 0,
     generator: torch.Generator | None = None,
     geo: tuple[int, ...] | np.ndarray | None = None,
+    structure: HouseholdStructure | None = None,
 ) -> HierarchicalData:
     """Draw ``n_households`` synthetic households from ``mix`` into a HierarchicalData.
 
     geo: one node (tuple of codes for every level of ``domain.geography``) given to all
     households, an (n, L) array, or None (all zeros). Randomness comes from ``generator`` if
     given, else from a torch.Generator seeded with ``seed`` on the mixture's device.
+    structure: the household rules to keep (module docstring); None: every attribute drawn as the
+    paper does.
     """
     lay = mix.layout
     dom = lay.domain
     dev = mix.device
+    if structure is not None:
+        structure.check(dom)
+    derived = set(structure.derived_group) if structure is not None else set()
     if generator is None:
         generator = torch.Generator(device=dev)
         generator.manual_seed(0 if seed is None else int(seed))
@@ -131,16 +246,25 @@ def sample_households(
         group = torch.empty(n, len(dom.group), dtype=torch.long, device=dev)
         group[:, dom.group_index(dom.size_attribute)] = size_idx
         group_probs = mix.group_probs[comp]  # (n, D_G), gathered once for all attributes
-        for name in lay.group_names:
+        for name in (a for a in lay.group_names if a not in derived):
             group[:, dom.group_index(name)] = _categorical(group_probs[:, lay.group_slice(name)], generator, comp)
         # persons: all M slots of every household, then keep slot < m (row-major → CSR order)
         slot_probs = mix.person_probs[comp]  # (n, M, D_I)
         person = torch.empty(n, M, len(dom.person), dtype=torch.long, device=dev)
         slot_strata = (comp.unsqueeze(1) * M + torch.arange(M, device=dev)).reshape(-1)  # (component, slot)
         for j, name in enumerate(lay.person_names):
-            pr = slot_probs[:, :, lay.person_slice(name)].reshape(n * M, -1)
-            person[:, :, j] = _categorical(pr, generator, slot_strata).view(n, M)
+            pr = slot_probs[:, :, lay.person_slice(name)]
+            if structure is not None and name == structure.relationship:
+                pr = conditioned(pr, structure.relationship_mask(dom, size_idx))
+            person[:, :, j] = _categorical(pr.reshape(n * M, -1), generator, slot_strata).view(n, M)
         keep = torch.arange(M, device=dev).unsqueeze(0) <= size_idx.unsqueeze(1)  # (n, M)
+        if structure is not None:
+            for hh_attr, p_attr in structure.householder_attributes:
+                group[:, dom.group_index(hh_attr)] = person[:, 0, dom.person_index(p_attr)]
+            for a in structure.any_person:
+                wanted = torch.tensor([dom.person_attribute(a.person).codes.index(c) for c in a.codes], device=dev)
+                hit = torch.isin(person[:, :, dom.person_index(a.person)], wanted) & keep
+                group[:, dom.group_index(a.group)] = hit.any(1).to(torch.long)
         persons = person[keep]  # row-major: household by household, slot order
         sizes = (size_idx + 1).cpu().numpy()
     offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])

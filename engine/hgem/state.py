@@ -63,7 +63,7 @@ from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import resolve_device
 from engine.hgem.pretrain import pretrain_public
 from engine.hgem.privacy import StateBudget, score_sensitivity, state_budget
-from engine.hgem.sampling import sample_households
+from engine.hgem.sampling import HouseholdStructure, sample_households
 from engine.hgem.settings import HGEMSettings
 from engine.hgem.train import train_hgem
 from engine.hgem.workloads import candidate_workloads
@@ -345,16 +345,18 @@ def run_state(
     device: str | torch.device | None = None,
     public_fit: dict | None = None,
     overrides: Mapping[str, Any] | None = None,
+    structure: HouseholdStructure | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[HierarchicalData, StateFit]:
     """One state's H-GEM end to end (module docstring): :func:`fit_state` with the generator seed
     of :func:`state_seeds` (``seed``, ``state``), then ``n_samples`` households drawn with its
     sampling seed, geography (state, 0, ...). ``public_fit``: as :func:`fit_state`, for the
-    generator seed ``state_seeds(seed, state)[0]``; ``overrides``: as :func:`fit_state`."""
+    generator seed ``state_seeds(seed, state)[0]``; ``overrides``: as :func:`fit_state`; ``structure``:
+    the household rules the sampling keeps (:class:`engine.hgem.sampling.HouseholdStructure`)."""
     gen_seed, sample_seed = state_seeds(seed, state)
     fit = fit_state(public, settings, rho_node, households, oracles, unit=unit, initial_workloads=initial_workloads,
                     seed=gen_seed, prior_strength=prior_strength, device=device, public_fit=public_fit, overrides=overrides,
                     log=log)
     synth = sample_households(fit.result.mixture(), int(n_samples), seed=sample_seed,
-                              geo=(int(state),) + (0,) * (len(public.domain.geography) - 1))
+                              geo=(int(state),) + (0,) * (len(public.domain.geography) - 1), structure=structure)
     return synth, fit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from engine.hgem.generator import HGEMGenerator
@@ -144,3 +145,131 @@ def test_extra_households_follow_the_sorted_components(domain):
         data = sample_households(mix, 40, seed=seed)
         n_size = np.bincount(data.sizes - 1, minlength=M)
         assert np.all(np.abs(n_size - 40 / M) < 1), n_size
+
+
+# -- household structure (one householder per household, derived household attributes) ---------
+REL = ("H", "S", "C", "G")  # householder, spouse, child, group-quarters resident
+
+
+def structured_domain(M: int = 4):
+    from engine.domain import Attribute, Domain
+    from tests.engine._support_testdata import attr
+
+    return Domain(
+        group=(Attribute("NP", tuple(str(i) for i in range(1, M + 1)), tuple(str(i) for i in range(1, M + 1))),
+               attr("HH_SEX", 2), attr("KIDS", 2), attr("TEN", 3)),
+        person=(Attribute("REL", REL, REL), attr("SEX", 2), attr("AGE", 3)),
+        geography=("ST",), max_size=M,
+    )
+
+
+def structure(gq_households: bool = False):
+    from engine.hgem.sampling import AnyPerson, HouseholdStructure
+
+    return HouseholdStructure("REL", "H", ("G",), gq_households, (("HH_SEX", "SEX"),), (AnyPerson("KIDS", "AGE", ("0",)),))
+
+
+def random_mixture(domain, B: int = 3, seed: int = 0) -> ProductMixture:
+    """B components with random (Dirichlet) distributions: every code has positive probability."""
+    lay = MixtureLayout.from_domain(domain)
+    g = torch.Generator().manual_seed(seed)
+    M = domain.max_size
+
+    def dirichlet(*shape):
+        x = -torch.log(torch.rand(*shape, generator=g, dtype=torch.float64))
+        return (x / x.sum(-1, keepdim=True)).to(torch.float32)
+
+    group = torch.cat([dirichlet(B, s) for s in lay.group_sizes], 1)
+    person = torch.cat([dirichlet(B, M, s) for s in lay.person_sizes], 2)
+    return ProductMixture(lay, dirichlet(B, M), group, person)
+
+
+def householders(data: HierarchicalData, gq_heads: bool) -> np.ndarray:
+    """Householders per household, counted as the release gate counts them."""
+    rel = data.person[:, 0]
+    hh = np.repeat(np.arange(data.n_households), data.sizes)
+    heads = np.bincount(hh[rel == REL.index("H")], minlength=data.n_households)
+    gq = np.bincount(hh[rel == REL.index("G")], minlength=data.n_households)
+    return heads + (gq * (data.sizes == 1) if gq_heads else 0)
+
+
+@pytest.mark.parametrize("gq_households", [False, True])
+def test_exactly_one_householder_per_household(gq_households):
+    dom = structured_domain()
+    data = sample_households(random_mixture(dom), 4000, seed=1, structure=structure(gq_households))
+    assert (householders(data, gq_heads=gq_households) == 1).all()
+    rel, slot = data.person[:, 0], data.person_slot
+    assert (rel[slot > 0] != REL.index("H")).all() and (rel[slot > 0] != REL.index("G")).all()
+    single_gq = (rel[slot == 0] == REL.index("G"))
+    if gq_households:  # one-person group-quarters households keep their share, never in larger ones
+        assert single_gq.any() and (data.sizes[single_gq] == 1).all()
+    else:
+        assert not single_gq.any()
+    # without the structure the paper's sampler gives households with 0 or several householders
+    plain = sample_households(random_mixture(dom), 4000, seed=1)
+    assert (householders(plain, gq_heads=gq_households) != 1).any()
+
+
+def test_later_slots_follow_their_distribution_without_the_householder():
+    """Slot j ≥ 2's relationship counts against n Σ_k w_k P_k(m ≥ j) q_kj(c), q_kj the slot
+    distribution with H and G removed and renormalised (chi-square per slot)."""
+    from scipy.stats import chisquare
+
+    dom = structured_domain()
+    mix = random_mixture(dom, B=3, seed=5)
+    n = 20000
+    data = sample_households(mix, n, seed=2, structure=structure())
+    rel, slot = data.person[:, 0], data.person_slot
+    lay = mix.layout
+    w = (mix.component_weights / mix.component_weights.sum()).double()
+    at_least = 1 - torch.cumsum(mix.size_probs.double(), 1) + mix.size_probs.double()  # P_k(m ≥ j)
+    q = mix.person_probs[:, :, lay.person_slice("REL")].double().clone()
+    q[:, :, [REL.index("H"), REL.index("G")]] = 0
+    q = q / q.sum(-1, keepdim=True)
+    for j in range(1, dom.max_size):
+        expected = (n * (w[:, None] * at_least[:, j:j + 1] * q[:, j]).sum(0)).numpy()
+        got = np.bincount(rel[slot == j], minlength=len(REL))
+        allowed = [REL.index("S"), REL.index("C")]
+        assert got[[REL.index("H"), REL.index("G")]].sum() == 0
+        stat = chisquare(got[allowed], expected[allowed] * got[allowed].sum() / expected[allowed].sum())
+        assert stat.pvalue > 1e-3, (j, got, expected)
+        assert abs(got[allowed].sum() - expected[allowed].sum()) < 5 * np.sqrt(expected[allowed].sum())
+    # and a wrong reference (the unconditioned slot distribution) is rejected
+    raw = mix.person_probs[:, 1, lay.person_slice("REL")].double()
+    wrong = (n * (w[:, None] * at_least[:, 1:2] * raw).sum(0)).numpy()[[1, 2]]
+    got = np.bincount(rel[slot == 1], minlength=len(REL))[[1, 2]]
+    assert chisquare(got, wrong * got.sum() / wrong.sum()).pvalue < 1e-3
+
+
+def test_householder_attributes_and_indicators_are_derived_from_the_persons():
+    dom = structured_domain()
+    data = sample_households(random_mixture(dom, seed=3), 3000, seed=4, structure=structure())
+    first = data.person_offsets[:-1]
+    assert np.array_equal(data.group[:, dom.group_index("HH_SEX")], data.person[first, dom.person_index("SEX")])
+    hh = np.repeat(np.arange(data.n_households), data.sizes)
+    kids = np.bincount(hh[data.person[:, dom.person_index("AGE")] == 0], minlength=data.n_households) > 0
+    assert np.array_equal(data.group[:, dom.group_index("KIDS")], kids.astype(data.group.dtype))
+    assert 0 < kids.mean() < 1
+
+
+def test_a_slot_with_no_allowed_mass_draws_uniformly_among_allowed_codes():
+    dom = structured_domain(M=2)
+    mix = random_mixture(dom, B=1)
+    lay = mix.layout
+    p = mix.person_probs.clone()
+    p[:, :, lay.person_slice("REL")] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # every slot: householder only
+    c = torch.tensor([[0.0, 1.0]])
+    data = sample_households(ProductMixture(lay, c, mix.group_probs, p), 2000, seed=0, structure=structure())
+    rel, slot = data.person[:, 0], data.person_slot
+    assert (rel[slot == 0] == 0).all()
+    assert set(np.unique(rel[slot == 1])) == {1, 2} and abs((rel[slot == 1] == 1).mean() - 0.5) < 0.05
+
+
+def test_structure_codes_are_checked():
+    from engine.hgem.sampling import HouseholdStructure
+
+    dom = structured_domain()
+    with pytest.raises(ValueError, match="not a code"):
+        sample_households(random_mixture(dom), 10, structure=HouseholdStructure("REL", "X"))
+    with pytest.raises(ValueError, match="go together"):
+        HouseholdStructure("REL", None)
