@@ -31,9 +31,8 @@ import numpy as np
 import pyarrow as pa
 from prefect import task
 
-from engine.count_of_counts.api import run_hierarchy
+from engine.count_of_counts.api import fit_histograms, fit_household_counts
 from engine.count_of_counts.geography import geography_hierarchy, size_histograms
-from engine.count_of_counts.group_counts import consistent_group_counts, inverse_variance_merge
 from engine.count_of_counts.hierarchy import Hierarchy
 from engine.errors import PrivacyInvariantError
 from engine.geography import LEVELS, parse_node_key
@@ -83,26 +82,6 @@ def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple
     if not measured:
         raise PrivacyInvariantError("no household-count measurement and no invariant (the config check should have refused this)")
     return fit_household_counts(h, measured)
-
-
-def fit_household_counts(h: Hierarchy, measured: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """(G, sd) per node from noisy counts alone (``measured``: (values, variances) pairs, NaN
-    off their level): merged by inverse variance, then the nonnegative integer, consistent
-    least-squares fit. Post-processing only (also rerun by the count-of-counts bootstrap)."""
-    noisy, var = inverse_variance_merge([v for v, _ in measured], [s for _, s in measured])
-    G = consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
-    return G, np.sqrt(np.where(np.isnan(var), np.inf, var))
-
-
-def fit_histograms(h: Hierarchy, at_least: dict[int, np.ndarray], G: np.ndarray, variances: list[float], K: int,
-                   consistency: str) -> np.ndarray:
-    """The consistent (N, K+1) count-of-counts histograms from the noisy households of size ≥ k
-    per level (``at_least``), their noise variance per level (``variances``: that of G's entry, which
-    bounds every at-least entry's) and the consistent household counts ``G``: Hc estimated per node
-    and made consistent top-down (post-processing only; also rerun by the bootstrap)."""
-    # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
-    hc = {lv: G[h.level_range(lv), None] - at_least[lv] for lv in at_least}
-    return run_hierarchy(h, hc, variances, K=K, method="hc", consistency=consistency, group_counts=G).histograms
 
 
 def _save(ctx: RunContext, name: str, h: Hierarchy, G: tuple[np.ndarray, np.ndarray],

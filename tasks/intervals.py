@@ -9,7 +9,7 @@ and the sampling seed — never of the confidential data. The mathematics is
 
 - ``table = count_of_counts``: every cell of ``count_of_counts.parquet`` (every node, sizes
   1..K), by a parametric bootstrap of the count-of-counts stage's own estimator
-  (``tasks.count_of_counts.fit_household_counts`` and ``fit_histograms``), simulated from the
+  (``engine.count_of_counts.api.fit_household_counts`` and ``fit_histograms``), simulated from the
   released histograms with the stored noise, :data:`engine.uncertainty.BOOTSTRAP_REPLICATES`
   replicates seeded from the sampling seed;
 - ``table = marginal``: every cell of every workload measured by the state and PUMA updates, at
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from engine.count_of_counts.api import fit_histograms, fit_household_counts
 from engine.count_of_counts.geography import geography_hierarchy
 from engine.domain import Domain
 from engine.geography import LEVELS, parse_node_key
@@ -45,7 +46,7 @@ from engine.uncertainty import (
     intervals,
 )
 from schemas.release_schema import INTERVALS_SCHEMA
-from tasks.count_of_counts import COUNTS_STAGE, STAGE, fit_histograms, fit_household_counts
+from tasks.count_of_counts import COUNTS_STAGE, STAGE
 from tasks.measurements_table import cell_labels
 
 __all__ = ["TABLE", "count_of_counts_intervals", "intervals_table", "manifest_entry", "marginal_intervals", "uncertainty_rng"]

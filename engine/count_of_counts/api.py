@@ -26,10 +26,10 @@ from engine.queries import PrivacyUnit
 from .consistency import consistent_histograms, leaves_only, top_down
 from .estimators import Query, estimate_hc, estimate_hg, estimate_naive, hc_query, hg_query, naive_query
 from .forms import RunsTable
-from .group_counts import consistent_group_counts
+from .group_counts import consistent_group_counts, inverse_variance_merge
 from .hierarchy import Hierarchy
 
-__all__ = ["CountOfCountsResult", "hierarchy_queries", "run_hierarchy", "estimate_level"]
+__all__ = ["CountOfCountsResult", "estimate_level", "fit_histograms", "fit_household_counts", "hierarchy_queries", "run_hierarchy"]
 
 METHODS = ("hc", "hg", "naive")
 CONSISTENCY = ("weighted", "average", "leaves", "none")
@@ -172,3 +172,23 @@ def run_hierarchy(
     else:
         final = top_down(h, est, K, merge=consistency)
     return CountOfCountsResult(h, K, consistent_histograms(h, final, K), est, final)
+
+
+def fit_household_counts(h: Hierarchy, measured: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(G, sd) per node from noisy counts alone (``measured``: (values, variances) pairs, NaN
+    off their level): merged by inverse variance, then the nonnegative integer, consistent
+    least-squares fit. Post-processing only (also rerun by the count-of-counts bootstrap)."""
+    noisy, var = inverse_variance_merge([v for v, _ in measured], [s for _, s in measured])
+    G = consistent_group_counts(h, noisy, np.where(np.isnan(var), 1.0, var))
+    return G, np.sqrt(np.where(np.isnan(var), np.inf, var))
+
+
+def fit_histograms(h: Hierarchy, at_least: dict[int, np.ndarray], G: np.ndarray, variances: list[float], K: int,
+                   consistency: str) -> np.ndarray:
+    """The consistent (N, K+1) count-of-counts histograms from the noisy households of size ≥ k
+    per level (``at_least``), their noise variance per level (``variances``: that of G's entry, which
+    bounds every at-least entry's) and the consistent household counts ``G``: Hc estimated per node
+    and made consistent top-down (post-processing only; also rerun by the bootstrap)."""
+    # Hc[i] = households of size ≤ i = G − households of size ≥ i+1, i = 0..K−1
+    hc = {lv: G[h.level_range(lv), None] - at_least[lv] for lv in at_least}
+    return run_hierarchy(h, hc, variances, K=K, method="hc", consistency=consistency, group_counts=G).histograms

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy.linalg import null_space
 
+from engine.count_of_counts.api import fit_histograms, fit_household_counts
 from engine.count_of_counts.geography import geography_hierarchy
 from engine.map_update import map_update
 from engine.measurement import Measurement as Noisy
@@ -31,7 +32,6 @@ from engine.uncertainty import (
     simulate_at_least,
     simulate_noise,
 )
-from tasks.count_of_counts import fit_histograms, fit_household_counts
 from tests.engine._support_testdata import random_data, small_domain
 
 LEAVES = np.array([[10, 100], [10, 200], [20, 100], [20, 200], [20, 300]])
