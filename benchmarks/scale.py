@@ -107,6 +107,13 @@ def main(argv=None) -> int:
             rows.append(r)
             print(f"[scale] {label}: {r['wall_s']:.0f} s, peak {r['peak_rss_mb']:.0f} MB, stages {r['stages']}", flush=True)
             shutil.rmtree(d)
+            write(rows, Path(args.out))
+    return 0
+
+
+def write(rows: list[dict], out: Path) -> None:
+    """The table (ratios to the first size, dominant stage) and the JSON rows, rewritten after every
+    size so that an interrupted curve keeps the sizes it finished."""
     base = rows[0]
     lines = ["Scale curve (issue 17 item 4): deploy/releases/acs2018_default.yaml settings on K re-keyed copies of the 12",
              "shared 2018 states (benchmarks/national_input.py), all private, the 12 originals public; "
@@ -122,10 +129,9 @@ def main(argv=None) -> int:
     lines += ["", "stage seconds per size:"] + [f"  {r['label']}: " + ", ".join(f"{k} {v:.0f}" for k, v in r["stages"].items()) for r in rows]
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
