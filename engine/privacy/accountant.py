@@ -162,12 +162,7 @@ def exponential_mechanism_rho(epsilon: Number) -> Fraction:
 def epsilon_for_exponential_rho(rho: Number) -> float:
     """The largest float ε (up to a few ulps) with ε²/8 ≤ ρ exactly (inverse of
     :func:`exponential_mechanism_rho`): the selection ε of a round given its ρ share."""
-    r = as_fraction(rho)
-    _positive("rho", r)
-    eps = math.sqrt(8.0 * float(r))
-    while exponential_mechanism_rho(eps) > r:
-        eps = float(np.nextafter(eps, 0.0))
-    return eps
+    return _largest_epsilon(rho, 8.0, exponential_mechanism_rho)
 
 
 def permute_and_flip_rho(epsilon: Number) -> Fraction:
@@ -181,10 +176,16 @@ def permute_and_flip_rho(epsilon: Number) -> Fraction:
 
 def epsilon_for_pure_rho(rho: Number) -> float:
     """The largest float ε (up to a few ulps) with ε²/2 ≤ ρ exactly (inverse of pure_dp_rho)."""
+    return _largest_epsilon(rho, 2.0, pure_dp_rho)
+
+
+def _largest_epsilon(rho: Number, c: float, to_rho) -> float:
+    """The largest float ε with ``to_rho(ε)`` = ε²/c ≤ ρ exactly: √(cρ) in floats, stepped down by
+    ulps until the exact charge fits."""
     r = as_fraction(rho)
     _positive("rho", r)
-    eps = math.sqrt(2.0 * float(r))
-    while pure_dp_rho(eps) > r:
+    eps = math.sqrt(c * float(r))
+    while to_rho(eps) > r:
         eps = float(np.nextafter(eps, 0.0))
     return eps
 
