@@ -63,12 +63,35 @@ def run(config: Path, env: dict) -> dict:
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    out, _ = proc.communicate()
+    lines, marks = [], {"start": start}
+    assert proc.stdout is not None  # stdout=PIPE
+    for line in proc.stdout:  # the log's arrival times mark the steps after the audited stages
+        lines.append(line)
+        for mark, text in (("published", "published "), ("qa", "internal QA report")):
+            if text in line and mark not in marks:
+                marks[mark] = time.time()
+    proc.wait()
     done.set()
     t.join()
     if proc.returncode != 0:
-        raise RuntimeError(f"dprelease run failed ({proc.returncode}):\n{out[-3000:]}")
-    return {"wall_s": time.time() - start, "peak_rss_mb": peak[0] / 2**20}
+        raise RuntimeError(f"dprelease run failed ({proc.returncode}):\n{''.join(lines)[-3000:]}")
+    return {"wall_s": time.time() - start, "peak_rss_mb": peak[0] / 2**20, "marks": marks}
+
+
+def step_times(release: Path, marks: dict) -> dict[str, float]:
+    """The audited stages (:func:`stage_times`) and the steps around them: ``startup`` (process
+    start to the first stage: imports, the Prefect server, the Dask cluster), ``publish`` (the
+    release tables, intervals, the Great Expectations gate, the manifest) and ``internal_qa``,
+    from the arrival times of the run's log lines."""
+    stages = stage_times(release)
+    events = [json.loads(line) for line in (release / "audit.jsonl").read_text().splitlines()]
+    times = [datetime.fromisoformat(e["time"]).timestamp() for e in events if e.get("event") in ("stage_start", "stage_end")]
+    out = {"startup": min(times) - marks["start"], **stages}
+    if "published" in marks:
+        out["publish"] = marks["published"] - max(times)
+        if "qa" in marks:
+            out["internal_qa"] = marks["qa"] - marks["published"]
+    return out
 
 
 def stage_times(release: Path) -> dict[str, float]:
@@ -103,7 +126,7 @@ def main(argv=None) -> int:
             print(f"[scale] {label}: {summary['households']} households, {summary['pumas']} PUMAs; running ...", flush=True)
             r = run(d / "national.yaml", env)
             r.update(label=label, households=summary["households"], pumas=summary["pumas"], states=summary["states"],
-                     stages=stage_times(d / "releases" / "national"))
+                     stages=step_times(d / "releases" / "national", r.pop("marks")))
             rows.append(r)
             print(f"[scale] {label}: {r['wall_s']:.0f} s, peak {r['peak_rss_mb']:.0f} MB, stages {r['stages']}", flush=True)
             shutil.rmtree(d)

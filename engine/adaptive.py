@@ -133,10 +133,15 @@ def expected_measurement_l1(candidates: Sequence[Workload], domain: Domain, unit
 
 
 class CandidateAnswers:
-    """Answers of many candidate workloads on one set of households for changing weights: the
-    integer codes of every attribute at the counted persons (and households) are gathered once, so
-    each round costs one weighted ``bincount`` per candidate (``engine.queries.answer`` rebuilds
-    the cells of every workload per call). Person-level candidates must share one ``first``."""
+    """Answers of many candidate workloads on one set of households for changing weights.
+
+    The counted persons (and the households) are grouped once by their full tuple of attribute
+    codes — households and persons with equal codes fall in the same cell of every candidate —
+    and each candidate's cell of every such pattern is computed once and kept (in the smallest
+    integer type that holds its cells). A round then costs one weighted ``bincount`` over the
+    persons (their weights summed per pattern) and one per candidate over the patterns, a few
+    times fewer than the persons (``engine.queries.answer`` rebuilds the cells of every workload
+    per call). Person-level candidates must share one ``first``."""
 
     def __init__(self, data: HierarchicalData, candidates: Sequence[Workload]):
         firsts = {w.first for w in candidates if w.level == "person"}
@@ -145,28 +150,48 @@ class CandidateAnswers:
         self.domain, self.n_households = data.domain, data.n_households
         first = firsts.pop() if firsts else 0
         keep = np.flatnonzero(data.person_slot < first) if first else np.arange(data.n_persons)
-        self.person_household = data.person_household[keep]
         d = data.domain
-        self.codes = {("group", a.name): data.group[:, j].astype(np.int64) for j, a in enumerate(d.group)}
-        self.person_codes = {a.name: data.person[keep, j].astype(np.int64) for j, a in enumerate(d.person)}
-        self.person_group_codes = {a.name: self.codes[("group", a.name)][self.person_household] for a in d.group}
+        group_cols = [data.group[:, j].astype(np.int64) for j in range(len(d.group))]
+        self.household_pattern, group_first = _patterns(group_cols, data.n_households)
+        household = data.person_household[keep]
+        person_cols = [c[household] for c in group_cols] + [data.person[keep, j].astype(np.int64) for j in range(len(d.person))]
+        self.person_pattern, person_first = _patterns(person_cols, keep.size)
+        self.person_household = household
+        # each attribute's code at every pattern's first member
+        self.group_codes = {a.name: c[group_first] for a, c in zip(d.group, group_cols)}
+        self.person_codes = {a.name: c[person_first] for a, c in zip([*d.group, *d.person], person_cols)}
+        self._cells: dict[Workload, np.ndarray] = {}
 
-    def _cells(self, w: Workload) -> np.ndarray:
-        d = self.domain
-        if w.level == "group":
-            cols = [self.codes[("group", a)] for a in w.group_attrs]
-        else:
-            cols = [self.person_group_codes[a] for a in w.group_attrs] + [self.person_codes[a] for a in w.person_attrs]
-        cells = np.zeros_like(cols[0])
-        for a, c in zip(w.attrs, cols):
-            size = d.group_attribute(a).size if a in w.group_attrs else d.person_attribute(a).size
-            cells *= size
-            cells += c
-        return cells
+    def _cells_of(self, w: Workload) -> np.ndarray:
+        got = self._cells.get(w)
+        if got is None:
+            d = self.domain
+            codes = self.group_codes if w.level == "group" else self.person_codes
+            cells = np.zeros(next(iter(codes.values())).size, dtype=np.int64)
+            for a in w.attrs:
+                size = d.group_attribute(a).size if a in w.group_attrs else d.person_attribute(a).size
+                cells *= size
+                cells += codes[a]
+            got = self._cells[w] = cells.astype(np.min_scalar_type(max(w.n_cells(d) - 1, 0)))
+        return got
 
     def answers(self, workloads: Sequence[Workload], weights: np.ndarray) -> np.ndarray:
         """Σ_h weights_h · A_w[:, h] for every workload, concatenated (as ``engine.queries.answer``)."""
         wt = np.asarray(weights, dtype=np.float64)
-        wp = wt[self.person_household]
-        return np.concatenate([np.bincount(self._cells(w), weights=wp if w.level == "person" else wt, minlength=w.n_cells(self.domain))
-                               for w in workloads])
+        if wt.shape != (self.n_households,):
+            raise ValueError(f"{wt.shape} weights for {self.n_households} households")
+        per_group = np.bincount(self.household_pattern, weights=wt)
+        per_person = np.bincount(self.person_pattern, weights=wt[self.person_household])
+        return np.concatenate([np.bincount(self._cells_of(w), weights=per_person if w.level == "person" else per_group,
+                                           minlength=w.n_cells(self.domain)) for w in workloads])
+
+
+def _patterns(columns: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by their codes in ``columns`` (exact, by successive 1-D uniques): (pattern of
+    every row, the first row of every pattern)."""
+    gid = np.zeros(n, dtype=np.int64)
+    for c in columns:
+        _, gid = np.unique(gid * (int(c.max(initial=0)) + 1) + c, return_inverse=True)
+        gid = gid.reshape(-1).astype(np.int64)
+    _, first = np.unique(gid, return_index=True)
+    return gid, first

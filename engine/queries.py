@@ -18,6 +18,7 @@ groups households with identical incidence columns (used by the entropy projecti
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
@@ -313,15 +314,18 @@ class IncidenceCache:
 
     Build once per support and reuse for every node that updates a prior on that support
     (state posterior → every PUMA of the state): answering a workload for new weights is then a
-    single sparse matrix–vector product.
+    single sparse matrix–vector product. The joint patterns of the last ``JOINT_CACHE`` workload
+    lists are kept (least recently used dropped): a worker's support serves every state.
     """
+
+    JOINT_CACHE = 16
 
     def __init__(self, data: HierarchicalData):
         self.data = data
         self._A: dict[Workload, sp.csr_matrix] = {}
         self._patterns: dict[Workload, Patterns] = {}
         self._cells: dict[Workload, np.ndarray] = {}
-        self._joint: dict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray]] = {}
+        self._joint: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix]] = OrderedDict()
 
     def matrix(self, w: Workload) -> sp.csr_matrix:
         A = self._A.get(w)
@@ -344,15 +348,24 @@ class IncidenceCache:
         key = tuple(workloads)
         got = self._joint.get(key)
         if got is None:
-            gid = np.zeros(self.data.n_households, dtype=np.int64)
-            for w in key:
+            # extend the longest cached prefix (the adaptive rounds add one workload at a time)
+            n = next((k for k in range(len(key) - 1, 0, -1) if key[:k] in self._joint), 0)
+            gid = self._joint[key[:n]][1] if n else np.zeros(self.data.n_households, dtype=np.int64)
+            prefix_of = gid
+            for w in key[n:]:
                 pat = self.patterns(w)
                 _, gid = np.unique(gid * pat.n_patterns + pat.pattern_of, return_inverse=True)
                 gid = gid.reshape(-1).astype(np.int64)
             _, first = np.unique(gid, return_index=True)  # gid runs over 0..U-1: first[u] is a household of pattern u
-            stacked = sp.vstack([self.matrix(w) for w in key]).tocsc() if key else sp.csc_matrix((0, self.data.n_households))
-            got = self._joint[key] = (stacked[:, first].tocsr().astype(np.float64), gid)
-        return got
+            # one row per pattern: the prefix's row of its pattern, then each new workload's
+            blocks = [self._joint[key[:n]][2][prefix_of[first]]] if n else []
+            blocks += [self.patterns(w).matrix[self.patterns(w).pattern_of[first]] for w in key[n:]]
+            by_pattern = sp.hstack(blocks, format="csr", dtype=np.float64) if blocks else sp.csr_matrix((first.size, 0))
+            got = self._joint[key] = (by_pattern.T.tocsr(), gid, by_pattern)
+        self._joint.move_to_end(key)
+        while len(self._joint) > self.JOINT_CACHE:
+            self._joint.popitem(last=False)
+        return got[0], got[1]
 
     def partition_cells(self, w: Workload) -> np.ndarray:
         """Cell of every household for a partition workload (group level, S_I = ∅)."""

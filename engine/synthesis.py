@@ -159,12 +159,13 @@ def adaptive_measure(
     unit: PrivacyUnit,
     rule: UpdateRule = "map",
     prior_strength: float = 0.1,
-) -> tuple[list[Measurement], list[str]]:
+) -> tuple[list[Measurement], list[str], NodeResult]:
     """The adaptive rounds of one node (:mod:`engine.adaptive`): ``plan.rounds`` times, fit the
     posterior to everything measured so far at the household total ``total`` (a DP value), choose
     the candidate workload it answers worst (``select``: the private session's exponential
     mechanism) and measure it (``measure``). ``rho``: the node's whole ρ (split by
-    :func:`engine.adaptive.round_budget`). Returns the new measurements and the chosen ids."""
+    :func:`engine.adaptive.round_budget`). Returns the new measurements, the chosen ids and the last
+    fit (to all measurements, in the order ``[*measured, *new, *extra]``, at ``total``)."""
     budget = round_budget(Fraction(rho), plan)
     domain = support.data.domain
     first = next((w.first for w in (m.workload for m in measured) if w.level == "person"), 0)
@@ -175,9 +176,12 @@ def adaptive_measure(
     G = max(float(total), 1.0)
     penalty = expected_measurement_l1(candidates, domain, unit, budget.measure)
     model_answers = CandidateAnswers(support.data, candidates)
-    fitted = [*extra, *measured]  # new measurements go last: the dual stays aligned
-    res = update_node(support, prior, fitted, G, rule, prior_strength)
-    new, chosen = [], []
+    # the order of synthesize_node's final fit (measured, then extra), new measurements before
+    # ``extra``: the final fit finds the same joint patterns and starts from the last round's dual
+    res = update_node(support, prior, [*measured, *extra], G, rule, prior_strength)
+    new: list[Measurement] = []
+    chosen: list[str] = []
+    n_extra = sum(m.noisy_answer.size for m in extra)
     for r in range(plan.rounds):
         # the model's expected counts of every candidate (answers of the weighted support, no incidences)
         model = G * model_answers.answers(candidates, res.weights)
@@ -188,10 +192,12 @@ def adaptive_measure(
         m = Measurement(w, np.asarray(noisy, dtype=np.float64), float(sigma), budget.measure)
         new.append(m)
         chosen.append(w.id)
-        fitted.append(m)
-        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(m.noisy_answer.size)])
-        res = update_node(support, prior, fitted, G, rule, prior_strength, dual0=dual0)
-    return new, chosen
+        dual0 = None
+        if res.dual is not None:
+            cut = res.dual.size - n_extra
+            dual0 = np.concatenate([res.dual[:cut], np.zeros(m.noisy_answer.size), res.dual[cut:]])
+        res = update_node(support, prior, [*measured, *new, *extra], G, rule, prior_strength, dual0=dual0)
+    return new, chosen, res
 
 
 def synthesize_node(
@@ -232,14 +238,17 @@ def synthesize_node(
     # and person counts can be met by other household sizes) the alternation may not run off
     bounds = (max(float(total) - 3 * total_sd, 0.0), float(total) + 3 * total_sd)
     chosen: list[str] = []
+    last: NodeResult | None = None  # the adaptive rounds' last fit, at G0
+    G0 = float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)
     if rounds and adaptive is not None and measure is not None and select is not None:
-        G0 = float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)
-        more, chosen = adaptive_measure(support, p, measured, extra, G0, adaptive, Fraction(rho), measure, select, unit, rule, prior_strength)
+        more, chosen, last = adaptive_measure(support, p, measured, extra, G0, adaptive, Fraction(rho), measure, select, unit, rule,
+                                              prior_strength)
         measured += more
     if not measured and not extra:
         return NodeResult(p / p.sum(), {"measured": 0}, float(total))
     G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
-    res = update_node(support, p, [*measured, *extra], G, rule, prior_strength, sweeps)
+    dual0 = None if last is None or last.dual is None else last.dual * (max(G, 1.0) / max(G0, 1.0))  # as the rounds below
+    res = update_node(support, p, [*measured, *extra], G, rule, prior_strength, sweeps, dual0)
     for r in range(TOTAL_ROUNDS if joint else 1):
         if r > 0:  # warm start: the previous round's dual, which scales with the total (engine.map_update.map_fit)
             dual0 = None if res.dual is None else res.dual * (max(G, 1.0) / max(res.total, 1.0))

@@ -200,6 +200,15 @@ def total_variance(support: Support, q: np.ndarray, measured: Sequence[tuple[Wor
     return 1.0 / den
 
 
+def by_pattern(support: Support, workloads: Sequence[Workload], q: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:
+    """The stacked incidence of ``workloads`` on the households' joint patterns
+    (``engine.queries.IncidenceCache.joint_patterns``) and ``q`` summed per pattern: every product
+    below (A q, A diag(q) Aᵀ, B diag(q) Aᵀ) is the same on patterns, exactly, with far fewer
+    columns than households."""
+    M, pattern_of = support.cache.joint_patterns(list(workloads))
+    return M, np.bincount(pattern_of, weights=np.asarray(q, dtype=np.float64), minlength=M.shape[1])
+
+
 def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Workload, float]], total: float,
                        prior_strength: float, rule: str = "map", total_var: float = 0.0) -> list[np.ndarray]:
     """Standard deviation of the fitted count G·(A_w q)_c of every cell of every workload in
@@ -210,8 +219,8 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
     workload, in ``fitted``'s order."""
     G = max(float(total), 1.0)
     sig = np.concatenate([np.full(w.n_cells(support.data.domain), float(s)) for w, s in fitted])
-    A = sp.vstack([support.incidence(w) for w, _ in fitted]).tocsr().astype(np.float64)
-    a = A @ np.asarray(q, dtype=np.float64)
+    A, q = by_pattern(support, [w for w, _ in fitted], q)
+    a = A @ q
     s = (sig / G) ** 2
     if rule == "map":
         Aq = A.multiply(np.sqrt(q)[None, :]).tocsr()
@@ -239,9 +248,9 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
         return [np.zeros(w.n_cells(support.data.domain)) for w in queries]
     G = max(float(total), 1.0)
     alpha = max(float(prior_strength), 1e-6)
-    q = np.asarray(q, dtype=np.float64)
-    A = sp.vstack([support.incidence(w) for w, _ in fitted]).tocsr().astype(np.float64)
-    B = sp.vstack([support.incidence(w) for w in queries]).tocsr().astype(np.float64)
+    M, q = by_pattern(support, [*(w for w, _ in fitted), *queries], q)
+    n_fitted = sum(w.n_cells(support.data.domain) for w, _ in fitted)
+    A, B = M[:n_fitted], M[n_fitted:]
     s = (np.concatenate([np.full(w.n_cells(support.data.domain), float(sg)) for w, sg in fitted]) / G) ** 2
     a, b = A @ q, B @ q
     Aq = A.multiply(q[None, :]).tocsr()

@@ -24,10 +24,15 @@ def test_exact_integer_least_squares_bruteforce():
             if kids.size:
                 assert g[kids].sum() == g[v]
         L = h.leaves()
-        best = min(
-            tree_objective(h, h.aggregate_up(np.bincount(L, xs, minlength=h.n_nodes).astype(int)), noisy, w)
-            for xs in itertools.product(range(16), repeat=L.size)
-        )
+        # every leaf vector in 0..15 at once: one column each, internal nodes summed up
+        leaf_values = np.array(list(itertools.product(range(16), repeat=L.size))).T
+        X = np.zeros((h.n_nodes, leaf_values.shape[1]), dtype=np.int64)
+        X[L] = leaf_values
+        X = h.aggregate_up(X)
+        r = np.where(np.isnan(noisy), 0.0, 1.0)[:, None] * (X - np.nan_to_num(noisy)[:, None])
+        objective = (w[:, None] * r * r).sum(axis=0)
+        best = float(objective.min())
+        assert abs(best - tree_objective(h, X[:, int(objective.argmin())], noisy, w)) < 1e-9
         assert tree_objective(h, g, noisy, w) <= best + 1e-9
 
 

@@ -109,6 +109,26 @@ def test_joint_patterns_group_households_with_equal_stacked_columns():
     assert B.shape[1] < DATA.n_households  # the test data has repeated columns: the grouping is not trivial
 
 
+def test_joint_patterns_extended_from_a_cached_prefix_equal_a_fresh_build():
+    """The adaptive rounds add one workload at a time: the extension of a cached prefix is the
+    same grouping and matrix as building the list from nothing; the cache stays bounded."""
+    ws = [w for w in WORKLOADS if len(w.attrs) <= 2][:5]
+    grown = IncidenceCache(DATA)
+    for k in range(1, len(ws) + 1):
+        B, pattern_of = grown.joint_patterns(ws[:k])
+        F, fresh_of = IncidenceCache(DATA).joint_patterns(ws[:k])
+        stacked = sp.vstack([incidence_matrix(DATA, w) for w in ws[:k]]).toarray()
+        np.testing.assert_array_equal(B.toarray()[:, pattern_of], stacked)
+        assert B.shape == F.shape and np.unique(B.toarray(), axis=1).shape[1] == B.shape[1]
+        # the same partition of the households (pattern ids may be numbered differently)
+        assert np.unique(np.stack([pattern_of, fresh_of]), axis=1).shape[1] == F.shape[1]
+    small = IncidenceCache(DATA)
+    small.JOINT_CACHE = 2
+    for k in range(1, len(ws) + 1):
+        small.joint_patterns(ws[:k])
+    assert len(small._joint) == 2
+
+
 def test_cache_builds_each_incidence_once_and_is_shared():
     s = Support.from_data(DATA)
     w = Workload("person", ("TEN",), ("AGE",))
