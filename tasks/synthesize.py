@@ -75,11 +75,13 @@ def size_extra(support: Support, size_estimate: SizeEstimate | None) -> list[Mea
 
 def answer_sd(support: Support, res, workloads: list[Workload], sigmas: dict[str, float], s, total_sd: float,
               size_estimate: SizeEstimate | None, queries: list[Workload] | None = None) -> dict:
-    """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads at a
+    """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads — the
+    given ``workloads`` and those its adaptive rounds chose, every measurement the fit used — at a
     fixed total), ``total_var`` (the variance of the fitted total) and ``response_sd`` (how much
     the fit's noise moves the ``queries``: a PUMA's on its state's workloads), by
     ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
     ``intervals.parquet``."""
+    workloads = [*workloads, *(Workload.from_id(w) for w in res.diagnostics.get("adaptive", []))]
     sd, total_var, response = fit_answer_sd(support, res.weights, res.total, workloads, sigmas, rule=s.update_rule,
                                             prior_strength=s.prior_strength, total_sd=total_sd,
                                             size_sd=None if size_estimate is None else size_estimate[1], queries=queries or [])

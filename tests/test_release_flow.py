@@ -197,6 +197,14 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     selections = meas[meas.mechanism == "exponential_mechanism"]
     assert set(selections.level) == {"state", "puma"} and selections.node.nunique() == len(set(meas.node[meas.level != "nation"]))
     assert not any(";first=" in w for w in manifest["workload"]["state"] + manifest["workload"]["puma"])
+    # an error estimate beside every workload a node's fit used, the adaptively chosen ones included
+    iv = pq.read_table(rel / "intervals.parquet").to_pandas()
+    marg = iv[iv.table == "marginal"]
+    for level, stage in (("state", "state_synthesis"), ("puma", "puma_synthesis")):
+        used = meas[(meas.stage == stage) & (meas.mechanism != "exponential_mechanism")]
+        at_level = marg[marg.level == level]
+        assert set(zip(used.node, used.workload_id)) == set(zip(at_level.node, at_level.marginal)) - {(n, "group:NP|") for n in at_level.node}
+        assert len(set(used.workload_id)) > len(manifest["workload"][level])  # the rounds' workloads are among them
     from tasks.publish import read_release
 
     households, persons = read_release(rel)
