@@ -7,7 +7,7 @@ server and Dask workers, sampled every 0.5 s with psutil), each stage's time fro
 audit log, the dominant stage, and the ratios to the smallest size (time per household: 1.0 is
 linear growth).
 
-    python benchmarks/scale.py --scales 1,4,16 [--national]
+    python benchmarks/scale.py --scales 1,4,16 [--national] [--keep]
 
 Inputs and runs live in a temporary directory that is deleted afterwards.
 """
@@ -111,6 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--national", action="store_true", help="also the national-size input (~2,400 PUMAs)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "acs2018_1yr"))
     ap.add_argument("--out", default=str(OUT / "scale.txt"))
+    ap.add_argument("--keep", action="store_true", help="keep the sizes of the existing table that this run does not measure")
     args = ap.parse_args(argv)
     sizes = [(f"{k}x", dict(scale=int(k), pumas_per_state=None)) for k in args.scales.split(",") if k.strip()]
     if args.national:
@@ -118,6 +119,9 @@ def main(argv=None) -> int:
     env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
     rows = []
+    previous = Path(args.out).with_suffix(".json")
+    if args.keep and previous.exists():
+        rows = [r for r in json.loads(previous.read_text()) if r["label"] not in {label for label, _ in sizes}]
     with tempfile.TemporaryDirectory(prefix="dprelease-scale-") as tmp:
         env["PREFECT_HOME"] = str(Path(tmp) / "prefect")
         for label, how in sizes:

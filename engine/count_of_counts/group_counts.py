@@ -75,6 +75,42 @@ def _group_min(vals: np.ndarray, starts: np.ndarray, lens: np.ndarray):
     return m1, arg, m2
 
 
+def tree_least_squares(hierarchy: Hierarchy, target: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The real-valued minimiser of Σ_v w_v (g_v − t_v)² over consistent g (every internal node
+    the sum of its children), by the two-pass algorithm of Hay et al. (2010, §4, weighted):
+    upward, each node's estimate from its own measurement and its children's sum, merged by
+    precision; downward, each parent's final value minus its children's sum shared out in
+    proportion to the children's variances (all of it to the unmeasured ones when there are
+    any). ``weights`` 0: not measured. Nodes no measurement reaches get 0."""
+    h = hierarchy
+    w = np.asarray(weights, dtype=np.float64)
+    z = np.where(w > 0, np.asarray(target, dtype=np.float64), 0.0)
+    prec = w.copy()
+    groups = []
+    for lv in range(h.n_levels - 1, 0, -1):
+        ids = h.level_range(lv)
+        par = h.parent[ids]
+        st = np.flatnonzero(np.concatenate(([True], par[1:] != par[:-1])))
+        groups.append((ids, par[st], st, np.diff(np.append(st, ids.size))))
+    for ids, pars, st, _ in groups:  # upward, deepest level first
+        var = np.where(prec[ids] > 0, 1.0 / np.where(prec[ids] > 0, prec[ids], 1.0), np.inf)
+        child_prec = 1.0 / np.add.reduceat(var, st)  # 0 when a child is unknown
+        total = w[pars] + child_prec
+        merged = w[pars] * np.where(w[pars] > 0, target[pars], 0.0) + child_prec * np.add.reduceat(z[ids], st)
+        z[pars] = np.where(total > 0, merged / np.where(total > 0, total, 1.0), 0.0)
+        prec[pars] = total
+    g = z.copy()
+    for ids, pars, st, ln in reversed(groups):  # downward, top level first
+        var = np.where(prec[ids] > 0, 1.0 / np.where(prec[ids] > 0, prec[ids], 1.0), np.inf)
+        unknown = np.isinf(var)
+        n_unknown = np.repeat(np.add.reduceat(unknown.astype(np.float64), st), ln)
+        known_var = np.repeat(np.add.reduceat(np.where(unknown, 0.0, var), st), ln)
+        share = np.where(n_unknown > 0, unknown / np.maximum(n_unknown, 1.0),
+                         np.where(unknown, 0.0, var) / np.where(known_var > 0, known_var, 1.0))
+        g[ids] = z[ids] + share * np.repeat(g[pars] - np.add.reduceat(z[ids], st), ln)
+    return g
+
+
 def consistent_group_counts(hierarchy: Hierarchy, noisy, variances=None, max_iter: int = 1_000_000) -> np.ndarray:
     """Exact nonnegative-integer, consistent weighted least-squares group counts (one per
     node, in node-id order).  ``noisy``: (N,) floats, NaN where a node was not measured.
@@ -92,8 +128,12 @@ def consistent_group_counts(hierarchy: Hierarchy, noisy, variances=None, max_ite
     target = np.where(meas, noisy, 0.0)
     leaf = h.is_leaf()
     leaves = np.flatnonzero(leaf)
+    # start from the rounded real-valued optimum: the descent below is exact from any start (the
+    # objective is M♮-convex, so a point no exchange improves is optimal), but from the rounded
+    # leaves alone it needs a move per unit of disagreement between levels, O(nodes) moves of
+    # O(nodes) each
     x = np.zeros(N, dtype=np.int64)  # leaf values (internal entries unused)
-    x[leaves] = np.maximum(np.rint(target[leaves]), 0).astype(np.int64) * meas[leaves]
+    x[leaves] = np.maximum(np.rint(tree_least_squares(h, target, w)[leaves]), 0).astype(np.int64)
 
     # per-level child groups (children of a parent are contiguous)
     levels = []

@@ -1,9 +1,10 @@
 import itertools
 
 import numpy as np
+import pytest
 
 from engine.count_of_counts import consistent_group_counts
-from engine.count_of_counts.group_counts import tree_objective
+from engine.count_of_counts.group_counts import tree_least_squares, tree_objective
 
 from .helpers import random_tree
 
@@ -43,3 +44,21 @@ def test_leaves_only_measurement_rounds_and_clips():
     noisy[L] = np.linspace(-3, 10.4, L.size)
     g = consistent_group_counts(h, noisy)
     assert np.array_equal(g[L], np.maximum(np.rint(noisy[L]), 0))
+
+
+def test_tree_least_squares_reaches_the_weighted_least_squares_optimum():
+    """The two-pass start of the integer descent against a dense weighted least-squares solve over
+    the leaf values (internal nodes their sums), unmeasured nodes included."""
+    rng = np.random.default_rng(3)
+    for t in range(40):
+        h = random_tree(rng, (1, 5), (1, 6))
+        noisy = rng.normal(20, 8, h.n_nodes)
+        w = rng.choice([0.25, 1.0, 4.0], h.n_nodes) * (rng.random(h.n_nodes) > (0.3 if t % 2 else 0.0))
+        g = tree_least_squares(h, noisy, w)
+        assert np.allclose(h.aggregate_up(np.where(h.is_leaf(), g, 0.0)), g)  # consistent
+        L = h.leaves()
+        M = np.zeros((h.n_nodes, L.size))
+        M[L, np.arange(L.size)] = 1.0
+        M = h.aggregate_up(M)
+        x, *_ = np.linalg.lstsq(np.sqrt(w)[:, None] * M, np.sqrt(w) * noisy, rcond=None)
+        assert tree_objective(h, g, noisy, w) == pytest.approx(tree_objective(h, M @ x, noisy, w), rel=1e-9, abs=1e-9)
