@@ -148,7 +148,7 @@ def l1_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequence[int
 class PrivateSession:
     """The private input, reachable only through charged, persisted measurements."""
 
-    __slots__ = ("__data", "_unit", "_ledger", "_store", "_invariants", "_nodes", "_targets")
+    __slots__ = ("__data", "_unit", "_ledger", "_store", "_invariants", "_nodes", "_index", "_targets")
 
     def __init__(self, data: HierarchicalData, unit: PrivacyUnit, ledger: PrivacyLedger, store: MeasurementStore,
                  invariants: Sequence[str] = ()) -> None:
@@ -163,6 +163,7 @@ class PrivateSession:
         self._store = store
         self._invariants = frozenset(invariants)
         self._nodes: dict[Node, HierarchicalData] = {}
+        self._index: dict[int, dict[Node, np.ndarray]] = {}
         self._targets: dict[tuple, np.ndarray] = {}
 
     # -- public facts ---------------------------------------------------------------------------
@@ -203,8 +204,21 @@ class PrivateSession:
         node = tuple(int(x) for x in node)
         if node not in self._nodes:
             d = self.__data
-            self._nodes[node] = d if not node else d.select(d.node_mask(node))
+            self._nodes[node] = d if not node else d.take(self._node_index(len(node)).get(node, np.zeros(0, dtype=np.int64)))
         return self._nodes[node]
+
+    def _node_index(self, depth: int) -> dict[Node, np.ndarray]:
+        """{node: its households, in input order} for the nodes ``depth`` levels down, built once
+        per depth by one sort (a mask per node would cost nodes × households: quadratic at
+        national size)."""
+        got = self._index.get(depth)
+        if got is None:
+            keys, inverse = np.unique(self.__data.geo[:, :depth], axis=0, return_inverse=True)
+            inverse = inverse.reshape(-1)
+            order = np.argsort(inverse, kind="stable")
+            bounds = np.concatenate(([0], np.cumsum(np.bincount(inverse, minlength=len(keys)))))
+            got = self._index[depth] = {tuple(int(x) for x in k): order[bounds[i]:bounds[i + 1]] for i, k in enumerate(keys)}
+        return got
 
     @staticmethod
     def key(stage: str, node: Node, name: str, tag: str = "") -> str:

@@ -109,3 +109,13 @@ def test_max_abs_error_scores_against_brute_force():
     assert np.allclose(max_abs_error_scores(m, t, cells), brute)
     with pytest.raises(ValueError):
         max_abs_error_scores(m[:-1], t[:-1], cells)
+
+
+def test_a_node_reads_exactly_its_own_households_in_input_order(tmp_path, data):
+    """The session's per-depth index (one sort) gives every node the households a mask would."""
+    s = session(tmp_path, data)
+    for level in data.domain.geography:
+        for node in data.nodes(level):
+            assert s._node_data(node).equals(data.select(data.node_mask(node))), node
+    assert s._node_data((99, 999)).n_households == 0  # a node the input does not hold: no households
+    assert s._node_data(()) is not None and s._node_data(()).n_households == data.n_households
