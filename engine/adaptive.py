@@ -39,7 +39,7 @@ from engine.domain import Domain
 from engine.errors import DPReleaseError
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
-from engine.queries import PrivacyUnit, Workload
+from engine.queries import PrivacyUnit, Workload, group_rows
 
 # select(candidates, model counts (concatenated), penalty per candidate, ε₀, round tag) -> index
 SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], int]
@@ -152,10 +152,10 @@ class CandidateAnswers:
         keep = np.flatnonzero(data.person_slot < first) if first else np.arange(data.n_persons)
         d = data.domain
         group_cols = [data.group[:, j].astype(np.int64) for j in range(len(d.group))]
-        self.household_pattern, group_first = _patterns(group_cols, data.n_households)
+        self.household_pattern, group_first = group_rows(group_cols, data.n_households)
         household = data.person_household[keep]
         person_cols = [c[household] for c in group_cols] + [data.person[keep, j].astype(np.int64) for j in range(len(d.person))]
-        self.person_pattern, person_first = _patterns(person_cols, keep.size)
+        self.person_pattern, person_first = group_rows(person_cols, keep.size)
         self.person_household = household
         # each attribute's code at every pattern's first member
         self.group_codes = {a.name: c[group_first] for a, c in zip(d.group, group_cols)}
@@ -185,13 +185,3 @@ class CandidateAnswers:
         return np.concatenate([np.bincount(self._cells_of(w), weights=per_person if w.level == "person" else per_group,
                                            minlength=w.n_cells(self.domain)) for w in workloads])
 
-
-def _patterns(columns: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows grouped by their codes in ``columns`` (exact, by successive 1-D uniques): (pattern of
-    every row, the first row of every pattern)."""
-    gid = np.zeros(n, dtype=np.int64)
-    for c in columns:
-        _, gid = np.unique(gid * (int(c.max(initial=0)) + 1) + c, return_inverse=True)
-        gid = gid.reshape(-1).astype(np.int64)
-    _, first = np.unique(gid, return_index=True)
-    return gid, first

@@ -272,6 +272,19 @@ class Patterns:
         return np.bincount(self.pattern_of, weights=weights, minlength=self.n_patterns)
 
 
+def group_rows(columns: Sequence[np.ndarray], n: int, start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` rows grouped by their non-negative integer codes in ``columns`` (after the groups
+    ``start``, if given), exactly, by successive 1-D ``np.unique`` (much faster than
+    ``unique(axis=0)``): (group 0..U−1 of every row, the first row of every group)."""
+    gid = np.zeros(n, dtype=np.int64) if start is None else np.asarray(start, dtype=np.int64)
+    for c in columns:
+        c = np.asarray(c, dtype=np.int64)
+        _, gid = np.unique(gid * (int(c.max(initial=0)) + 1) + c, return_inverse=True)
+        gid = gid.reshape(-1).astype(np.int64)
+    _, first = np.unique(gid, return_index=True)
+    return gid, first
+
+
 def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | None = None) -> Patterns:
     """Exact grouping of households by their column of the incidence (no hashing).
 
@@ -300,13 +313,8 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     keys = np.full((n, width), -1, dtype=np.int64)
     keys[row, slot] = codes
     # exact row grouping, one column at a time (1-D uniques are much faster than unique(axis=0))
-    gid = np.zeros(n, dtype=np.int64)
-    base = int(A.shape[0]) * M1 + 2
-    for j in range(width):
-        _, gid = np.unique(gid * base + (keys[:, j] + 1), return_inverse=True)
-        gid = gid.reshape(-1)
-    _, first, inv = np.unique(gid, return_index=True, return_inverse=True)
-    return Patterns(At[first].tocsr(), inv.reshape(-1).astype(np.int64))
+    gid, first = group_rows([keys[:, j] + 1 for j in range(width)], n)
+    return Patterns(At[first].tocsr(), gid)
 
 
 class IncidenceCache:
@@ -350,15 +358,10 @@ class IncidenceCache:
         if got is None:
             # extend the longest cached prefix (the adaptive rounds add one workload at a time)
             n = next((k for k in range(len(key) - 1, 0, -1) if key[:k] in self._joint), 0)
-            gid = self._joint[key[:n]][1] if n else np.zeros(self.data.n_households, dtype=np.int64)
-            prefix_of = gid
-            for w in key[n:]:
-                pat = self.patterns(w)
-                _, gid = np.unique(gid * pat.n_patterns + pat.pattern_of, return_inverse=True)
-                gid = gid.reshape(-1).astype(np.int64)
-            _, first = np.unique(gid, return_index=True)  # gid runs over 0..U-1: first[u] is a household of pattern u
+            _, prefix_of, prefix_rows = self._joint[key[:n]] if n else (None, None, None)
+            gid, first = group_rows([self.patterns(w).pattern_of for w in key[n:]], self.data.n_households, prefix_of)
             # one row per pattern: the prefix's row of its pattern, then each new workload's
-            blocks = [self._joint[key[:n]][2][prefix_of[first]]] if n else []
+            blocks = [] if prefix_of is None or prefix_rows is None else [prefix_rows[prefix_of[first]]]
             blocks += [self.patterns(w).matrix[self.patterns(w).pattern_of[first]] for w in key[n:]]
             by_pattern = sp.hstack(blocks, format="csr", dtype=np.float64) if blocks else sp.csr_matrix((first.size, 0))
             got = self._joint[key] = (by_pattern.T.tocsr(), gid, by_pattern)

@@ -75,6 +75,18 @@ def _group_min(vals: np.ndarray, starts: np.ndarray, lens: np.ndarray):
     return m1, arg, m2
 
 
+def child_groups(h: Hierarchy) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per level below the root, deepest first: (node ids of the level, the parent of each child
+    group, each group's start in ids, its length); children of a parent are contiguous."""
+    out = []
+    for lv in range(h.n_levels - 1, 0, -1):
+        ids = h.level_range(lv)
+        par = h.parent[ids]
+        st = np.flatnonzero(np.concatenate(([True], par[1:] != par[:-1])))
+        out.append((ids, par[st], st, np.diff(np.append(st, ids.size))))
+    return out
+
+
 def tree_least_squares(hierarchy: Hierarchy, target: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """The real-valued minimiser of Σ_v w_v (g_v − t_v)² over consistent g (every internal node
     the sum of its children), by the two-pass algorithm of Hay et al. (2010, §4, weighted):
@@ -86,14 +98,13 @@ def tree_least_squares(hierarchy: Hierarchy, target: np.ndarray, weights: np.nda
     w = np.asarray(weights, dtype=np.float64)
     z = np.where(w > 0, np.asarray(target, dtype=np.float64), 0.0)
     prec = w.copy()
-    groups = []
-    for lv in range(h.n_levels - 1, 0, -1):
-        ids = h.level_range(lv)
-        par = h.parent[ids]
-        st = np.flatnonzero(np.concatenate(([True], par[1:] != par[:-1])))
-        groups.append((ids, par[st], st, np.diff(np.append(st, ids.size))))
+    groups = child_groups(h)
+
+    def variance(i):  # inf where unknown
+        return np.where(prec[i] > 0, 1.0 / np.where(prec[i] > 0, prec[i], 1.0), np.inf)
+
     for ids, pars, st, _ in groups:  # upward, deepest level first
-        var = np.where(prec[ids] > 0, 1.0 / np.where(prec[ids] > 0, prec[ids], 1.0), np.inf)
+        var = variance(ids)
         child_prec = 1.0 / np.add.reduceat(var, st)  # 0 when a child is unknown
         total = w[pars] + child_prec
         merged = w[pars] * np.where(w[pars] > 0, target[pars], 0.0) + child_prec * np.add.reduceat(z[ids], st)
@@ -101,7 +112,7 @@ def tree_least_squares(hierarchy: Hierarchy, target: np.ndarray, weights: np.nda
         prec[pars] = total
     g = z.copy()
     for ids, pars, st, ln in reversed(groups):  # downward, top level first
-        var = np.where(prec[ids] > 0, 1.0 / np.where(prec[ids] > 0, prec[ids], 1.0), np.inf)
+        var = variance(ids)
         unknown = np.isinf(var)
         n_unknown = np.repeat(np.add.reduceat(unknown.astype(np.float64), st), ln)
         known_var = np.repeat(np.add.reduceat(np.where(unknown, 0.0, var), st), ln)
@@ -135,13 +146,7 @@ def consistent_group_counts(hierarchy: Hierarchy, noisy, variances=None, max_ite
     x = np.zeros(N, dtype=np.int64)  # leaf values (internal entries unused)
     x[leaves] = np.maximum(np.rint(tree_least_squares(h, target, w)[leaves]), 0).astype(np.int64)
 
-    # per-level child groups (children of a parent are contiguous)
-    levels = []
-    for lv in range(h.n_levels - 1, 0, -1):
-        ids = h.level_range(lv)
-        par = h.parent[ids]
-        st = np.flatnonzero(np.concatenate(([True], par[1:] != par[:-1])))
-        levels.append((ids, par[st], st, np.diff(np.append(st, ids.size))))
+    levels = child_groups(h)
     roots = h.level_range(0)
 
     def sums(xv):
