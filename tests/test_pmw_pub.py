@@ -7,18 +7,10 @@ import numpy as np
 import pytest
 
 from benchmarks.peers.pmw_pub import pmw_pub
-from engine.queries import Workload, answer
+from engine.queries import answer
 from engine.support import Support
-from tests.engine._support_testdata import random_data, small_domain
-
-DOMAIN = small_domain(M=4)
-WORKLOADS = [
-    Workload("group", ("TEN", "NP")),
-    Workload("group", ("R18",)),
-    Workload("group", ("NP",), ("AGE",)),
-    Workload("person", ("TEN",), ("AGE",)),
-    Workload("person", (), ("SEX", "RAC")),
-]
+from tests.engine._support_testdata import random_data
+from tests.engine.test_prior_update import DOMAIN, WORKLOADS  # the prior update's test set-up
 
 
 def test_pmw_pub_rounds_use_the_callables_and_reduce_error():
