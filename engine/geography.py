@@ -10,6 +10,8 @@ Bureau).
 
 from __future__ import annotations
 
+import numpy as np
+
 Node = tuple[int, ...]
 LEVELS = ("nation", "state", "puma")
 
@@ -48,3 +50,19 @@ def parse_node_key(key: str) -> Node:
 def node_level(node: Node) -> str:
     """``"nation"``, ``"state"`` or ``"puma"``."""
     return LEVELS[len(node)]
+
+
+def node_households(geo: np.ndarray, depth: int) -> dict[Node, np.ndarray]:
+    """{node: the indices of its households, in input order} for every node ``depth`` levels
+    down of the households' geography codes ``geo`` (n, ≥ depth), by one sort: a mask per node
+    would cost nodes × households, quadratic at national size. Depth 0: the nation, every household."""
+    geo = np.asarray(geo)
+    if depth == 0:
+        return {(): np.arange(len(geo), dtype=np.int64)}
+    if len(geo) == 0:
+        return {}
+    keys, inverse = np.unique(geo[:, :depth], axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(inverse, minlength=len(keys)))))
+    return {tuple(int(x) for x in k): order[bounds[i]:bounds[i + 1]] for i, k in enumerate(keys)}

@@ -19,7 +19,7 @@ from typing import cast
 import numpy as np
 
 from engine.hierarchical_data import HierarchicalData
-from engine.queries import Level, Workload, household_cell_pairs
+from engine.queries import Level, Workload, counted_person_cells, household_cell_pairs
 
 
 def node_index(data: HierarchicalData, level: str, nodes: np.ndarray) -> np.ndarray:
@@ -40,15 +40,62 @@ def node_index(data: HierarchicalData, level: str, nodes: np.ndarray) -> np.ndar
 
 def answers_by_node(data: HierarchicalData, w: Workload, level: str, nodes: np.ndarray) -> np.ndarray:
     """(n_nodes, n_cells) normalised answers of ``w`` within every node (rows of zeros for empty nodes)."""
+    return _by_node(data, w, _cell_pairs(data, w), node_index(data, level, nodes), len(nodes))
+
+
+def _cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(household, cell, count) entries whose sums per node and cell are the workload's counts: a
+    person-level workload's counted persons one by one (no need to merge them per household)."""
+    if w.level == "person":
+        hh, cells = counted_person_cells(data, w)
+        return hh, cells, np.ones(len(hh), dtype=np.int64)
+    return household_cell_pairs(data, w)
+
+
+def _by_node(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], node: np.ndarray,
+             n_nodes: int) -> np.ndarray:
+    """:func:`answers_by_node` from the workload's (household, cell, count) ``pairs`` and every
+    household's ``node`` index: the pairs serve every level."""
     n_cells = w.n_cells(data.domain)
-    h, c, k = household_cell_pairs(data, w)
-    node = node_index(data, level, nodes)
+    h, c, k = pairs
     ok = node[h] >= 0
-    counts = np.bincount(node[h][ok] * n_cells + c[ok], weights=k[ok].astype(np.float64), minlength=len(nodes) * n_cells).reshape(len(nodes), n_cells)
+    counts = np.bincount(node[h][ok] * n_cells + c[ok], weights=k[ok].astype(np.float64), minlength=n_nodes * n_cells).reshape(n_nodes, n_cells)
     valid = node >= 0
     unit = np.ones(data.n_households) if w.level == "group" else data.sizes.astype(np.float64)
-    denom = np.bincount(node[valid], weights=unit[valid], minlength=len(nodes))
+    denom = np.bincount(node[valid], weights=unit[valid], minlength=n_nodes)
     return counts / np.maximum(denom, 1.0)[:, None]
+
+
+def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict:
+    """Max and mean absolute error of normalised answers per node of ``level``, averaged over nodes."""
+    return query_errors_by_level(true, {"synth": synth}, workloads, [level])["synth"][level]
+
+
+def query_errors_by_level(true: HierarchicalData, candidates: dict[str, HierarchicalData], workloads: list[Workload],
+                          levels: list[str]) -> dict[str, dict[str, dict]]:
+    """{candidate: {level: :func:`query_errors`}} for several synthetic datasets and geography
+    levels at once: each dataset's cells of a workload are found once and the truth's answers
+    computed once, for every candidate and level."""
+    nodes = {lv: np.unique(true.geo[:, : true.domain.geography.index(lv) + 1], axis=0) for lv in levels}
+    true_node = {lv: node_index(true, lv, nodes[lv]) for lv in levels}
+    synth_node = {name: {lv: node_index(synth, lv, nodes[lv]) for lv in levels} for name, synth in candidates.items()}
+    max_err = {name: {lv: np.zeros(len(nodes[lv])) for lv in levels} for name in candidates}
+    sum_err = {name: {lv: np.zeros(len(nodes[lv])) for lv in levels} for name in candidates}
+    n_cells = 0
+    for w in workloads:
+        pairs = _cell_pairs(true, w)
+        truth = {lv: _by_node(true, w, pairs, true_node[lv], len(nodes[lv])) for lv in levels}
+        for name, synth in candidates.items():
+            synth_pairs = _cell_pairs(synth, w)
+            for lv in levels:
+                diff = np.abs(truth[lv] - _by_node(synth, w, synth_pairs, synth_node[name][lv], len(nodes[lv])))
+                max_err[name][lv] = np.maximum(max_err[name][lv], diff.max(axis=1))
+                sum_err[name][lv] += diff.sum(axis=1)
+        n_cells += w.n_cells(true.domain)
+    return {name: {lv: {"level": lv, "n_nodes": int(len(nodes[lv])), "n_workloads": len(workloads),
+                        "max_error": float(max_err[name][lv].mean()),
+                        "mean_error": float((sum_err[name][lv] / max(n_cells, 1)).mean())} for lv in levels}
+            for name in candidates}
 
 
 def k_way_workloads(domain, k: int = 3, level: Level = "group", limit: int | None = None, rng: np.random.Generator | None = None) -> list[Workload]:
@@ -67,22 +114,6 @@ def k_way_workloads(domain, k: int = 3, level: Level = "group", limit: int | Non
         rng = rng or np.random.default_rng(0)
         out = [out[i] for i in sorted(rng.choice(len(out), limit, replace=False))]
     return out
-
-
-def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict:
-    """Max and mean absolute error of normalised answers per node of ``level``, averaged over nodes."""
-    k = true.domain.geography.index(level) + 1
-    nodes = np.unique(true.geo[:, :k], axis=0)
-    max_err = np.zeros(len(nodes))
-    sum_err = np.zeros(len(nodes))
-    n_cells = 0
-    for w in workloads:
-        diff = np.abs(answers_by_node(true, w, level, nodes) - answers_by_node(synth, w, level, nodes))
-        max_err = np.maximum(max_err, diff.max(axis=1))
-        sum_err += diff.sum(axis=1)
-        n_cells += diff.shape[1]
-    mean_err = sum_err / max(n_cells, 1)
-    return {"level": level, "n_nodes": int(len(nodes)), "n_workloads": len(workloads), "max_error": float(max_err.mean()), "mean_error": float(mean_err.mean())}
 
 
 def flat_persons(data: HierarchicalData) -> tuple[np.ndarray, list[int]]:

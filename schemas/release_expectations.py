@@ -117,7 +117,13 @@ def _node_keys(st: pd.Series, puma: pd.Series) -> dict[str, pd.Series]:
         except ValueError:
             return "invalid:" + "/".join(codes)
 
-    pair, pairs = pd.factorize(pd.MultiIndex.from_arrays([st.astype(str), puma.astype(str)]))
+    # each column factorised alone, then the pairs of their integer codes (a MultiIndex of
+    # strings would hash millions of tuples at national size)
+    st_code, st_values = pd.factorize(st.astype(str))
+    puma_code, puma_values = pd.factorize(puma.astype(str))
+    combined = st_code.astype(np.int64) * max(len(puma_values), 1) + puma_code
+    uniq, pair = np.unique(combined, return_inverse=True)
+    pairs = [(str(st_values[c // max(len(puma_values), 1)]), str(puma_values[c % max(len(puma_values), 1)])) for c in uniq]
     keys = {"state": [key(s) for s, _ in pairs], "puma": [key(s, p) for s, p in pairs]}
     return {"nation": pd.Series(node_key(()), index=st.index),
             **{lv: pd.Series(np.asarray(k, dtype=object)[pair] if len(k) else np.zeros(0, object), index=st.index) for lv, k in keys.items()}}

@@ -32,7 +32,7 @@ import pyarrow as pa
 from engine.count_of_counts.api import fit_histograms, fit_household_counts
 from engine.count_of_counts.geography import geography_hierarchy
 from engine.domain import Domain
-from engine.geography import LEVELS, parse_node_key
+from engine.geography import LEVELS, node_households, parse_node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.measurements import MeasurementRecord as Measurement
 from engine.queries import Workload, answer
@@ -109,11 +109,6 @@ def count_of_counts_intervals(keys: list[str], level: np.ndarray, released: np.n
     return pa.concat_tables(parts)
 
 
-def _node_data(release: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
-    mask = np.all(release.geo[:, : len(node)] == np.asarray(node), axis=1)
-    return release.select(mask)
-
-
 def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalData, method: str = "laplace_map") -> pa.Table:
     """Rows for the measured marginals: per synthesis node result (its ``.json`` with
     ``answer_sd`` and ``total_var``; results of older runs without them are skipped), every
@@ -134,12 +129,13 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
         for wid, sd in (r.get("response_sd") or {}).items():
             response[(node[0], wid)] = response.get((node[0], wid), 0.0) + np.asarray(sd) ** 2
     size_id = Workload("group", (release.domain.size_attribute,), ()).id
+    index = {depth: node_households(release.geo, depth) for depth in (1, 2)}  # one sort, not a mask per node
     parts = []
     for record in records:
         if not record.get("answer_sd"):
             continue
         node = parse_node_key(record["node"])
-        data = _node_data(release, node)
+        data = release.take(index[len(node)].get(node, np.zeros(0, dtype=np.int64)))
         level = "state" if len(node) == 1 else "puma"
         var_G = total_var[node] if level == "puma" else sum(v for n, v in total_var.items() if len(n) == 2 and n[0] == node[0])
         for wid, sd in sorted(record["answer_sd"].items()):

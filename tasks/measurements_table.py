@@ -24,6 +24,7 @@ the domain: a replay from the same store writes the same bytes (``tests/test_clo
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
@@ -70,8 +71,10 @@ def _size_cells(form: str, domain: Domain, n: int) -> tuple[pa.Array, pa.Array]:
     return _strings(codes), _strings(labels)
 
 
+@lru_cache(maxsize=4096)
 def cell_labels(workload_id: str, n: int, domain: Domain) -> tuple[pa.Array, pa.Array]:
-    """(cell_codes, cell_labels) of the ``n`` cells of a measurement of ``workload_id``."""
+    """(cell_codes, cell_labels) of the ``n`` cells of a measurement of ``workload_id`` (cached:
+    every node of a level has the same cells; Arrow arrays are immutable)."""
     if workload_id in ("size_histogram", "size_at_least"):
         return _size_cells(workload_id.removeprefix("size_"), domain, n)
     if workload_id == "households" or workload_id.startswith("select:"):

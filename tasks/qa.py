@@ -18,17 +18,19 @@ from pathlib import Path
 import numpy as np
 
 from engine.hierarchical_data import HierarchicalData
-from engine.metrics import k_way_workloads, query_errors, two_way_l1
+from engine.metrics import k_way_workloads, query_errors_by_level, two_way_l1
 
 
 def accuracy_table(true: HierarchicalData, candidates: dict[str, HierarchicalData], n_workloads: int = 60, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     wl = {lvl: k_way_workloads(true.domain, 3, lvl, limit=n_workloads, rng=rng) for lvl in ("group", "person")}
+    geos = list(true.domain.geography)
+    errors = {qlevel: query_errors_by_level(true, candidates, ws, geos) for qlevel, ws in wl.items()}
     rows = []
     for name, synth in candidates.items():
-        for geo in true.domain.geography:
-            for qlevel, ws in wl.items():
-                e = query_errors(true, synth, ws, geo)
+        for geo in geos:
+            for qlevel in wl:
+                e = errors[qlevel][name][geo]
                 rows.append({"method": name, "geography": geo, "metric": f"{qlevel}-level 3-way max error", "value": e["max_error"]})
                 rows.append({"method": name, "geography": geo, "metric": f"{qlevel}-level 3-way mean error", "value": e["mean_error"]})
         l1 = two_way_l1(true, synth, true.domain.geography[-1], n_pairs=50, rng=np.random.default_rng(seed))
@@ -66,12 +68,22 @@ def _plots(qa_dir: Path, true: HierarchicalData, release: HierarchicalData, rows
     # household sizes per state
     states = np.unique(true.geo[:, 0])
     M = true.domain.max_size
-    fig, axes = plt.subplots(1, len(states), figsize=(3.2 * len(states), 2.8), squeeze=False)
-    for ax, st in zip(axes[0], states):
-        for data, label, off in ((true, "confidential", -0.2), (release, "release", 0.2)):
-            sizes = data.sizes[data.geo[:, 0] == st]
-            ax.bar(np.arange(1, M + 1) + off, np.bincount(sizes, minlength=M + 1)[1:], width=0.4, label=label)
-        ax.set_title(f"ST {st:02d}")
+    cols = min(len(states), 8)  # a grid: 52 states in one row would be a 20,000-pixel strip
+    rows_ = -(-len(states) // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(3.2 * cols, 2.8 * rows_), squeeze=False)
+    hist: dict[str, np.ndarray] = {}
+    for data, label in ((true, "confidential"), (release, "release")):  # one pass per dataset, not a mask per state
+        st_index = np.searchsorted(states, data.geo[:, 0])
+        ok = (st_index < len(states)) & (states[np.minimum(st_index, len(states) - 1)] == data.geo[:, 0])
+        flat = st_index[ok] * (M + 1) + np.minimum(data.sizes[ok], M)
+        hist[label] = np.bincount(flat, minlength=len(states) * (M + 1)).reshape(len(states), M + 1)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(states):
+            ax.set_visible(False)
+            continue
+        for label, off in (("confidential", -0.2), ("release", 0.2)):
+            ax.bar(np.arange(1, M + 1) + off, hist[label][i, 1:], width=0.4, label=label)
+        ax.set_title(f"ST {states[i]:02d}")
         ax.set_xlabel("household size")
     axes[0][0].legend()
     out.append(_png(fig, qa_dir / "household_sizes.png"))

@@ -13,16 +13,15 @@ def sync_charges(audit: AuditLog, ledger: PrivacyLedger) -> int:
     across resumed runs). Returns the number of events added."""
     ledger.reload()
     seen = {e.get("key") for e in audit.events() if e.get("event") == "charge"}
-    added = 0
+    new = []
     for c in sorted(ledger.charges(), key=lambda c: (c.timestamp, c.key)):
         if c.key in seen:
             continue
         rec = c.to_json()
         rec.pop("type", None)
         rec.pop("timestamp", None)
-        audit.append("charge", **rec)
-        added += 1
-    return added
+        new.append(("charge", rec))
+    return len(audit.append_many(new))
 
 
 def artifact_key(name: str, suffix: str) -> str:

@@ -73,3 +73,17 @@ def test_edited_manifest_and_added_file_are_found(release):
     problems = verify_release(release)
     assert any("manifest was altered" in p for p in problems)
     assert any("extra.txt" in p and "added" in p for p in problems)
+
+
+def test_batched_appends_chain_like_single_ones(tmp_path):
+    """``append_many`` chains its events in order under one lock; the last record is found from
+    the end of the file whatever the records' lengths (long ones cross the 64 KiB read window)."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    assert log.append_many([]) == []
+    log.append("run_start", release="t")
+    added = log.append_many([("charge", {"key": f"k{i}", "pad": "x" * (i * 9000)}) for i in range(12)])
+    assert [r["seq"] for r in added] == list(range(1, 13))
+    log.append("stage_end", stage="s")
+    events = log.events()
+    assert [e["seq"] for e in events] == list(range(14)) and verify_chain(log.path) == []
+    assert events[-1]["prev"] == added[-1]["hash"]

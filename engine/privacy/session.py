@@ -33,7 +33,7 @@ from typing import Any, Literal
 import numpy as np
 
 from engine.errors import EXIT_PRIVACY, DPReleaseError
-from engine.geography import Node, node_key
+from engine.geography import Node, node_households, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementRecord, MeasurementStore
@@ -209,15 +209,10 @@ class PrivateSession:
 
     def _node_index(self, depth: int) -> dict[Node, np.ndarray]:
         """{node: its households, in input order} for the nodes ``depth`` levels down, built once
-        per depth by one sort (a mask per node would cost nodes × households: quadratic at
-        national size)."""
+        per depth (``engine.geography.node_households``)."""
         got = self._index.get(depth)
         if got is None:
-            keys, inverse = np.unique(self.__data.geo[:, :depth], axis=0, return_inverse=True)
-            inverse = inverse.reshape(-1)
-            order = np.argsort(inverse, kind="stable")
-            bounds = np.concatenate(([0], np.cumsum(np.bincount(inverse, minlength=len(keys)))))
-            got = self._index[depth] = {tuple(int(x) for x in k): order[bounds[i]:bounds[i + 1]] for i, k in enumerate(keys)}
+            got = self._index[depth] = node_households(self.__data.geo, depth)
         return got
 
     @staticmethod

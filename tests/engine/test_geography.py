@@ -1,10 +1,12 @@
-"""The one node id: engine.geography.node_key (tuples and keys), its inverse, the level."""
+"""The one node id: engine.geography.node_key (tuples and keys), its inverse, the level; the
+per-node household index."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from engine.geography import node_key, node_level, parse_node_key
+from engine.geography import node_households, node_key, node_level, parse_node_key
 
 
 @pytest.mark.parametrize("node, key, level", [((), "nation", "nation"), ((6,), "ST=06", "state"),
@@ -24,3 +26,17 @@ def test_keys_are_canonical_and_checked():
         node_key((1, 2, 3))
     with pytest.raises(TypeError):
         node_key(6)  # type: ignore[arg-type]
+
+
+def test_node_households_equals_a_mask_per_node():
+    """Every node at every depth gets exactly the households a mask would select, in input order."""
+    rng = np.random.default_rng(3)
+    geo = np.stack([rng.choice([1, 2, 50], 500), rng.choice([100, 200, 300, 400], 500)], axis=1)
+    assert list(node_households(geo, 0)) == [()] and np.array_equal(node_households(geo, 0)[()], np.arange(500))
+    for depth in (1, 2):
+        index = node_households(geo, depth)
+        expected = {tuple(int(x) for x in k) for k in np.unique(geo[:, :depth], axis=0)}
+        assert set(index) == expected
+        for node, rows in index.items():
+            assert np.array_equal(rows, np.flatnonzero(np.all(geo[:, :depth] == np.asarray(node), axis=1)))
+    assert node_households(np.zeros((0, 2), dtype=np.int64), 2) == {}

@@ -1,6 +1,7 @@
 import numpy as np
+import pytest
 
-from engine.metrics import answers_by_node, k_way_workloads, query_errors, two_way_l1
+from engine.metrics import answers_by_node, k_way_workloads, query_errors, query_errors_by_level, two_way_l1
 from engine.queries import Workload, normalised_answer
 from tests.engine.test_hierarchical_data import random_data
 
@@ -31,3 +32,29 @@ def test_k_way_workloads_counts():
     assert len(k_way_workloads(d, 3, "group")) == 4
     assert len(k_way_workloads(d, 3, "person")) == 4  # every triple has a person attribute
     assert all(isinstance(w, Workload) for w in k_way_workloads(d, 2, "group", limit=3))
+
+
+def test_query_errors_by_level_equal_a_per_node_brute_force():
+    """Several candidates and levels at once equal the definition: per node of the level, the
+    max and mean |difference| of normalised answers over every cell of every workload, averaged
+    over the nodes (the truth's nodes; a node a candidate lacks answers zeros)."""
+    rng = np.random.default_rng(4)
+    true, b, c = random_data(rng, n=150), random_data(rng, n=120), random_data(rng, n=90)
+    ws = k_way_workloads(true.domain, 2, "group") + k_way_workloads(true.domain, 2, "person")
+    got = query_errors_by_level(true, {"b": b, "c": c}, ws, ["ST", "PUMA"])
+    for name, synth in (("b", b), ("c", c)):
+        for level, k in (("ST", 1), ("PUMA", 2)):
+            maxes, means = [], []
+            for node in np.unique(true.geo[:, :k], axis=0):
+                diffs = []
+                for w in ws:
+                    t = normalised_answer(true.select(np.all(true.geo[:, :k] == node, axis=1)), w).reshape(-1)
+                    mask = np.all(synth.geo[:, :k] == node, axis=1)
+                    s = normalised_answer(synth.select(mask), w).reshape(-1) if mask.any() else np.zeros_like(t)
+                    diffs.append(np.abs(t - s))
+                d = np.concatenate(diffs)
+                maxes.append(d.max())
+                means.append(d.mean())
+            assert got[name][level]["max_error"] == pytest.approx(np.mean(maxes))
+            assert got[name][level]["mean_error"] == pytest.approx(np.mean(means))
+            assert query_errors(true, synth, ws, level) == got[name][level]
