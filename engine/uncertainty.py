@@ -31,17 +31,6 @@ Two estimators, two methods:
   posterior for a PUMA) is as far from the truth as its own spread says; the sampling of
   households (systematic, each stratum within one household of its expectation) is neglected.
   For the IDE rule (which matches the noisy answers) the sd is the measurement's σ.
-  The prior's actual error need not be the spread α says: public data can be closer to the
-  private node than a sample of α households would be on small cells, and further on large ones
-  (a bias proportional to the cell). :func:`prior_error` therefore estimates the prior's error
-  covariance T = τ·J + β²·diag(a)² by empirical Bayes from the residuals of the noisy answers
-  against the prior's (post-processing: noisy answers, public or already-released prior,
-  published σ), and :func:`posterior_count_sd` gives the MAP estimator's error under that T,
-
-      Cov = S W T W S + J W S W J,  W = (J + S)⁻¹,
-
-  its linearised error (I − K)(prior error) + K·(noise) with the gain K = J W; T = J (τ = 1,
-  β = 0) is the Laplace form above.
   A released state answer is the sum of its PUMAs' (each PUMA fit starts from the state
   posterior), so each PUMA fit's linear response to its own noise on the state's workloads
   (:func:`response_count_sd`, a sandwich) is added to the state fit's variance by the caller.
@@ -50,13 +39,12 @@ Two estimators, two methods:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cholesky, solve_triangular
-from scipy.optimize import minimize
 
 from engine.count_of_counts.hierarchy import Hierarchy
 from engine.queries import Workload
@@ -64,9 +52,9 @@ from engine.support import Support
 from engine.synthesis import MeasureFn
 
 __all__ = [
-    "Z90", "CountNoise", "FitErrors", "Intervals", "PriorError", "Recording", "SizeNoise", "bootstrap_summary",
-    "combine_total", "count_of_counts_bootstrap", "fit_answer_sd", "intervals", "posterior_count_sd", "prior_error",
-    "recording_measure", "response_count_sd", "simulate_at_least", "simulate_noise", "total_variance",
+    "Z90", "CountNoise", "Intervals", "SizeNoise", "bootstrap_summary", "combine_total", "count_of_counts_bootstrap",
+    "fit_answer_sd", "intervals", "posterior_count_sd", "recording_measure", "response_count_sd", "simulate_at_least",
+    "simulate_noise", "total_variance",
 ]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a two-sided 90 % interval
@@ -186,27 +174,17 @@ def count_of_counts_bootstrap(hierarchy: Hierarchy, released: np.ndarray, sizes:
 
 
 # -- synthesis marginals: Laplace approximation of the MAP posterior ---------------------------
-@dataclass
-class Recording:
-    """What :func:`recording_measure` saw, by workload id: each measurement's noise scale σ and
-    its noisy answer (the node's own measurements, already charged and stored)."""
-
-    sigmas: dict[str, float] = field(default_factory=dict)
-    noisy: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-def recording_measure(measure: MeasureFn) -> tuple[MeasureFn, Recording]:
-    """``measure`` unchanged, recording each workload's σ and noisy answer: what
-    :func:`fit_answer_sd` needs after the fit."""
-    record = Recording()
+def recording_measure(measure: MeasureFn) -> tuple[MeasureFn, dict[str, float]]:
+    """``measure`` unchanged, recording each workload's noise scale σ (by workload id): what
+    :func:`posterior_count_sd` needs after the fit."""
+    sigmas: dict[str, float] = {}
 
     def recorded(w: Workload, rho: Fraction) -> tuple[np.ndarray, float]:
         noisy, sigma = measure(w, rho)
-        record.sigmas[w.id] = float(sigma)
-        record.noisy[w.id] = np.asarray(noisy, dtype=np.float64)
+        sigmas[w.id] = float(sigma)
         return noisy, sigma
 
-    return recorded, record
+    return recorded, sigmas
 
 
 def total_variance(support: Support, q: np.ndarray, measured: Sequence[tuple[Workload, float]], total_sd: float) -> float:
@@ -231,57 +209,11 @@ def by_pattern(support: Support, workloads: Sequence[Workload], q: np.ndarray) -
     return M, np.bincount(pattern_of, weights=np.asarray(q, dtype=np.float64), minlength=M.shape[1])
 
 
-@dataclass(frozen=True)
-class PriorError:
-    """The prior's error covariance in the answer space, T = scale·J + relative²·diag(a)²: J the
-    MAP prior term's own (Cov_q(A)/α, module docstring) and a the fitted answers. The default
-    (1, 0) is the Laplace approximation's assumption that the prior is as far off as α says."""
-
-    scale: float = 1.0
-    relative: float = 0.0
-
-    def is_laplace(self) -> bool:
-        return self.scale == 1.0 and self.relative == 0.0
-
-
-def prior_error(support: Support, prior: np.ndarray, q: np.ndarray, measured: Sequence[tuple[Workload, np.ndarray, float]],
-                total: float, prior_strength: float) -> PriorError:
-    """Empirical-Bayes estimate of the prior's error model :class:`PriorError` from one node's
-    noisy answers ``measured`` ((workload, noisy counts, σ) of every own measurement of the fit):
-    the residual r = ỹ/G − A p of a cell against the prior ``prior`` has variance
-    τ·J_cc + β²·a_c² + σ²/G², and (τ, β) ≥ 0 maximise the cells' Gaussian (pseudo-)likelihood.
-    Post-processing only: noisy answers, their published σ, the prior (public data, or a released
-    state posterior) and the fitted q. ``prior_strength``: α in households."""
-    if not measured:
-        return PriorError()
-    G = max(float(total), 1.0)
-    alpha = max(float(prior_strength), 1e-6)
-    M, pattern_of = support.cache.joint_patterns([w for w, _, _ in measured])
-    qp = np.bincount(pattern_of, weights=np.asarray(q, dtype=np.float64), minlength=M.shape[1])
-    p = np.asarray(prior, dtype=np.float64)
-    pp = np.bincount(pattern_of, weights=p / max(p.sum(), 1e-300), minlength=M.shape[1])
-    a, a_prior = M @ qp, M @ pp
-    j = np.maximum(M.multiply(M) @ qp - a * a, 0.0) / alpha
-    s = np.concatenate([np.full(np.asarray(y).size, (float(sg) / G) ** 2) for _, y, sg in measured])
-    r2 = (np.concatenate([np.asarray(y, dtype=np.float64).reshape(-1) for _, y, _ in measured]) / G - a_prior) ** 2
-    a2 = a * a
-
-    def nll(x: np.ndarray) -> tuple[float, np.ndarray]:
-        v = s + x[0] * j + x[1] ** 2 * a2
-        dv = 1.0 / v - r2 / (v * v)
-        return float(np.sum(np.log(v) + r2 / v)), np.array([dv @ j, 2.0 * x[1] * (dv @ a2)])
-
-    fit = minimize(nll, np.array([1.0, 0.01]), jac=True, method="L-BFGS-B", bounds=[(0.0, 1e6), (0.0, 10.0)])
-    return PriorError(float(fit.x[0]), float(fit.x[1])) if fit.success else PriorError()
-
-
 def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Workload, float]], total: float,
-                       prior_strength: float, rule: str = "map", total_var: float = 0.0,
-                       error: PriorError = PriorError()) -> list[np.ndarray]:
+                       prior_strength: float, rule: str = "map", total_var: float = 0.0) -> list[np.ndarray]:
     """Standard deviation of the fitted count G·(A_w q)_c of every cell of every workload in
     ``fitted`` ((workload, σ in households) of every measurement the fit used, the count-of-counts
-    size marginal included): the MAP estimator's error with the prior's error model ``error``
-    (module docstring; the default is the Laplace approximation of the MAP posterior).
+    size marginal included), by the Laplace approximation of the MAP posterior (module docstring).
     ``q``: the fitted posterior; ``total``: G; ``prior_strength``: α in households (as
     ``engine.synthesis.update_node`` passes it); ``total_var``: the variance of G. One array per
     workload, in ``fitted``'s order."""
@@ -294,13 +226,9 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
         Aq = A.multiply(np.sqrt(q)[None, :]).tocsr()
         J = (np.asarray((Aq @ Aq.T).todense()) - np.outer(a, a)) / max(float(prior_strength), 1e-6)
         J[np.diag_indices_from(J)] += s
-        L_inv = solve_triangular(cholesky(J, lower=True), np.eye(J.shape[0]), lower=True)  # (J + S)⁻¹ = L_invᵀ L_inv
-        if error.is_laplace():  # diag of J W S = S − S W S
-            P_diag = s - s * s * np.einsum("ij,ij->j", L_inv, L_inv)
-        else:  # diag of S W T W S + J W S W J with J W = I − S W: in M = S W alone
-            W = L_inv.T @ L_inv
-            M2 = (s[:, None] * W) ** 2
-            P_diag = s + (error.scale - 2.0) * s * s * np.diag(W) + (1.0 - error.scale) * (M2 @ s) + error.relative**2 * (M2 @ (a * a))
+        # diag of S − S (J + S)⁻¹ S, through the Cholesky factor of the SPD J + S
+        L_inv = solve_triangular(cholesky(J, lower=True), np.eye(J.shape[0]), lower=True)
+        P_diag = s - s * s * np.einsum("ij,ij->j", L_inv, L_inv)
         var = G * G * np.maximum(P_diag, 0.0)
     else:  # IDE matches the noisy answers: the measurement's own noise
         var = G * G * s
@@ -335,47 +263,31 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     return [sd[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
-@dataclass(frozen=True)
-class FitErrors:
-    """One node fit's error estimates (:func:`fit_answer_sd`): ``answer_sd`` {workload id: sd of
-    every cell's fitted count at a fixed total}, ``total_var`` Var(total), ``response_sd`` {query
-    id: :func:`response_count_sd`} and the prior's estimated error model ``prior_error``."""
-
-    answer_sd: dict[str, list[float]]
-    total_var: float
-    response_sd: dict[str, list[float]]
-    prior_error: PriorError | None = None
-
-
-def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequence[Workload], record: Recording,
-                  *, rule: str, prior_strength: float, total_sd: float = 0.0, size_sd: float | None = None,
-                  queries: Sequence[Workload] = (), prior: np.ndarray | None = None) -> FitErrors:
-    """The error estimates of one node's synthesis fit (``engine.synthesis.synthesize_node``):
-    the measured ``workloads`` with their σ and noisy answers as recorded by
-    :func:`recording_measure`, and the count-of-counts size marginal (``group:NP|``, σ
-    ``size_sd``) fitted with them when given (the released size histogram of a state or PUMA is
-    this fit's, so its sd is returned too: sharper than the count-of-counts bootstrap's, which
-    covers the size estimate the fit took in); ``prior_strength`` relative to the total, as in
-    the release config; ``prior``: the fit's prior weights, whose error model is then estimated
-    from the noisy answers (:func:`prior_error`; without it, the Laplace form). The total's share
-    a_c² Var(G) is left to the caller (:func:`combine_total`): a released state answer sums its
-    PUMAs', whose totals were fitted separately. ``queries``: workloads on which the fit's
-    response to its noise is kept (a PUMA fit's on its state's workloads). Empty when nothing
-    was measured."""
-    measured = [(w, float(record.sigmas[w.id])) for w in workloads if w.id in record.sigmas]
+def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequence[Workload], sigmas: Mapping[str, float],
+                  *, rule: str, prior_strength: float, total_sd: float = 0.0,
+                  size_sd: float | None = None,
+                  queries: Sequence[Workload] = ()) -> tuple[dict[str, list[float]], float, dict[str, list[float]]]:
+    """({workload id: sd of every cell's fitted count at a fixed total}, Var(total)) of one
+    node's synthesis fit (``engine.synthesis.synthesize_node``): the measured ``workloads`` with
+    their σ as recorded by :func:`recording_measure`, and the count-of-counts size marginal
+    (``group:NP|``, σ ``size_sd``) fitted with them when given (the released size histogram of a
+    state or PUMA is this fit's, so its sd is returned too: sharper than the count-of-counts
+    bootstrap's, which covers the size estimate the fit took in); ``prior_strength`` relative to
+    the total, as in the release config. The total's share a_c² Var(G) is left to the caller
+    (:func:`combine_total`): a released state answer sums its PUMAs', whose totals were fitted
+    separately. Third: {query id: :func:`response_count_sd`} of the ``queries`` (a PUMA fit's
+    response on its state's workloads). ({}, 0, {}) when nothing was measured."""
+    measured = [(w, float(sigmas[w.id])) for w in workloads if w.id in sigmas]
     if not measured:
-        return FitErrors({}, 0.0, {})
+        return {}, 0.0, {}
     fitted = list(measured)
     if size_sd is not None:
         fitted.append((Workload("group", (support.data.domain.size_attribute,), ()), float(size_sd)))
     alpha = max(prior_strength * float(total), 1e-6)
-    error = None
-    if rule == "map" and prior is not None:
-        error = prior_error(support, prior, q, [(w, record.noisy[w.id], sg) for w, sg in measured], total, alpha)
-    sds = posterior_count_sd(support, q, fitted, total, alpha, rule, error=error or PriorError())
+    sds = posterior_count_sd(support, q, fitted, total, alpha, rule)
     response = response_count_sd(support, q, fitted, total, alpha, queries) if rule == "map" else []
-    return FitErrors({w.id: sd.tolist() for (w, _), sd in zip(fitted, sds)}, total_variance(support, q, measured, total_sd),
-                     {w.id: sd.tolist() for w, sd in zip(queries, response)}, error)
+    return ({w.id: sd.tolist() for (w, _), sd in zip(fitted, sds)}, total_variance(support, q, measured, total_sd),
+            {w.id: sd.tolist() for w, sd in zip(queries, response)})
 
 
 def combine_total(released: np.ndarray, households: float, fit_sd: np.ndarray, total_var: float) -> np.ndarray:

@@ -21,8 +21,6 @@ from engine.support import Support
 from engine.uncertainty import (
     Z90,
     CountNoise,
-    PriorError,
-    Recording,
     SizeNoise,
     bootstrap_summary,
     combine_total,
@@ -30,7 +28,6 @@ from engine.uncertainty import (
     fit_answer_sd,
     intervals,
     posterior_count_sd,
-    prior_error,
     response_count_sd,
     simulate_at_least,
     simulate_noise,
@@ -197,87 +194,17 @@ def test_laplace_sd_limits():
 
 def test_fit_answer_sd_and_the_total():
     support, q, G, _, sigma = _fit()
-    record = Recording({w.id: sigma for w in WORKLOADS}, {w.id: np.zeros(w.n_cells(DOMAIN)) for w in WORKLOADS})
-    e = fit_answer_sd(support, q, G, WORKLOADS, record, rule="map", prior_strength=0.3, total_sd=5.0,
-                      size_sd=7.0, queries=[Workload("group", ("R18",), ())])
-    assert set(e.response_sd) == {"group:R18|"} and len(e.response_sd["group:R18|"]) == 2
-    assert set(e.answer_sd) == {w.id for w in WORKLOADS}  # the size marginal's id is group:NP|, also measured here
-    assert e.prior_error is None  # no prior given: the Laplace form
+    sigmas = {w.id: sigma for w in WORKLOADS}
+    sd, total_var, response = fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3, total_sd=5.0,
+                                            size_sd=7.0, queries=[Workload("group", ("R18",), ())])
+    assert set(response) == {"group:R18|"} and len(response["group:R18|"]) == 2
+    assert set(sd) == {w.id for w in WORKLOADS}  # the size marginal's id is group:NP|, also measured here
     direct = posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS] + [(WORKLOADS[0], 7.0)], G, 0.3 * G)
-    assert e.answer_sd[WORKLOADS[1].id] == pytest.approx(direct[1])
-    assert 0 < e.total_var < 25.0  # the workloads add information to the count's own
-    assert fit_answer_sd(support, q, G, WORKLOADS, record, rule="map", prior_strength=0.3).total_var == 0.0  # total given
-    empty = fit_answer_sd(support, q, G, WORKLOADS, Recording(), rule="map", prior_strength=0.3)
-    assert (empty.answer_sd, empty.total_var, empty.response_sd) == ({}, 0.0, {})
-    with_prior = fit_answer_sd(support, q, G, WORKLOADS, record, rule="map", prior_strength=0.3, prior=support.weights)
-    assert isinstance(with_prior.prior_error, PriorError) and with_prior.prior_error.scale >= 0
+    assert sd[WORKLOADS[1].id] == pytest.approx(direct[1])
+    assert 0 < total_var < 25.0  # the workloads add information to the count's own
+    assert fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3)[1] == 0.0  # total given
+    assert fit_answer_sd(support, q, G, WORKLOADS, {}, rule="map", prior_strength=0.3) == ({}, 0.0, {})
     assert combine_total(np.array([50.0, 0.0]), 100.0, np.array([3.0, 1.0]), 16.0) == pytest.approx([np.sqrt(9 + 4), 1.0])
-
-
-def test_prior_error_sd_equals_the_linearised_estimator_error():
-    """Brute force, dense: the MAP answers â = S W a_p + J W ỹ (W = (J + S)⁻¹) err by
-    S W (a_p − a) + J W (ỹ − a), so with prior error covariance T = τ J + β² diag(a)² their
-    covariance is S W T W S + J W S W J; τ = 1, β = 0 is the Laplace form."""
-    support, q, G, alpha, sigma = _fit()
-    A = np.vstack([support.incidence(w).toarray() for w in WORKLOADS])
-    a = A @ q
-    J = (A * q[None, :]) @ A.T / alpha - np.outer(a, a) / alpha
-    S = np.eye(a.size) * (sigma / G) ** 2
-    W = np.linalg.inv(J + S)
-    laplace = np.concatenate(posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS], G, alpha))
-    for tau, beta in [(0.3, 0.2), (2.5, 0.0), (0.0, 0.05), (1.0, 1e-300)]:
-        T = tau * J + beta**2 * np.diag(a * a)
-        brute = G * np.sqrt(np.diag(S @ W @ T @ W @ S + J @ W @ S @ W @ J))
-        got = np.concatenate(posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS], G, alpha, error=PriorError(tau, beta)))
-        assert got == pytest.approx(brute, rel=1e-6, abs=1e-8)
-    assert got == pytest.approx(laplace, rel=1e-6)  # the last: the general form at (1, 0)
-
-
-EB_WORKLOADS = [*WORKLOADS, Workload("group", ("TEN", "NP"), ()), Workload("person", (), ("AGE", "RAC")),
-                Workload("person", (), ("SEX", "AGE"))]
-
-
-def _eb_node(rng, tilt: float, n: int = 400, sigma: float = 15.0, alpha_rel: float = 0.3):
-    """A private node resampled from the public support (``tilt`` > 0: households of the first
-    tenure over-drawn, a prior biased in proportion to the cells), measured, MAP-fitted; returns
-    the fitted counts, the truth, and the node's sd with the estimated and with the Laplace error model."""
-    public = random_data(DOMAIN, 300, seed=41)
-    support = Support.from_data(public)
-    w = np.exp(tilt * (public.group[:, 0] == 0))
-    private = public.take(rng.choice(public.n_households, n, p=w / w.sum()))
-    G, alpha = float(n), alpha_rel * n
-    truth = [answer(private, wl).astype(float) for wl in EB_WORKLOADS]
-    noisy = [t + rng.normal(0, sigma, t.size) for t in truth]
-    q, _ = map_update(support, support.weights, [Noisy(wl, y, sigma) for wl, y in zip(EB_WORKLOADS, noisy)], G, prior_strength=alpha)
-    fitted = [(wl, sigma) for wl in EB_WORKLOADS]
-    err = prior_error(support, support.weights, q, [(wl, y, sigma) for wl, y in zip(EB_WORKLOADS, noisy)], G, alpha)
-    est = np.concatenate(posterior_count_sd(support, q, fitted, G, alpha, error=err))
-    lap = np.concatenate(posterior_count_sd(support, q, fitted, G, alpha))
-    return G * np.concatenate([support.answer(wl, q) for wl in EB_WORKLOADS]), np.concatenate(truth), est, lap, err
-
-
-@pytest.mark.parametrize("tilt", [0.0, 1.0])
-def test_prior_error_intervals_cover_90_percent(tilt):
-    """Statistical: nodes drawn from the prior itself (its true error is a sample's, τ = α/n = 0.3
-    of what α says) and from a tilted prior (further off than α says): the intervals with the
-    estimated error model cover about 90 % of the true counts in both; the Laplace form's, which
-    takes the prior as far off as α says, are too wide in the first and too narrow in the second."""
-    rng = np.random.default_rng(7 + int(tilt))
-    inside_est = inside_lap = cells = 0
-    scales = []
-    for _ in range(30):
-        fit, truth, est, lap, err = _eb_node(rng, tilt)
-        inside_est += int(np.sum(np.abs(fit - truth) <= Z90 * est))
-        inside_lap += int(np.sum(np.abs(fit - truth) <= Z90 * lap))
-        cells += truth.size
-        scales.append(err.scale)
-    assert 0.85 <= inside_est / cells <= 0.95, inside_est / cells
-    if tilt == 0.0:  # a prior closer than α says: the Laplace form's intervals are too wide
-        assert 0.1 <= np.median(scales) <= 0.6
-        assert inside_lap > inside_est
-    else:  # further off than α says: too narrow
-        assert np.median(scales) > 1.0
-        assert inside_lap < inside_est
 
 
 def test_response_sd_equals_the_finite_difference_jacobian_of_the_map_fit():
