@@ -11,7 +11,7 @@ answers inside the 90 % intervals (target 85–95 %) of:
 - ``count_of_counts``: the released household-size histograms, interval from the parametric
   bootstrap of the count-of-counts estimator (``intervals.parquet``, ``table = count_of_counts``);
 - ``marginal``: the released (synthetic) answers of every workload the synthesis measured at a
-  state or PUMA node, interval from the Laplace approximation of the MAP posterior
+  state or PUMA node, interval from the MAP update's error (empirical-Bayes prior error)
   (``intervals.parquet``, ``table = marginal``), split into the size histogram the fit took in
   (``group:NP|``), the other household-level partitions (``group:…|``), the household-level
   "contains" workloads (``group:…|…``) and the person-level ones (``person:…``).
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
             lines.append(f"  {level:<8}{n:>8}{a / n:>15.3f}{b / n:>19.3f}")
     lines += ["",
               "Released answers (intervals.parquet, dprelease query's count_* columns): count-of-counts by parametric bootstrap,",
-              "synthetic marginals of the measured workloads by the Laplace approximation of the MAP posterior.",
+              "synthetic marginals of the measured workloads by the MAP update's error (empirical-Bayes prior error).",
               f"  {'kind':<30}{'level':<8}{'cells':>8}{'truth inside':>15}{'mean se':>10}{'mean |error|':>14}"]
     for r in cov.itertuples(index=False):
         lines.append(f"  {r.kind:<30}{r.level:<8}{int(r.cells):>8}{r.inside:>15.3f}{r.mean_se:>10.2f}{r.mean_abs_error:>14.2f}")

@@ -116,12 +116,14 @@ def k_way_workloads(domain, k: int = 3, level: Level = "group", limit: int | Non
     return out
 
 
-def flat_persons(data: HierarchicalData) -> tuple[np.ndarray, list[int]]:
-    """Person rows with their household's attributes joined: (N_I, k_G + k_I) codes and sizes."""
-    hh = data.person_household
-    cols = np.concatenate([data.group[hh].astype(np.int64), data.person.astype(np.int64)], axis=1)
-    sizes = list(data.domain.group_sizes) + list(data.domain.person_sizes)
-    return cols, sizes
+def person_column(data: HierarchicalData, attribute: int) -> np.ndarray:
+    """Every person's code of one attribute of the person records joined with their household's:
+    index < k_G a household attribute, else a person attribute (one column at a time: the joined
+    table of every attribute would hold N_I × (k_G + k_I) integers)."""
+    k_g = len(data.domain.group_sizes)
+    if attribute < k_g:
+        return data.group[:, attribute].astype(np.int64)[data.person_household]
+    return data.person[:, attribute - k_g].astype(np.int64)
 
 
 def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "puma", n_pairs: int = 50, rng: np.random.Generator | None = None) -> dict:
@@ -129,8 +131,7 @@ def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "pu
     rng = rng or np.random.default_rng(0)
     k = true.domain.geography.index(level) + 1
     nodes = np.unique(true.geo[:, :k], axis=0)
-    t_cols, sizes = flat_persons(true)
-    s_cols, _ = flat_persons(synth)
+    sizes = list(true.domain.group_sizes) + list(true.domain.person_sizes)
     t_node = node_index(true, level, nodes)[true.person_household]
     s_node = node_index(synth, level, nodes)[synth.person_household]
     n_attr = len(sizes)
@@ -139,12 +140,12 @@ def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "pu
     for a, b in pairs:
         m = sizes[a] * sizes[b]
 
-        def marg(cols, node, *, a=a, b=b, m=m):  # this pair's attributes, bound now
+        def marg(data, node, *, a=a, b=b, m=m):  # this pair's attributes, bound now
             ok = node >= 0
-            cell = cols[ok, a] * sizes[b] + cols[ok, b]
-            counts = np.bincount(node[ok] * m + cell, minlength=len(nodes) * m).reshape(len(nodes), m).astype(np.float64)
+            cell = person_column(data, a) * sizes[b] + person_column(data, b)
+            counts = np.bincount(node[ok] * m + cell[ok], minlength=len(nodes) * m).reshape(len(nodes), m).astype(np.float64)
             return counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
 
-        per_node += np.abs(marg(t_cols, t_node) - marg(s_cols, s_node)).sum(axis=1)
+        per_node += np.abs(marg(true, t_node) - marg(synth, s_node)).sum(axis=1)
     per_node /= len(pairs)
     return {"level": level, "n_nodes": int(len(nodes)), "n_pairs": n_pairs, "mean_l1": float(per_node.mean()), "max_l1": float(per_node.max())}

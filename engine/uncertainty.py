@@ -31,15 +31,22 @@ Two estimators, two methods:
   posterior for a PUMA) is as far from the truth as its own spread says; the sampling of
   households (systematic, each stratum within one household of its expectation) is neglected.
   For the IDE rule (which matches the noisy answers) the sd is the measurement's σ.
-  A released state answer is the sum of its PUMAs' (each PUMA fit starts from the state
-  posterior), so each PUMA fit's linear response to its own noise on the state's workloads
-  (:func:`response_count_sd`, a sandwich) is added to the state fit's variance by the caller.
+  The prior's actual error need not be the spread α says. When the fit's residuals against its
+  prior are given (noisy answers minus the prior's answers: post-processing of the noisy
+  measurements, the public or already-released prior and the published σ), the prior's error is
+  estimated by empirical Bayes in the eigenbasis of the prior's spread relative to the noise,
+  S^(-1/2) J S^(-1/2) = V diag(λ) Vᵀ: in direction i the whitened residual has variance
+  τ_i·λ_i + 1, with one scale τ per band of λ (:data:`EB_BANDS`; a single τ would be driven by
+  the well-measured directions, where the fit follows the measurements whatever the prior's
+  error). The MAP estimator's error in direction i then has variance (τ_i λ_i + λ_i²)/(1 + λ_i)²
+  (whitened): the prior's error passed through, S W T W S, plus the noise passed through,
+  J W S W J, W = (J + S)⁻¹; τ = 1 is the Laplace form λ/(1 + λ).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -52,9 +59,9 @@ from engine.support import Support
 from engine.synthesis import MeasureFn
 
 __all__ = [
-    "Z90", "CountNoise", "Intervals", "SizeNoise", "bootstrap_summary", "combine_total", "count_of_counts_bootstrap",
-    "fit_answer_sd", "intervals", "posterior_count_sd", "recording_measure", "response_count_sd", "simulate_at_least",
-    "simulate_noise", "total_variance",
+    "EB_BANDS", "Z90", "CountNoise", "FitErrors", "Intervals", "Recording", "SizeNoise", "band_scales", "bootstrap_summary",
+    "combine_total", "count_of_counts_bootstrap", "fit_answer_sd", "intervals", "posterior_count_sd", "prior_residual",
+    "recording_measure", "response_count_sd", "simulate_at_least", "simulate_noise", "total_variance",
 ]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a two-sided 90 % interval
@@ -174,17 +181,27 @@ def count_of_counts_bootstrap(hierarchy: Hierarchy, released: np.ndarray, sizes:
 
 
 # -- synthesis marginals: Laplace approximation of the MAP posterior ---------------------------
-def recording_measure(measure: MeasureFn) -> tuple[MeasureFn, dict[str, float]]:
-    """``measure`` unchanged, recording each workload's noise scale σ (by workload id): what
-    :func:`posterior_count_sd` needs after the fit."""
-    sigmas: dict[str, float] = {}
+@dataclass
+class Recording:
+    """What :func:`recording_measure` saw, by workload id: each measurement's noise scale σ and
+    its noisy answer (the node's own measurements, already charged and stored)."""
+
+    sigmas: dict[str, float] = field(default_factory=dict)
+    noisy: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def recording_measure(measure: MeasureFn) -> tuple[MeasureFn, Recording]:
+    """``measure`` unchanged, recording each workload's σ and noisy answer: what
+    :func:`fit_answer_sd` needs after the fit."""
+    record = Recording()
 
     def recorded(w: Workload, rho: Fraction) -> tuple[np.ndarray, float]:
         noisy, sigma = measure(w, rho)
-        sigmas[w.id] = float(sigma)
+        record.sigmas[w.id] = float(sigma)
+        record.noisy[w.id] = np.asarray(noisy, dtype=np.float64)
         return noisy, sigma
 
-    return recorded, sigmas
+    return recorded, record
 
 
 def total_variance(support: Support, q: np.ndarray, measured: Sequence[tuple[Workload, float]], total_sd: float) -> float:
@@ -209,14 +226,34 @@ def by_pattern(support: Support, workloads: Sequence[Workload], q: np.ndarray) -
     return M, np.bincount(pattern_of, weights=np.asarray(q, dtype=np.float64), minlength=M.shape[1])
 
 
+EB_BANDS = (0.1, 1.0, 10.0, 100.0)  # edges of the bands of λ (prior spread / noise) with one prior-error scale each
+
+
+def band_scales(lam: np.ndarray, z: np.ndarray, edges: Sequence[float] = EB_BANDS) -> np.ndarray:
+    """Per direction, the empirical-Bayes scale τ ≥ 0 of its band of ``lam``: the whitened
+    residuals ``z`` have variance τλ + 1, so τ = Σ (z² − 1)λ / Σ λ² over the band (least
+    squares), floored at 0; a band of λ ≈ 0 keeps τ = 1 (its residuals carry no information)."""
+    band = np.searchsorted(np.asarray(edges), lam)
+    tau = np.ones_like(lam)
+    for b in np.unique(band):
+        i = band == b
+        den = float(np.sum(lam[i] ** 2))
+        if den > 1e-12:
+            tau[i] = max(float(np.sum((z[i] ** 2 - 1.0) * lam[i])) / den, 0.0)
+    return tau
+
+
 def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Workload, float]], total: float,
-                       prior_strength: float, rule: str = "map", total_var: float = 0.0) -> list[np.ndarray]:
+                       prior_strength: float, rule: str = "map", total_var: float = 0.0,
+                       residual: np.ndarray | None = None) -> list[np.ndarray]:
     """Standard deviation of the fitted count G·(A_w q)_c of every cell of every workload in
     ``fitted`` ((workload, σ in households) of every measurement the fit used, the count-of-counts
-    size marginal included), by the Laplace approximation of the MAP posterior (module docstring).
-    ``q``: the fitted posterior; ``total``: G; ``prior_strength``: α in households (as
-    ``engine.synthesis.update_node`` passes it); ``total_var``: the variance of G. One array per
-    workload, in ``fitted``'s order."""
+    size marginal included). Without ``residual``: the Laplace approximation of the MAP
+    posterior; with it (the noisy answers over G minus the prior's answers, every cell of
+    ``fitted`` in order): the MAP estimator's error with the prior's error scaled per band by
+    empirical Bayes (module docstring). ``q``: the fitted posterior; ``total``: G;
+    ``prior_strength``: α in households (as ``engine.synthesis.update_node`` passes it);
+    ``total_var``: the variance of G. One array per workload, in ``fitted``'s order."""
     G = max(float(total), 1.0)
     sig = np.concatenate([np.full(w.n_cells(support.data.domain), float(s)) for w, s in fitted])
     A, q = by_pattern(support, [w for w, _ in fitted], q)
@@ -225,10 +262,16 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
     if rule == "map":
         Aq = A.multiply(np.sqrt(q)[None, :]).tocsr()
         J = (np.asarray((Aq @ Aq.T).todense()) - np.outer(a, a)) / max(float(prior_strength), 1e-6)
-        J[np.diag_indices_from(J)] += s
-        # diag of S − S (J + S)⁻¹ S, through the Cholesky factor of the SPD J + S
-        L_inv = solve_triangular(cholesky(J, lower=True), np.eye(J.shape[0]), lower=True)
-        P_diag = s - s * s * np.einsum("ij,ij->j", L_inv, L_inv)
+        if residual is None:  # diag of J (J + S)⁻¹ S = S − S (J + S)⁻¹ S, through the Cholesky factor of J + S
+            J[np.diag_indices_from(J)] += s
+            L_inv = solve_triangular(cholesky(J, lower=True), np.eye(J.shape[0]), lower=True)
+            P_diag = s - s * s * np.einsum("ij,ij->j", L_inv, L_inv)
+        else:  # in the eigenbasis of S^(-1/2) J S^(-1/2)
+            r = np.sqrt(s)
+            lam, V = np.linalg.eigh(J / np.outer(r, r))
+            lam = np.maximum(lam, 0.0)
+            tau = band_scales(lam, V.T @ (np.asarray(residual, dtype=np.float64) / r))
+            P_diag = s * ((V * V) @ ((tau * lam + lam * lam) / (1.0 + lam) ** 2))
         var = G * G * np.maximum(P_diag, 0.0)
     else:  # IDE matches the noisy answers: the measurement's own noise
         var = G * G * s
@@ -263,31 +306,58 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     return [sd[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
-def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequence[Workload], sigmas: Mapping[str, float],
-                  *, rule: str, prior_strength: float, total_sd: float = 0.0,
-                  size_sd: float | None = None,
-                  queries: Sequence[Workload] = ()) -> tuple[dict[str, list[float]], float, dict[str, list[float]]]:
-    """({workload id: sd of every cell's fitted count at a fixed total}, Var(total)) of one
-    node's synthesis fit (``engine.synthesis.synthesize_node``): the measured ``workloads`` with
-    their σ as recorded by :func:`recording_measure`, and the count-of-counts size marginal
-    (``group:NP|``, σ ``size_sd``) fitted with them when given (the released size histogram of a
-    state or PUMA is this fit's, so its sd is returned too: sharper than the count-of-counts
-    bootstrap's, which covers the size estimate the fit took in); ``prior_strength`` relative to
-    the total, as in the release config. The total's share a_c² Var(G) is left to the caller
-    (:func:`combine_total`): a released state answer sums its PUMAs', whose totals were fitted
-    separately. Third: {query id: :func:`response_count_sd`} of the ``queries`` (a PUMA fit's
-    response on its state's workloads). ({}, 0, {}) when nothing was measured."""
-    measured = [(w, float(sigmas[w.id])) for w in workloads if w.id in sigmas]
+@dataclass(frozen=True)
+class FitErrors:
+    """One node fit's error estimates (:func:`fit_answer_sd`): ``answer_sd`` {workload id: sd of
+    every cell's fitted count at a fixed total}, ``total_var`` Var(total) and ``response_sd``
+    {query id: :func:`response_count_sd`}."""
+
+    answer_sd: dict[str, list[float]]
+    total_var: float
+    response_sd: dict[str, list[float]]
+
+
+def prior_residual(support: Support, prior: np.ndarray, workloads: Sequence[Workload], noisy: Sequence[np.ndarray],
+                   total: float) -> np.ndarray:
+    """The noisy answers over G minus the prior's answers, every cell of ``workloads`` in order."""
+    M, pattern_of = support.cache.joint_patterns(list(workloads))
+    p = np.asarray(prior, dtype=np.float64)
+    pp = np.bincount(pattern_of, weights=p / max(p.sum(), 1e-300), minlength=M.shape[1])
+    y = np.concatenate([np.asarray(v, dtype=np.float64).reshape(-1) for v in noisy])
+    return y / max(float(total), 1.0) - M @ pp
+
+
+def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequence[Workload], record: Recording,
+                  *, rule: str, prior_strength: float, total_sd: float = 0.0, size: tuple[np.ndarray, float] | None = None,
+                  queries: Sequence[Workload] = (), prior: np.ndarray | None = None) -> FitErrors:
+    """The error estimates of one node's synthesis fit (``engine.synthesis.synthesize_node``):
+    the measured ``workloads`` with their σ and noisy answers as recorded by
+    :func:`recording_measure`, and the count-of-counts size marginal (``group:NP|``; ``size``:
+    its histogram and σ) fitted with them when given (the released size histogram of a state or
+    PUMA is this fit's, so its sd is returned too: sharper than the count-of-counts bootstrap's,
+    which covers the size estimate the fit took in); ``prior_strength`` relative to the total, as
+    in the release config; ``prior``: the fit's prior weights, whose error is then estimated from
+    the residuals (:func:`posterior_count_sd`; without it, the Laplace form). The total's share
+    a_c² Var(G) is left to the caller (:func:`combine_total`): a released state answer sums its
+    PUMAs', whose totals were fitted separately. ``queries``: workloads on which the fit's
+    response to its noise is kept (a PUMA fit's on its state's workloads). Empty when nothing
+    was measured."""
+    measured = [(w, float(record.sigmas[w.id])) for w in workloads if w.id in record.sigmas]
     if not measured:
-        return {}, 0.0, {}
+        return FitErrors({}, 0.0, {})
     fitted = list(measured)
-    if size_sd is not None:
-        fitted.append((Workload("group", (support.data.domain.size_attribute,), ()), float(size_sd)))
+    noisy = [record.noisy[w.id] for w, _ in measured]
+    if size is not None:
+        fitted.append((Workload("group", (support.data.domain.size_attribute,), ()), float(size[1])))
+        noisy.append(np.asarray(size[0], dtype=np.float64))
     alpha = max(prior_strength * float(total), 1e-6)
-    sds = posterior_count_sd(support, q, fitted, total, alpha, rule)
+    residual = None
+    if rule == "map" and prior is not None:
+        residual = prior_residual(support, prior, [w for w, _ in fitted], noisy, total)
+    sds = posterior_count_sd(support, q, fitted, total, alpha, rule, residual=residual)
     response = response_count_sd(support, q, fitted, total, alpha, queries) if rule == "map" else []
-    return ({w.id: sd.tolist() for (w, _), sd in zip(fitted, sds)}, total_variance(support, q, measured, total_sd),
-            {w.id: sd.tolist() for w, sd in zip(queries, response)})
+    return FitErrors({w.id: sd.tolist() for (w, _), sd in zip(fitted, sds)}, total_variance(support, q, measured, total_sd),
+                     {w.id: sd.tolist() for w, sd in zip(queries, response)})
 
 
 def combine_total(released: np.ndarray, households: float, fit_sd: np.ndarray, total_var: float) -> np.ndarray:

@@ -265,7 +265,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     intervals = intervals_table(
         *([] if coc_released is None else [count_of_counts_intervals(
             *coc_released, stored, synth.domain, cfg.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
-        marginal_intervals(state_files + sorted(node_files), synth),
+        marginal_intervals(state_files + sorted(node_files), synth, "measurement_sd" if cfg.synthesis.update_rule == "ide" else "map_eb"),
     )
     manifest = {
         "release": cfg.name,

@@ -61,7 +61,8 @@ INTERVALS_COLUMNS = {
     "lo90": (pa.float64(), "lower end of the 90 % interval: released - bias - 1.645 se, floored at 0"),
     "hi90": (pa.float64(), "upper end of the 90 % interval: released - bias + 1.645 se"),
     "method": (pa.string(), "parametric_bootstrap (count-of-counts estimator rerun on simulated measurements), "
-                            "laplace_map (Laplace approximation of the MAP update's posterior) or measurement_sd (IDE rule)"),
+                            "map_eb (the MAP update's error, its prior's error estimated by empirical Bayes from the noisy answers) "
+                            "or measurement_sd (IDE rule)"),
 }
 INTERVALS_SCHEMA = pa.schema(
     [pa.field(name, typ, metadata={"description": doc}) for name, (typ, doc) in INTERVALS_COLUMNS.items()]

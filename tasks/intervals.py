@@ -13,9 +13,10 @@ and the sampling seed — never of the confidential data. The mathematics is
   released histograms with the stored noise, :data:`engine.uncertainty.BOOTSTRAP_REPLICATES`
   replicates seeded from the sampling seed;
 - ``table = marginal``: every cell of every workload measured by the state and PUMA updates, at
-  its node, answered by the released microdata; sd by the Laplace approximation of the MAP
-  update's posterior, computed by the synthesis task after its fit (``answer_sd`` in the node's
-  diagnostics, :func:`engine.uncertainty.fit_answer_sd`).
+  its node, answered by the released microdata; sd of the MAP update's error (a Laplace
+  approximation whose prior error is estimated by empirical Bayes from the noisy answers'
+  residuals against the prior), computed by the synthesis task after its fit (``answer_sd`` in
+  the node's diagnostics, :func:`engine.uncertainty.fit_answer_sd`).
 
 Rows are sorted by table, node, marginal and cell: a replay writes the same bytes.
 """
@@ -109,7 +110,7 @@ def count_of_counts_intervals(keys: list[str], level: np.ndarray, released: np.n
     return pa.concat_tables(parts)
 
 
-def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalData, method: str = "laplace_map") -> pa.Table:
+def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalData, method: str = "map_eb") -> pa.Table:
     """Rows for the measured marginals: per synthesis node result (its ``.json`` with
     ``answer_sd`` and ``total_var``; results of older runs without them are skipped), every
     measured workload's cells answered by the released microdata of that node, ± Z90 sd. The sd
@@ -165,6 +166,7 @@ def manifest_entry(table: pa.Table) -> dict:
         "replicates": BOOTSTRAP_REPLICATES,
         "table_semantics": "an error estimate beside every released answer of count_of_counts.parquet (parametric bootstrap "
                            "of the count-of-counts estimator from the stored noise, seeded from the sampling seed) and of every "
-                           "workload measured by the synthesis at its node (Laplace approximation of the MAP update's posterior): "
+                           "workload measured by the synthesis at its node (the MAP update's error, its prior's error estimated by "
+                           "empirical Bayes from the noisy answers): "
                            "released value, se, bias, 90 % interval; post-processing of the noisy measurements only",
     }

@@ -13,7 +13,7 @@ Error estimates, two kinds:
   marginal at this node: the household-size histogram (``--margin NP --level group``) at every
   node (at a state or PUMA, whose sizes the synthesis fit, that fit's; at the nation the
   parametric bootstrap of the count-of-counts estimator), and every workload the synthesis
-  measured at a state or PUMA node (Laplace approximation of the MAP update's posterior): a
+  measured at a state or PUMA node (the MAP update's error, engine.uncertainty): a
   group-level partition (``group:A,B|``) at ``--level group``, a person workload counting every
   person (``person:A|B``, i.e. ``synthesis.person_first: 0``) at ``--level person``.
 - ``measured``, ``measured_sd``, ``measured_lower_90``, ``measured_upper_90``: where the run

@@ -35,7 +35,7 @@ from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_select
 from engine.support import Support
 from engine.synthesis import size_measurement, synthesize_node
-from engine.uncertainty import fit_answer_sd, recording_measure
+from engine.uncertainty import Recording, fit_answer_sd, recording_measure
 from engine.workload_selection import select_workloads
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic, write_json_atomic
@@ -73,19 +73,20 @@ def size_extra(support: Support, size_estimate: SizeEstimate | None) -> list[Mea
     return [] if size_estimate is None else [size_measurement(support.data.domain, size_estimate[0], size_estimate[1])]
 
 
-def answer_sd(support: Support, res, workloads: list[Workload], sigmas: dict[str, float], s, total_sd: float,
+def answer_sd(support: Support, res, prior: np.ndarray, workloads: list[Workload], record: Recording, s, total_sd: float,
               size_estimate: SizeEstimate | None, queries: list[Workload] | None = None) -> dict:
     """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads — the
     given ``workloads`` and those its adaptive rounds chose, every measurement the fit used — at a
-    fixed total), ``total_var`` (the variance of the fitted total) and ``response_sd`` (how much
-    the fit's noise moves the ``queries``: a PUMA's on its state's workloads), by
+    fixed total, the error of the fit's ``prior`` estimated from the noisy answers), ``total_var``
+    (the variance of the fitted total) and ``response_sd`` (how much the fit's noise moves the
+    ``queries``: a PUMA's on its state's workloads), by
     ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
     ``intervals.parquet``."""
     workloads = [*workloads, *(Workload.from_id(w) for w in res.diagnostics.get("adaptive", []))]
-    sd, total_var, response = fit_answer_sd(support, res.weights, res.total, workloads, sigmas, rule=s.update_rule,
-                                            prior_strength=s.prior_strength, total_sd=total_sd,
-                                            size_sd=None if size_estimate is None else size_estimate[1], queries=queries or [])
-    return {"answer_sd": sd, "total_var": total_var, "response_sd": response}
+    e = fit_answer_sd(support, res.weights, res.total, workloads, record, rule=s.update_rule, prior_strength=s.prior_strength,
+                      total_sd=total_sd, size=None if size_estimate is None else (np.asarray(size_estimate[0]), size_estimate[1]),
+                      queries=queries or [], prior=prior)
+    return {"answer_sd": e.answer_sd, "total_var": e.total_var, "response_sd": e.response_sd}
 
 
 @task(name="synthesize-state")
@@ -102,7 +103,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     support = cached_support(ctx.public_npz)
     s = ctx.cfg.synthesis
     workloads = [Workload.from_id(w) for w in workload_ids]
-    measure, sigmas = recording_measure(session_measure(ctx.session(), "state_synthesis", "state", node))
+    measure, record = recording_measure(session_measure(ctx.session(), "state_synthesis", "state", node))
     res = synthesize_node(
         support, support.weights, workloads, ctx.allocation("state_synthesis", "state"), measure, total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
@@ -111,8 +112,8 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics,
-                                                 **answer_sd(support, res, workloads, sigmas, s, households_sd,
-                                                             size_estimate)})
+                                                 **answer_sd(support, res, support.weights, workloads, record, s,
+                                                             households_sd, size_estimate)})
     return str(out)
 
 
@@ -142,7 +143,7 @@ def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, wor
     s = ctx.cfg.synthesis
     baseline = prior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
     workloads = [] if baseline else [Workload.from_id(w) for w in workload_ids]
-    measure, sigmas = (None, {}) if baseline else recording_measure(session_measure(ctx.session(), "puma_synthesis", "puma", node))
+    measure, record = (None, Recording()) if baseline else recording_measure(session_measure(ctx.session(), "puma_synthesis", "puma", node))
     res = synthesize_node(
         support, support.weights if prior is None else prior, workloads, Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
         measure, total=job.n_households, rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
@@ -151,8 +152,9 @@ def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, wor
         select=None if baseline else session_select(ctx.session(), "puma_synthesis", "puma", node), unit=ctx.cfg.privacy_unit,
     )
     write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics,
-                                                 **answer_sd(support, res, workloads, sigmas, s, job.households_sd,
-                                                             job.size_estimate, [Workload.from_id(w) for w in state_workload_ids or []])})
+                                                 **answer_sd(support, res, support.weights if prior is None else prior, workloads,
+                                                             record, s, job.households_sd, job.size_estimate,
+                                                             [Workload.from_id(w) for w in state_workload_ids or []])})
     synth = sample_households(support, res.weights, int(round(res.total)), node_rng(seed, node), geo=node,
                               order=household_order(support.data))
     save_npz_atomic(out, synth.to_npz)

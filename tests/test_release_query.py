@@ -41,7 +41,7 @@ def release(tmp_path_factory):
     for i, (r, t) in enumerate(itertools.product(range(2), range(3))):
         iv.append({"table": "marginal", "level": "state", "node": "ST=50", "marginal": "group:R18,TEN|", "cell": i,
                    "cell_codes": f"R18={r}; TEN={t}", "released": 0.0, "se": 1.0 + i, "bias": 0.0, "lo90": 100.0 + i,
-                   "hi90": 200.0 + i, "method": "laplace_map"})
+                   "hi90": 200.0 + i, "method": "map_eb"})
     for source, se in (("size_histogram", 5.0), ("group:NP|", 2.0)):
         for k in range(1, DOMAIN.max_size + 1):
             iv.append({"table": "count_of_counts" if source == "size_histogram" else "marginal", "level": "puma",

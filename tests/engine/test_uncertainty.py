@@ -19,15 +19,19 @@ from engine.privacy.measurements import MeasurementRecord as Measurement
 from engine.queries import Workload, answer
 from engine.support import Support
 from engine.uncertainty import (
+    EB_BANDS,
     Z90,
     CountNoise,
+    Recording,
     SizeNoise,
+    band_scales,
     bootstrap_summary,
     combine_total,
     count_of_counts_bootstrap,
     fit_answer_sd,
     intervals,
     posterior_count_sd,
+    prior_residual,
     response_count_sd,
     simulate_at_least,
     simulate_noise,
@@ -194,17 +198,101 @@ def test_laplace_sd_limits():
 
 def test_fit_answer_sd_and_the_total():
     support, q, G, _, sigma = _fit()
-    sigmas = {w.id: sigma for w in WORKLOADS}
-    sd, total_var, response = fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3, total_sd=5.0,
-                                            size_sd=7.0, queries=[Workload("group", ("R18",), ())])
-    assert set(response) == {"group:R18|"} and len(response["group:R18|"]) == 2
-    assert set(sd) == {w.id for w in WORKLOADS}  # the size marginal's id is group:NP|, also measured here
+    record = Recording({w.id: sigma for w in WORKLOADS}, {w.id: np.zeros(w.n_cells(DOMAIN)) for w in WORKLOADS})
+    e = fit_answer_sd(support, q, G, WORKLOADS, record, rule="map", prior_strength=0.3, total_sd=5.0,
+                      size=(np.zeros(3), 7.0), queries=[Workload("group", ("R18",), ())])
+    assert set(e.response_sd) == {"group:R18|"} and len(e.response_sd["group:R18|"]) == 2
+    assert set(e.answer_sd) == {w.id for w in WORKLOADS}  # the size marginal's id is group:NP|, also measured here
     direct = posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS] + [(WORKLOADS[0], 7.0)], G, 0.3 * G)
-    assert sd[WORKLOADS[1].id] == pytest.approx(direct[1])
-    assert 0 < total_var < 25.0  # the workloads add information to the count's own
-    assert fit_answer_sd(support, q, G, WORKLOADS, sigmas, rule="map", prior_strength=0.3)[1] == 0.0  # total given
-    assert fit_answer_sd(support, q, G, WORKLOADS, {}, rule="map", prior_strength=0.3) == ({}, 0.0, {})
+    assert e.answer_sd[WORKLOADS[1].id] == pytest.approx(direct[1])
+    assert 0 < e.total_var < 25.0  # the workloads add information to the count's own
+    assert fit_answer_sd(support, q, G, WORKLOADS, record, rule="map", prior_strength=0.3).total_var == 0.0  # total given
+    empty = fit_answer_sd(support, q, G, WORKLOADS, Recording(), rule="map", prior_strength=0.3)
+    assert (empty.answer_sd, empty.total_var, empty.response_sd) == ({}, 0.0, {})
+    with_prior = fit_answer_sd(support, q, G, WORKLOADS, record, rule="map", prior_strength=0.3, prior=support.weights)
+    assert all(np.all(np.asarray(v) >= 0) for v in with_prior.answer_sd.values()) and with_prior.answer_sd != e.answer_sd
     assert combine_total(np.array([50.0, 0.0]), 100.0, np.array([3.0, 1.0]), 16.0) == pytest.approx([np.sqrt(9 + 4), 1.0])
+
+
+def test_eb_sd_equals_the_linearised_estimator_error():
+    """Brute force, dense: the MAP answers â = S W a_p + J W ỹ (W = (J + S)⁻¹) err by
+    S W (a_p − a) + J W (ỹ − a), so with prior error covariance T their covariance is
+    S W T W S + J W S W J; T = S^½ V diag(τλ) Vᵀ S^½ with V, λ the eigenvectors and values of
+    S^(-½) J S^(-½) and τ the band scales of the whitened residual."""
+    support, q, G, alpha, sigma = _fit()
+    A = np.vstack([support.incidence(w).toarray() for w in WORKLOADS])
+    a = A @ q
+    J = (A * q[None, :]) @ A.T / alpha - np.outer(a, a) / alpha
+    s = np.full(a.size, (sigma / G) ** 2)
+    S, R = np.diag(s), np.diag(np.sqrt(s))
+    W = np.linalg.inv(J + S)
+    lam, V = np.linalg.eigh(J / np.outer(np.sqrt(s), np.sqrt(s)))
+    lam = np.maximum(lam, 0.0)
+    for seed in range(3):
+        residual = np.random.default_rng(seed).normal(0, 3 * sigma / G, a.size)
+        tau = band_scales(lam, V.T @ (residual / np.sqrt(s)))
+        T = R @ V @ np.diag(tau * lam) @ V.T @ R
+        brute = G * np.sqrt(np.diag(S @ W @ T @ W @ S + J @ W @ S @ W @ J))
+        got = np.concatenate(posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS], G, alpha, residual=residual))
+        assert got == pytest.approx(brute, rel=1e-6, abs=1e-8)
+    # τ = 1 everywhere is the Laplace form: diag of S W J W S + J W S W J = J W S
+    laplace = np.concatenate(posterior_count_sd(support, q, [(w, sigma) for w in WORKLOADS], G, alpha))
+    assert laplace == pytest.approx(G * np.sqrt(np.maximum(np.diag(S @ W @ J @ W @ S + J @ W @ S @ W @ J), 0)), rel=1e-6, abs=1e-8)
+
+
+def test_band_scales_recover_the_prior_error_scale_per_band():
+    """Statistical: whitened residuals of variance τ_b λ + 1 give back each band's τ_b."""
+    rng = np.random.default_rng(5)
+    lam = np.concatenate([rng.uniform(lo, hi, 4000) for lo, hi in [(0.2, 0.9), (2, 9), (20, 90), (200, 900)]])
+    true = np.repeat([3.0, 0.5, 0.0, 2.0], 4000)
+    z = rng.normal(0, np.sqrt(true * lam + 1))
+    got = band_scales(lam, z)
+    for b, t in enumerate([3.0, 0.5, 0.0, 2.0]):
+        assert got[b * 4000] == pytest.approx(t, abs=0.25 if b == 0 else 0.1)
+    assert len(EB_BANDS) == 4 and np.all(band_scales(np.zeros(5), np.ones(5)) == 1.0)  # no information: τ = 1
+
+
+EB_WORKLOADS = [*WORKLOADS, Workload("group", ("TEN", "NP"), ()), Workload("person", (), ("AGE", "RAC")),
+                Workload("person", (), ("SEX", "AGE"))]
+
+
+def _eb_node(rng, tilt: float, n: int = 400, sigma: float = 15.0, alpha_rel: float = 0.3):
+    """A private node resampled from the public support (``tilt`` > 0: households of the first
+    tenure over-drawn, a prior biased in proportion to the cells), measured, MAP-fitted; returns
+    the fitted counts, the truth, and the node's sd with the estimated and with the Laplace error model."""
+    public = random_data(DOMAIN, 300, seed=41)
+    support = Support.from_data(public)
+    w = np.exp(tilt * (public.group[:, 0] == 0))
+    private = public.take(rng.choice(public.n_households, n, p=w / w.sum()))
+    G, alpha = float(n), alpha_rel * n
+    truth = [answer(private, wl).astype(float) for wl in EB_WORKLOADS]
+    noisy = [t + rng.normal(0, sigma, t.size) for t in truth]
+    q, _ = map_update(support, support.weights, [Noisy(wl, y, sigma) for wl, y in zip(EB_WORKLOADS, noisy)], G, prior_strength=alpha)
+    fitted = [(wl, sigma) for wl in EB_WORKLOADS]
+    residual = prior_residual(support, support.weights, EB_WORKLOADS, noisy, G)
+    est = np.concatenate(posterior_count_sd(support, q, fitted, G, alpha, residual=residual))
+    lap = np.concatenate(posterior_count_sd(support, q, fitted, G, alpha))
+    return G * np.concatenate([support.answer(wl, q) for wl in EB_WORKLOADS]), np.concatenate(truth), est, lap
+
+
+@pytest.mark.parametrize("tilt", [0.0, 1.0])
+def test_prior_error_intervals_cover_90_percent(tilt):
+    """Statistical: nodes drawn from the prior itself (its true error is a sample's, τ = α/n = 0.3
+    of what α says) and from a tilted prior (further off than α says): the intervals with the
+    estimated error model cover about 90 % of the true counts in both; the Laplace form's, which
+    takes the prior as far off as α says, are too wide in the first and too narrow in the second."""
+    rng = np.random.default_rng(7 + int(tilt))
+    inside_est = inside_lap = cells = 0
+    for _ in range(30):
+        fit, truth, est, lap = _eb_node(rng, tilt)
+        inside_est += int(np.sum(np.abs(fit - truth) <= Z90 * est))
+        inside_lap += int(np.sum(np.abs(fit - truth) <= Z90 * lap))
+        cells += truth.size
+    assert 0.85 <= inside_est / cells <= 0.95, (inside_est / cells, inside_lap / cells)
+    if tilt == 0.0:  # a prior closer than α says: the Laplace form's intervals are too wide
+        assert inside_lap > inside_est
+    else:  # further off than α says: too narrow
+        assert inside_lap < inside_est
 
 
 def test_response_sd_equals_the_finite_difference_jacobian_of_the_map_fit():
