@@ -41,6 +41,9 @@ Two estimators, two methods:
   error). The MAP estimator's error in direction i then has variance (τ_i λ_i + λ_i²)/(1 + λ_i)²
   (whitened): the prior's error passed through, S W T W S, plus the noise passed through,
   J W S W J, W = (J + S)⁻¹; τ = 1 is the Laplace form λ/(1 + λ).
+  A released state answer is the sum of its PUMAs' (each PUMA fit starts from the state
+  posterior), so each PUMA fit's linear response to its own noise on the state's workloads
+  (:func:`response_count_sd`, a sandwich) is added to the state fit's variance by the caller.
 """
 
 from __future__ import annotations
