@@ -323,9 +323,8 @@ class FitErrors:
 def prior_residual(support: Support, prior: np.ndarray, workloads: Sequence[Workload], noisy: Sequence[np.ndarray],
                    total: float) -> np.ndarray:
     """The noisy answers over G minus the prior's answers, every cell of ``workloads`` in order."""
-    M, pattern_of = support.cache.joint_patterns(list(workloads))
     p = np.asarray(prior, dtype=np.float64)
-    pp = np.bincount(pattern_of, weights=p / max(p.sum(), 1e-300), minlength=M.shape[1])
+    M, pp = by_pattern(support, workloads, p / max(p.sum(), 1e-300))
     y = np.concatenate([np.asarray(v, dtype=np.float64).reshape(-1) for v in noisy])
     return y / max(float(total), 1.0) - M @ pp
 

@@ -121,9 +121,9 @@ def _node_keys(st: pd.Series, puma: pd.Series) -> dict[str, pd.Series]:
     # strings would hash millions of tuples at national size)
     st_code, st_values = pd.factorize(st.astype(str))
     puma_code, puma_values = pd.factorize(puma.astype(str))
-    combined = st_code.astype(np.int64) * max(len(puma_values), 1) + puma_code
-    uniq, pair = np.unique(combined, return_inverse=True)
-    pairs = [(str(st_values[c // max(len(puma_values), 1)]), str(puma_values[c % max(len(puma_values), 1)])) for c in uniq]
+    n_puma = max(len(puma_values), 1)
+    uniq, pair = np.unique(st_code.astype(np.int64) * n_puma + puma_code, return_inverse=True)
+    pairs = [(str(st_values[c // n_puma]), str(puma_values[c % n_puma])) for c in uniq]
     keys = {"state": [key(s) for s, _ in pairs], "puma": [key(s, p) for s, p in pairs]}
     return {"nation": pd.Series(node_key(()), index=st.index),
             **{lv: pd.Series(np.asarray(k, dtype=object)[pair] if len(k) else np.zeros(0, object), index=st.index) for lv, k in keys.items()}}
