@@ -81,8 +81,9 @@ def run(config: Path, env: dict) -> dict:
 def step_times(release: Path, marks: dict) -> dict[str, float]:
     """The audited stages (:func:`stage_times`) and the steps around them: ``startup`` (process
     start to the first stage: imports, the Prefect server, the Dask cluster), ``publish`` (the
-    release tables, intervals, the Great Expectations gate, the manifest) and ``internal_qa``,
-    from the arrival times of the run's log lines."""
+    release tables, intervals, the Great Expectations gate, the manifest) and ``internal_qa`` (the
+    time the QA report adds after publish: it runs beside publish, on a Dask worker), from the
+    arrival times of the run's log lines."""
     stages = stage_times(release)
     events = [json.loads(line) for line in (release / "audit.jsonl").read_text().splitlines()]
     times = [datetime.fromisoformat(e["time"]).timestamp() for e in events if e.get("event") in ("stage_start", "stage_end")]

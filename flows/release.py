@@ -390,16 +390,33 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             supports = stage("hgem", hgem_stage, ctx, counts_path, address, seed, workload)
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
         node_files = stage("puma_synthesis", puma_stage, ctx, counts_path, workload, posteriors, seed, supports)
-        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
-        report = internal_qa(ctx, node_files, seed, coc_path)
+        release_dir, report = publish_and_qa.with_options(task_runner=runner)(
+            ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir
+
+
+@flow(name="publish-and-qa")
+def publish_and_qa(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None,
+                   coc_path: str | None, counts_path: str, seed: int) -> tuple[str, str]:
+    """Publish on the client while the internal QA report runs on a Dask worker: both only read
+    the finished node files (the workers are otherwise idle during publish). A failed publish
+    still waits for the QA task, then raises."""
+    qa = internal_qa.submit(ctx, node_files, seed, coc_path)
+    try:
+        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
+    finally:
+        qa.wait()
+    return release_dir, qa.result()
 
 
 @task(name="internal-qa-report")
 def internal_qa(ctx: RunContext, node_files: list[str], seed: int, coc_path: str | None) -> str:
     """Accuracy of the release against the confidential data, written to the work directory only
-    (QA is, with ingestion, the only reader of the private data outside the private session)."""
+    (QA is, with ingestion, the only reader of the private data outside the private session).
+    It links the release gate's Data Docs, which publish renders beside it."""
+    from tasks.gx_gates import DATA_DOCS
+
     cfg, paths = ctx.cfg, ctx.paths
     private = HierarchicalData.from_npz(ctx.private_npz)
     release = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
@@ -407,4 +424,5 @@ def internal_qa(ctx: RunContext, node_files: list[str], seed: int, coc_path: str
     if cfg.synthesizer != "public_baseline":
         baselines["public-only baseline"] = public_only_baseline(HierarchicalData.from_npz(ctx.public_npz), private, seed)
     coc_emd = coc_emd_by_level(release_histograms(coc_path, release), private) if coc_path else None
-    return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, ctx.ledger.summary(), coc_emd))
+    return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, ctx.ledger.summary(), coc_emd,
+                               docs_link=f"{DATA_DOCS}/index.html"))

@@ -146,15 +146,10 @@ def household_count_errors(true: HierarchicalData, release: HierarchicalData) ->
             "mean_abs_difference": float(np.abs(diff).mean()), "rms_difference": float(np.sqrt(np.mean(diff ** 2)))}
 
 
-def gx_data_docs_link(qa_dir: Path) -> str | None:
-    """Relative link to the release gate's Data Docs (rendered into ``qa/gx_data_docs/`` at publish)."""
-    from tasks.gx_gates import DATA_DOCS
-
-    index = Path(qa_dir) / DATA_DOCS / "index.html"
-    return index.relative_to(qa_dir).as_posix() if index.exists() else None
-
-
-def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, release: HierarchicalData, baselines: dict[str, HierarchicalData], budget: dict, coc_emd: dict | None = None) -> Path:
+def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, release: HierarchicalData, baselines: dict[str, HierarchicalData],
+                    budget: dict, coc_emd: dict | None = None, docs_link: str | None = None) -> Path:
+    """Write the report; ``docs_link`` is the release gate's Data Docs page relative to ``qa_dir``
+    (rendered by publish, which may run at the same time)."""
     qa_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     rows = accuracy_table(true, {"release": release, **baselines})
     pngs = _plots(qa_dir, true, release, rows, budget, coc_emd)
@@ -166,7 +161,7 @@ def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, rel
     if coc_emd:
         md += ["", "| count-of-counts level | mean EMD per node |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in coc_emd.items()]
     md += ["", "| PUMA household counts, released − confidential | value |", "|---|---|"] + [f"| {k} | {v:.4g} |" for k, v in counts.items()]
-    docs = gx_data_docs_link(qa_dir)
+    docs = docs_link
     if docs:
         md += ["", f"Release gate (Great Expectations): [Data Docs]({docs}) — every expectation on the synthetic tables and its result."]
     md += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
