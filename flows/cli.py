@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("inputs", nargs="+", help="csv_pXX.zip, psam_pNN.csv or ssYYpXX.csv files")
     v.add_argument("--layout", default="auto", choices=["auto", "pums2017", "pums_legacy"], help="file layout (default: detect from the file name)")
     v.add_argument("--housing", default=None, help="legacy layout: the housing file (ssYYhXX.csv) to cross-check")
-    v.add_argument("--domain", default=None, help="domain spec YAML (default: schemas/domains/acs_pums.yaml)")
+    v.add_argument("--domain", default=None, help="domain spec: a YAML path or a shipped spec's name, e.g. acs_pums_core for files without SCHL/MAR/CIT (default: acs_pums)")
     v.set_defaults(func=cmd_validate)
     pl = sub.add_parser("plan", help="print the privacy budget plan of a config", description="Print the budget allocation table and the resulting (epsilon, delta) without reading any data.")
     pl.add_argument("config", type=Path, help="release config YAML")

@@ -189,8 +189,18 @@ class DomainSpec(_Strict):
         return data, {"households": n_hh, "persons": int(len(household))}
 
 
+def domain_spec_path(domain: str | Path) -> Path:
+    """A domain spec's file: a ``.yaml``/``.yml`` path as given (resolved), or the name of a spec
+    shipped in ``schemas/domains/`` (``acs_pums``, ``acs_pums_core``, ``acs_pums_aim``)."""
+    p = Path(domain)
+    if p.suffix in (".yaml", ".yml"):
+        return p.resolve()
+    return DOMAINS_DIR / f"{domain}.yaml"
+
+
 def load_domain_spec(path: str | Path = DOMAINS_DIR / "acs_pums.yaml") -> DomainSpec:
-    path = Path(path)
+    """Load a domain spec from a path or a shipped spec's name (:func:`domain_spec_path`)."""
+    path = domain_spec_path(path)
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:

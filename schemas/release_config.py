@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.adaptive import AdaptiveRounds
 from engine.errors import DPReleaseError
+from schemas.domain_spec import domain_spec_path
 from engine.geography import LEVELS
 from engine.hgem.settings import HGEMSettings
 
@@ -297,10 +298,7 @@ class ReleaseConfig(_Strict):
         return Path(self.work_dir).expanduser().resolve() / self.name
 
     def domain_path(self) -> Path:
-        p = Path(self.domain)
-        if p.suffix in (".yaml", ".yml"):
-            return p.resolve()
-        return Path(__file__).parent / "domains" / f"{self.domain}.yaml"
+        return domain_spec_path(self.domain)
 
 
 def load_config(path: str | Path, name: str | None = None) -> ReleaseConfig:

@@ -29,6 +29,7 @@ from pathlib import Path
 DATA = Path(os.environ.get("DPRELEASE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 ACS2018 = DATA / "acs2018_1yr"
 ACS2013 = DATA / "acs2013_1yr_de"
+CORE = "acs_pums_core"  # the domain spec of the 2013 extract (schemas/domains/acs_pums_core.yaml)
 VT_ZIP = ACS2018 / "csv_pvt.zip"
 VT_MEMBER = "psam_p50.csv"
 LEGACY_P = ACS2013 / "ss13pde.csv"
@@ -187,9 +188,15 @@ class Broken:
     layout: str = "auto"
     housing: Path | None = None
     extra: dict = field(default_factory=dict)
+    domain: str = "acs_pums"  # the spec it is read with (CORE for the 2013 extract: no SCHL, MAR, CIT)
 
     def read_kwargs(self) -> dict:
         return {"layout": self.layout, "housing": self.housing}
+
+    def spec(self):
+        from schemas.domain_spec import load_domain_spec
+
+        return load_domain_spec(self.domain)
 
     def cli_args(self) -> list[str]:
         args = ["validate", str(self.path)]
@@ -197,6 +204,8 @@ class Broken:
             args += ["--layout", self.layout]
         if self.housing is not None:
             args += ["--housing", str(self.housing)]
+        if self.domain != "acs_pums":
+            args += ["--domain", self.domain]
         return args
 
     def expected_output(self) -> str:
@@ -290,7 +299,7 @@ def build_code_outside_dictionary(tmp: Path) -> Broken:
 
 @builder
 def build_blank_required(tmp: Path) -> Broken:
-    return _cell(tmp, 120, "NATIVITY", "", "values", "blank value, expected one of the codes 1..2", ("blank value", "1..2"))
+    return _cell(tmp, 120, "CIT", "", "values", "blank value, expected one of the codes 1..5", ("blank value", "1..5"))
 
 
 @builder
@@ -522,7 +531,7 @@ def build_legacy_housing_np_mismatch(tmp: Path) -> Broken:
     p = persons.write(tmp / LEGACY_CSV)
     h = housing.write(tmp / LEGACY_HCSV)
     msg = "NP of the housing record differs from the number of persons in the person file"
-    return Broken(p, LEGACY_HCSV, "housing", housing.line(j), "NP", msg, ("NP", "differs"), (serial,), housing=h)
+    return Broken(p, LEGACY_HCSV, "housing", housing.line(j), "NP", msg, ("NP", "differs"), (serial,), housing=h, domain=CORE)
 
 
 @builder
@@ -534,7 +543,7 @@ def build_legacy_na_in_required(tmp: Path) -> Broken:
     p = persons.write(tmp / LEGACY_CSV)
     h = housing.write(tmp / LEGACY_HCSV)
     msg = "blank value, expected an integer 0..99"
-    return Broken(p, LEGACY_CSV, "values", persons.line(i), "AGEP", msg, ("blank value",), (serial,), housing=h)
+    return Broken(p, LEGACY_CSV, "values", persons.line(i), "AGEP", msg, ("blank value",), (serial,), housing=h, domain=CORE)
 
 
 @builder
@@ -546,7 +555,7 @@ def build_legacy_person_without_housing_record(tmp: Path) -> Broken:
     p = persons.write(tmp / LEGACY_CSV)
     h = housing.write(tmp / LEGACY_HCSV)
     msg = "persons whose SERIALNO has no housing record"
-    return Broken(p, LEGACY_HCSV, "housing", None, None, msg, ("no housing record",), (serial,), housing=h)
+    return Broken(p, LEGACY_HCSV, "housing", None, None, msg, ("no housing record",), (serial,), housing=h, domain=CORE)
 
 
 @builder
@@ -566,7 +575,7 @@ def build_legacy_as_pums2017(tmp: Path) -> Broken:
     t = Table(header, rows)
     p = t.write(tmp / "psam_p10.csv")
     msg = "SERIALNO does not have the 2017+ form YYYYHU… or YYYYGQ… (is this a pre-2017 file? set layout: pums_legacy)"
-    return Broken(p, "psam_p10.csv", "households", 2, "SERIALNO", msg, ("2017+ form", "pums_legacy"), (t.serial(0),), count=len(rows), layout="pums2017")
+    return Broken(p, "psam_p10.csv", "households", 2, "SERIALNO", msg, ("2017+ form", "pums_legacy"), (t.serial(0),), count=len(rows), layout="pums2017", domain=CORE)
 
 
 # -- inputs the reader gets wrong today (see tests marked xfail) -------------------------------
@@ -610,7 +619,7 @@ def build_legacy_file_read_as_pums2017(tmp: Path) -> Broken:
     unexpected unnamed column) should point at the cause: a pre-2017 file (layout pums_legacy)."""
     persons, _ = base_legacy()
     p = persons.write(tmp / LEGACY_CSV)
-    return Broken(p, LEGACY_CSV, "columns", 1, None, "", ("pums_legacy",), (persons.serial(0),), layout="pums2017")
+    return Broken(p, LEGACY_CSV, "columns", 1, None, "", ("pums_legacy",), (persons.serial(0),), layout="pums2017", domain=CORE)
 
 
 @known_bug
@@ -621,7 +630,7 @@ def build_legacy_housing_duplicate_serial(tmp: Path) -> Broken:
     housing.rows.insert(j + 1, list(housing.rows[j]))
     p = persons.write(tmp / LEGACY_CSV)
     h = housing.write(tmp / LEGACY_HCSV)
-    return Broken(p, LEGACY_HCSV, "housing", housing.line(j + 1), "SERIALNO", "", ("SERIALNO",), (housing.serial(j),), housing=h)
+    return Broken(p, LEGACY_HCSV, "housing", housing.line(j + 1), "SERIALNO", "", ("SERIALNO",), (housing.serial(j),), housing=h, domain=CORE)
 
 
 @known_bug

@@ -123,7 +123,7 @@ def test_household_structure_of_the_domain_spec(inputs):
     assert (s.relationship, s.householder, s.group_quarters) == ("RELP_GROUP", "Householder", ("Group quarters resident",))
     assert not s.group_quarters_households  # household_rules.group_quarters: exclude (the default)
     assert dict(s.householder_attributes) == {"HHLDR_AGEP_BAND": "AGEP_BAND", "HHLDR_SEX": "SEX",
-                                              "HHLDR_RAC1P_GROUP": "RAC1P_GROUP", "HHLDR_HISP_ORIGIN": "HISP_ORIGIN"}
+                                              "HHLDR_RAC1P": "RAC1P", "HHLDR_HISP_ORIGIN": "HISP_ORIGIN"}
     assert s.any_person == (AnyPerson("R18", "AGEP_BAND", ("0-17",)),)
     # only what the release keeps: without RELP_GROUP and SEX no relationship rule and no HHLDR_SEX
     from dataclasses import replace
@@ -146,7 +146,7 @@ def test_sampled_households_are_structurally_consistent(first_run):
     head = dom.person_attribute("RELP_GROUP").codes.index("Householder")
     first = synth.person_offsets[:-1]
     assert (rel[first] == head).all() and (rel == head).sum() == synth.n_households
-    for g in ("AGEP_BAND", "SEX", "RAC1P_GROUP", "HISP_ORIGIN"):
+    for g in ("AGEP_BAND", "SEX", "RAC1P", "HISP_ORIGIN"):
         assert np.array_equal(synth.group[:, dom.group_index(f"HHLDR_{g}")], synth.person[first, dom.person_index(g)])
 
 
