@@ -34,6 +34,10 @@ def render_plan(cfg: ReleaseConfig) -> str:
         f"release {cfg.name}: privacy unit {cfg.privacy_unit}, synthesizer {cfg.synthesizer}",
         f"budget: {target}",
         f"invariants: {', '.join(cfg.invariants) if cfg.invariants else 'none'}",
+        *([f"synthesis split: public_simulation (the state_synthesis + puma_synthesis shares' sum, "
+           f"{cfg.allocation.stages['state_synthesis'] + cfg.allocation.stages['puma_synthesis']:g}, is divided between the state and "
+           "the PUMA level at run time by the expected error simulated on the public data; the table shows the config's split)"]
+          if cfg.allocation.synthesis_split == "public_simulation" and cfg.synthesizer == "prior_update" else []),
         "",
     ]
     tail = ["", f"guarantee: {inv['statement']}; {inv['public_structure']}."]

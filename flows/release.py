@@ -15,6 +15,8 @@ import math
 import os
 import secrets
 import time
+from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import dask
@@ -47,7 +49,7 @@ from tasks.publish import code_version, input_identity, library_versions, sha256
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
-from tasks.synthesize import PumaJob, public_only_baseline, puma_batch_task, select_workload_task, state_update_task
+from tasks.synthesize import PumaJob, choose_split_task, public_only_baseline, puma_batch_task, select_workload_task, state_update_task
 
 
 class Progress:
@@ -169,6 +171,15 @@ def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 
     return sel
 
 
+@flow(name="choose-synthesis-split")
+def choose_split_stage(ctx: RunContext, workload: dict) -> dict:
+    """The state/PUMA split of the synthesis ρ from public data only (before any measurement)."""
+    choice = choose_split_task(ctx.public_npz, workload["state"], ctx.cfg.model_dump_json(), str(ctx.paths.run_dir / "synthesis_split.json"))
+    get_run_logger().info(f"synthesis budget: state level {float(Fraction(choice['state_fraction'])):.0%} of the synthesis rho, "
+                          "the PUMAs the rest (expected error simulated on the public data)")
+    return choice
+
+
 @flow(name="count-of-counts")
 def count_of_counts_stage(ctx: RunContext) -> str:
     return count_of_counts_task.submit(ctx).result()
@@ -279,6 +290,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         "privacy": {
             "accounting": "rho-zCDP; sequential composition over stages and levels, parallel over disjoint nodes of one level",
             "plan": ctx.plan.to_dict(),
+            "synthesis_split": synthesis_split_entry(paths),
             "ledger": summary,
             "rho": summary["total"]["spent"],
             "epsilon_delta": {"epsilon": summary["total"]["epsilon_spent_cks"], "delta": summary["total"]["delta"], "conversion": "Canonne-Kamath-Steinke 2020"},
@@ -309,6 +321,13 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
+
+
+def synthesis_split_entry(paths: RunPaths) -> dict:
+    """How the synthesis ρ was divided between the state and the PUMA level: the config's shares,
+    or the public simulation's choice with its table of expected errors."""
+    chosen = paths.run_dir / "synthesis_split.json"
+    return json.loads(chosen.read_text()) if chosen.exists() else {"method": "fixed by the config (allocation.stages)"}
 
 
 def synthesizer_settings(cfg) -> dict:
@@ -363,21 +382,29 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         runner = DaskTaskRunner(address=address)
         stages = []
 
-        def stage(name, fn, *args):
+        def stage(name, fn, *args, charges: bool = True):
+            """Run a stage; a stage that can charge the ledger has its charges copied to the audit
+            log. The public-only stages before the budget split is chosen do not open the ledger,
+            whose file is created with the run's (resolved) plan."""
             audit.append("stage_start", stage=name)
             out = fn.with_options(task_runner=runner)(*args)
-            sync_charges(audit, ctx.ledger)
+            if charges:
+                sync_charges(audit, ctx.ledger)
             audit.append("stage_end", stage=name)
             stages.append(name)
             return out
 
-        reports = stage("ingest", ingest_stage, cfg, paths)
+        reports = stage("ingest", ingest_stage, cfg, paths, charges=False)
         write_json_atomic(paths.summary_path, {"inputs": [read_report(r) for r in reports]})
         seed = sampling_seed(cfg, paths)
         ctx = ctx.with_inputs(*merged_inputs(paths, reports))
         workload = posteriors = coc_path = supports = None
         if cfg.synthesizer != "public_baseline":
-            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, cfg.synthesis.person_first)
+            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, cfg.synthesis.person_first, charges=False)
+        if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
+            split = stage("choose_synthesis_split", choose_split_stage, ctx, workload, charges=False)
+            cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(split["state_fraction"]))})
+            ctx = replace(ctx, cfg=cfg)
         if cfg.allocation.stages.get("count_of_counts", 0) > 0:
             counts_path = coc_path = stage("count_of_counts", count_of_counts_stage, ctx)
         else:

@@ -57,10 +57,16 @@ class BudgetSpec(_Strict):
 
 
 class AllocationSpec(_Strict):
-    """Shares of the total ρ per stage, and per stage the shares of its levels."""
+    """Shares of the total ρ per stage, and per stage the shares of its levels.
+
+    ``synthesis_split``: ``fixed`` spends the ``state_synthesis`` and ``puma_synthesis`` shares as
+    given; ``public_simulation`` keeps their sum and divides it between the state and the PUMA level
+    at run time by the expected error simulated on the public data (``engine.budget_split``; no
+    privacy cost), recorded in the manifest."""
 
     stages: dict[str, float]
     levels: dict[str, dict[str, float]]
+    synthesis_split: Literal["fixed", "public_simulation"] = "fixed"
 
     @field_validator("stages")
     @classmethod
@@ -89,7 +95,21 @@ class AllocationSpec(_Strict):
         for s, share in self.stages.items():
             if share > 0 and s not in self.levels:
                 raise ValueError(f"stage {s} has a share but no level allocation")
+        if self.synthesis_split == "public_simulation" and min(self.stages.get("state_synthesis", 0), self.stages.get("puma_synthesis", 0)) <= 0:
+            raise ValueError("synthesis_split public_simulation divides the state_synthesis and puma_synthesis shares: both must be positive")
+        if self.synthesis_split == "public_simulation" and (
+                {k: v for k, v in self.levels.get("state_synthesis", {}).items() if v} != {"state": 1}
+                or {k: v for k, v in self.levels.get("puma_synthesis", {}).items() if v} != {"puma": 1}):
+            raise ValueError("synthesis_split public_simulation needs levels state_synthesis {state: 1.0} and puma_synthesis {puma: 1.0}")
         return self
+
+    def with_state_fraction(self, fraction: Fraction) -> AllocationSpec:
+        """The allocation with the synthesis shares' sum split ``fraction`` : 1 − ``fraction``
+        between ``state_synthesis`` and ``puma_synthesis`` (computed on the shares' decimals, so
+        that decimal shares and fractions stay decimals and the plan still sums to 1)."""
+        total = Fraction(str(self.stages["state_synthesis"])) + Fraction(str(self.stages["puma_synthesis"]))
+        state = total * Fraction(fraction)
+        return self.model_copy(update={"stages": {**self.stages, "state_synthesis": float(state), "puma_synthesis": float(total - state)}})
 
 
 class HouseholdRulesSpec(_Strict):
@@ -247,6 +267,8 @@ class ReleaseConfig(_Strict):
             lv = self.allocation.levels.get("count_of_counts", {})
             if not all(lv.get(x, 0) > 0 for x in LEVELS):
                 raise ValueError("allocation.levels.count_of_counts needs a positive share for nation, state and puma (top-down needs every level measured)")
+        if self.allocation.synthesis_split == "public_simulation" and self.synthesizer == "hgem":
+            raise ValueError("allocation.synthesis_split public_simulation models the prior update; under synthesizer hgem give the shares (fixed)")
         if len(set(self.invariants)) != len(self.invariants):
             raise ValueError("invariants: each invariant at most once")
         if st.get("group_counts", 0) > 0 and self.allocation.levels.get("group_counts", {}).get("puma", 0) <= 0:

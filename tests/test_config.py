@@ -42,6 +42,10 @@ def test_default_config_loads_and_inputs_exist(data_root):
         (lambda r: r.update(unexpected_key=1), "unexpected_key"),
         (lambda r: r.update(private=[]), "private"),
         (lambda r: r["household_rules"].update(max_household_size=0), "max_household_size"),
+        (lambda r: r["allocation"].update(synthesis_split="guess"), "synthesis_split"),
+        (lambda r: (r["allocation"].update(synthesis_split="public_simulation"), r.update(synthesizer="hgem")), "models the prior update"),
+        (lambda r: (r["allocation"].update(synthesis_split="public_simulation"),
+                    r["allocation"]["levels"]["state_synthesis"].update(state=0.5, nation=0.5)), "state_synthesis {state: 1.0}"),
     ],
 )
 def test_bad_configs_get_clear_errors(tmp_path, mutate, expected):
@@ -153,3 +157,20 @@ def test_manifest_records_the_hgem_settings(tmp_path):
     assert rec["hgem"] == hg.hgem.settings().to_dict() and rec["hgem"]["initial_share"] == "4/5"
     assert rec["prior_strength"] == cfg.synthesis.prior_strength
     assert synthesizer_settings(cfg.model_copy(update={"synthesizer": "public_baseline"})) == {}
+
+
+def test_synthesis_split_keeps_the_synthesis_sum_and_an_exact_plan(tmp_path):
+    """``with_state_fraction`` divides the two synthesis shares' sum; the plan's shares stay exact
+    decimals summing to 1, and the other stages keep theirs."""
+    from fractions import Fraction
+
+    from tasks.context import budget_plan
+
+    cfg = load_config(write(tmp_path, lambda r: r["allocation"].update(synthesis_split="public_simulation")))
+    before = budget_plan(cfg)
+    for f in (Fraction(1, 5), Fraction(7, 10), Fraction(9, 10)):
+        split = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(f)})
+        plan = budget_plan(split)
+        synth = before.stage_rho("state_synthesis") + before.stage_rho("puma_synthesis")
+        assert plan.stage_rho("state_synthesis") == f * synth and plan.stage_rho("puma_synthesis") == (1 - f) * synth
+        assert plan.total_rho == before.total_rho and plan.stage_rho("count_of_counts") == before.stage_rho("count_of_counts")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from engine.metrics import answers_by_node, k_way_workloads, query_errors, query_errors_by_level, two_way_l1
+from engine.metrics import answers_by_node, k_way_workloads, query_errors, query_errors_by_level, two_way_l1, two_way_l1_by_candidate
 from engine.queries import Workload, normalised_answer
 from tests.engine.test_hierarchical_data import random_data
 
@@ -58,3 +58,37 @@ def test_query_errors_by_level_equal_a_per_node_brute_force():
             assert got[name][level]["max_error"] == pytest.approx(np.mean(maxes))
             assert got[name][level]["mean_error"] == pytest.approx(np.mean(means))
             assert query_errors(true, synth, ws, level) == got[name][level]
+
+
+def test_two_way_l1_by_candidate_equals_a_per_node_brute_force():
+    """Every candidate at once equals the definition on the same pairs: per node of the truth, the
+    L1 distance of the normalised 2-way person-level marginal (household attributes joined to
+    their persons), averaged over pairs and nodes; a candidate's persons outside the truth's nodes
+    are ignored and a node it lacks counts as an all-zero marginal."""
+    rng = np.random.default_rng(7)
+    true, other = random_data(rng, n=120), random_data(rng, n=90)
+    geo = other.geo.copy()
+    geo[:20, 1] = 900  # households in a PUMA the truth does not have
+    geo[geo[:, 1] == 300, 1] = 200  # and no household in PUMA 300
+    candidates = {"same": true, "other": other.with_geo(geo)}
+    got = two_way_l1_by_candidate(true, candidates, "PUMA", n_pairs=6, rng=np.random.default_rng(3))
+    pair_rng = np.random.default_rng(3)
+    pairs = [tuple(pair_rng.choice(4, 2, replace=False)) for _ in range(6)]
+    sizes = list(true.domain.group_sizes) + list(true.domain.person_sizes)
+
+    def joined(d):  # one row per person: group attributes, then person attributes
+        return np.concatenate([d.group[d.person_household], d.person], axis=1)
+
+    def marginal(d, node, a, b):
+        rows = joined(d)[np.all(d.geo[d.person_household] == node, axis=1)]
+        m = np.zeros((sizes[a], sizes[b]))
+        for r in rows:
+            m[r[a], r[b]] += 1
+        return m / max(m.sum(), 1)
+
+    nodes = np.unique(true.geo, axis=0)
+    for name, d in candidates.items():
+        per = [np.mean([np.abs(marginal(true, n, a, b) - marginal(d, n, a, b)).sum() for a, b in pairs]) for n in nodes]
+        assert got[name]["mean_l1"] == pytest.approx(np.mean(per)) and got[name]["max_l1"] == pytest.approx(np.max(per))
+    assert got["same"]["mean_l1"] == 0 and got["other"]["mean_l1"] > 0
+    assert two_way_l1(true, candidates["other"], "PUMA", n_pairs=6, rng=np.random.default_rng(3)) == got["other"]

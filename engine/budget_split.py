@@ -1,0 +1,117 @@
+"""The synthesis budget's split between the state and the PUMA level, chosen by the expected error
+simulated on the public data (issue 15 item 4): no privacy cost, no confidential input.
+
+Each public state in turn plays the private state, the other public states pooled are its prior.
+For every cell c of every workload, with the Gaussian noise σ of a measurement at a level's ρ
+(σ_w = L2(w)/√(2ρ_w), the workloads splitting the level's measured ρ evenly as
+:func:`engine.synthesis.measure_node` does), the update is modelled as the Bayes shrinkage of the
+prior towards the measurement, whose mean squared error is
+
+    v = e²σ² / (e² + σ²)        (e: the prior's error in the cell, σ: the measurement's noise)
+
+- state:  e_s = C_s − π·D_s (C the true count, D the node's households or persons, π the prior's
+  share), giving v_s;
+- PUMA:   its prior is the state posterior scaled to the PUMA: e_p² = (C_p − D_p·C_s/D_s)²
+  + (D_p/D_s)²·v_s, giving v_p at the PUMA's σ;
+- the released state answer is its PUMAs' sum, which the P PUMA measurements (variance P·σ_p²)
+  inform as well: v_s' = 1 / (1/v_s + 1/(P·σ_p²)).
+
+A level's expected error is the mean over nodes and workloads of Σ_c √(2/π)·√v / D (the L1
+distance of the normalised marginal, each cell's error taken as Gaussian), and the split minimises
+the mean of the state and PUMA levels' errors over the candidate fractions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from engine.hierarchical_data import HierarchicalData
+from engine.metrics import answers_by_node, node_index
+from engine.queries import PrivacyUnit, Workload
+
+__all__ = ["STATE_FRACTIONS", "SplitChoice", "choose_state_fraction", "expected_errors"]
+
+STATE_FRACTIONS: tuple[Fraction, ...] = tuple(Fraction(k, 10) for k in range(2, 10))  # 0.2 .. 0.9
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """The chosen fraction of the synthesis ρ spent at the state level (the rest at the PUMAs) and,
+    per candidate fraction, the simulated expected error (state, PUMA, their mean)."""
+
+    state_fraction: Fraction
+    table: tuple[tuple[Fraction, float, float], ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "method": "expected error simulated on the public data (engine.budget_split): each public state as the private one, the others as its prior",
+            "state_fraction": str(self.state_fraction),
+            "candidates": [{"state_fraction": str(f), "expected_l1_state": s, "expected_l1_puma": p, "objective": (s + p) / 2}
+                           for f, s, p in self.table],
+        }
+
+
+def _counts(data: HierarchicalData, w: Workload, level: str, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n_nodes, cells) counts of ``w`` per node and each node's denominator D (households for a
+    group-level workload, persons for a person-level one)."""
+    node = node_index(data, level, nodes)
+    unit = np.ones(data.n_households) if w.level == "group" else data.sizes.astype(np.float64)
+    ok = node >= 0
+    denom = np.bincount(node[ok], weights=unit[ok], minlength=len(nodes))
+    return answers_by_node(data, w, level, nodes) * np.maximum(denom, 1.0)[:, None], denom
+
+
+def _shrunk(e2: np.ndarray, s2: float) -> np.ndarray:
+    """The Bayes shrinkage's mean squared error e²σ²/(e² + σ²) (0 where both are 0)."""
+    return np.divide(e2 * s2, e2 + s2, out=np.zeros_like(e2), where=(e2 + s2) > 0)
+
+
+def expected_errors(public: HierarchicalData, workloads: Sequence[Workload], unit: PrivacyUnit, rho_state: float, rho_puma: float) -> tuple[float, float]:
+    """Expected mean L1 per marginal (state level, PUMA level) when each public state with at least
+    two PUMAs is released from the others' prior with ``rho_state`` per state and ``rho_puma`` per
+    PUMA spread evenly over ``workloads`` (module docstring)."""
+    geo_state, geo_puma = public.domain.geography[0], public.domain.geography[1]
+    states = np.unique(public.geo[:, :1], axis=0)
+    pumas = np.unique(public.geo[:, :2], axis=0)
+    puma_state = np.searchsorted(states[:, 0], pumas[:, 0])
+    n_pumas = np.bincount(puma_state, minlength=len(states))
+    play = np.flatnonzero(n_pumas >= 2)
+    if len(states) < 2 or not len(play) or not workloads:
+        raise ValueError("the split simulation needs at least two public states, one of them with two PUMAs, and a workload")
+    s_err, p_err = [], []
+    for w in workloads:
+        l2 = w.sensitivity(public.domain, unit)[1]
+        var_s = l2**2 / (2 * rho_state / len(workloads))
+        var_p = l2**2 / (2 * rho_puma / len(workloads))
+        c_s, d_s = _counts(public, w, geo_state, states)
+        c_p, d_p = _counts(public, w, geo_puma, pumas)
+        for s in play:
+            others = np.arange(len(states)) != s
+            prior = c_s[others].sum(axis=0) / max(d_s[others].sum(), 1.0)
+            v_s = _shrunk((c_s[s] - prior * d_s[s]) ** 2, var_s)
+            mine = puma_state == s
+            scale = d_p[mine] / max(d_s[s], 1.0)
+            e2_p = (c_p[mine] - scale[:, None] * c_s[s]) ** 2 + scale[:, None] ** 2 * v_s
+            v_p = _shrunk(e2_p, var_p)
+            v_released = 1.0 / (1.0 / np.maximum(v_s, 1e-300) + 1.0 / (mine.sum() * var_p))
+            s_err.append(math.sqrt(2 / math.pi) * np.sqrt(v_released).sum() / max(d_s[s], 1.0))
+            p_err.append(float(np.mean(math.sqrt(2 / math.pi) * np.sqrt(v_p).sum(axis=1) / np.maximum(d_p[mine], 1.0))))
+    return float(np.mean(s_err)), float(np.mean(p_err))
+
+
+def choose_state_fraction(public: HierarchicalData, workloads: Sequence[Workload], unit: PrivacyUnit, rho_synthesis: float, *,
+                          state_measured: float = 1.0, fractions: Sequence[Fraction] = STATE_FRACTIONS) -> SplitChoice:
+    """The fraction f of ``rho_synthesis`` (the state and PUMA synthesis stages together, per
+    state and per PUMA) for the state level minimising the simulated error; ``state_measured``:
+    the part of the state's ρ spent on ``workloads`` (the rest goes to adaptive rounds)."""
+    table = []
+    for f in fractions:
+        s, p = expected_errors(public, workloads, unit, float(f) * rho_synthesis * state_measured, float(1 - f) * rho_synthesis)
+        table.append((Fraction(f), s, p))
+    best = min(table, key=lambda row: (row[1] + row[2], row[0]))
+    return SplitChoice(best[0], tuple(table))
