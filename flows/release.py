@@ -417,7 +417,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             supports = stage("hgem", hgem_stage, ctx, counts_path, address, seed, workload)
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
         node_files = stage("puma_synthesis", puma_stage, ctx, counts_path, workload, posteriors, seed, supports)
-        release_dir, report = publish_and_qa.with_options(task_runner=runner)(
+        # DaskTaskRunner is a TaskRunner[PrefectDaskFuture]; with_options' annotation is invariant in the future type
+        release_dir, report = publish_and_qa.with_options(task_runner=runner)(  # type: ignore[arg-type]
             ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir

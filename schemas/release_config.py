@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.adaptive import AdaptiveRounds
 from engine.errors import DPReleaseError
-from schemas.domain_spec import domain_spec_path
 from engine.geography import LEVELS
 from engine.hgem.settings import HGEMSettings
+from schemas.domain_spec import domain_spec_path
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
 

@@ -28,7 +28,7 @@ def accuracy_table(true: HierarchicalData, candidates: dict[str, HierarchicalDat
     errors = {qlevel: query_errors_by_level(true, candidates, ws, geos) for qlevel, ws in wl.items()}
     l1 = two_way_l1_by_candidate(true, candidates, geos[-1], n_pairs=50, rng=np.random.default_rng(seed))
     rows = []
-    for name, synth in candidates.items():
+    for name in candidates:
         for geo in geos:
             for qlevel in wl:
                 e = errors[qlevel][name][geo]

@@ -45,7 +45,7 @@ def brute_force(data, workloads, unit, rho_state, rho_puma):
                 continue
             c_s, d_s = counts(data.select(data.geo[:, 0] == s), w)
             c_o, d_o = counts(data.select(data.geo[:, 0] != s), w)
-            e_s, e_p, released, puma_l1 = [], [], [], []
+            puma_l1 = []
             v_s = np.array([(c_s[c] - c_o[c] / d_o * d_s) ** 2 * var_s / ((c_s[c] - c_o[c] / d_o * d_s) ** 2 + var_s) for c in range(len(c_s))])
             for p in pumas:
                 c_p, d_p = counts(data.select((data.geo[:, 0] == s) & (data.geo[:, 1] == p)), w)
