@@ -31,7 +31,7 @@ from fractions import Fraction
 import numpy as np
 
 from engine.hierarchical_data import HierarchicalData
-from engine.metrics import answers_by_node, node_index
+from engine.metrics import counts_by_node
 from engine.queries import PrivacyUnit, Workload
 
 __all__ = ["STATE_FRACTIONS", "SplitChoice", "choose_state_fraction", "expected_errors"]
@@ -56,14 +56,45 @@ class SplitChoice:
         }
 
 
-def _counts(data: HierarchicalData, w: Workload, level: str, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(n_nodes, cells) counts of ``w`` per node and each node's denominator D (households for a
-    group-level workload, persons for a person-level one)."""
-    node = node_index(data, level, nodes)
-    unit = np.ones(data.n_households) if w.level == "group" else data.sizes.astype(np.float64)
-    ok = node >= 0
-    denom = np.bincount(node[ok], weights=unit[ok], minlength=len(nodes))
-    return answers_by_node(data, w, level, nodes) * np.maximum(denom, 1.0)[:, None], denom
+@dataclass(frozen=True)
+class _PlayedState:
+    """One workload at one public state playing the private one, everything but the noise: the
+    prior's squared error per cell ``e2`` and the state's households or persons ``d``; per PUMA
+    its squared deviation from the state's shares ``dev2`` (P, cells), its share of the state's
+    denominator ``scale`` and its own ``d_p``."""
+
+    e2: np.ndarray
+    d: float
+    dev2: np.ndarray
+    scale: np.ndarray
+    d_p: np.ndarray
+
+
+def _public_cells(public: HierarchicalData, workloads: Sequence[Workload], unit: PrivacyUnit) -> list[tuple[float, list[_PlayedState]]]:
+    """Per workload: its L2 sensitivity and its :class:`_PlayedState` at every public state with
+    at least two PUMAs (the part of the simulation that does not depend on ρ, computed once)."""
+    geo_state, geo_puma = public.domain.geography[0], public.domain.geography[1]
+    states = np.unique(public.geo[:, :1], axis=0)
+    pumas = np.unique(public.geo[:, :2], axis=0)
+    puma_state = np.searchsorted(states[:, 0], pumas[:, 0])
+    play = np.flatnonzero(np.bincount(puma_state, minlength=len(states)) >= 2)
+    if len(states) < 2 or not len(play) or not workloads:
+        raise ValueError("the split simulation needs at least two public states, one of them with two PUMAs, and a workload")
+    out = []
+    for w in workloads:
+        c_s, d_s = counts_by_node(public, w, geo_state, states)
+        c_p, d_p = counts_by_node(public, w, geo_puma, pumas)
+        played = []
+        for s in play:
+            others = np.arange(len(states)) != s
+            prior = c_s[others].sum(axis=0) / max(d_s[others].sum(), 1.0)
+            mine = puma_state == s
+            d = max(float(d_s[s]), 1.0)
+            scale = d_p[mine] / d
+            played.append(_PlayedState((c_s[s] - prior * d_s[s]) ** 2, d, (c_p[mine] - scale[:, None] * c_s[s]) ** 2, scale,
+                                       np.maximum(d_p[mine], 1.0)))
+        out.append((w.sensitivity(public.domain, unit)[1], played))
+    return out
 
 
 def _shrunk(e2: np.ndarray, s2: float) -> np.ndarray:
@@ -71,37 +102,26 @@ def _shrunk(e2: np.ndarray, s2: float) -> np.ndarray:
     return np.divide(e2 * s2, e2 + s2, out=np.zeros_like(e2), where=(e2 + s2) > 0)
 
 
+def _expected(cells: list[tuple[float, list[_PlayedState]]], rho_state: float, rho_puma: float) -> tuple[float, float]:
+    """:func:`expected_errors` from the public cells of :func:`_public_cells`."""
+    s_err, p_err = [], []
+    for l2, played in cells:
+        var_s = l2**2 / (2 * rho_state / len(cells))
+        var_p = l2**2 / (2 * rho_puma / len(cells))
+        for st in played:
+            v_s = _shrunk(st.e2, var_s)
+            v_p = _shrunk(st.dev2 + st.scale[:, None] ** 2 * v_s, var_p)
+            v_released = 1.0 / (1.0 / np.maximum(v_s, 1e-300) + 1.0 / (len(st.scale) * var_p))
+            s_err.append(math.sqrt(2 / math.pi) * np.sqrt(v_released).sum() / st.d)
+            p_err.append(float(np.mean(math.sqrt(2 / math.pi) * np.sqrt(v_p).sum(axis=1) / st.d_p)))
+    return float(np.mean(s_err)), float(np.mean(p_err))
+
+
 def expected_errors(public: HierarchicalData, workloads: Sequence[Workload], unit: PrivacyUnit, rho_state: float, rho_puma: float) -> tuple[float, float]:
     """Expected mean L1 per marginal (state level, PUMA level) when each public state with at least
     two PUMAs is released from the others' prior with ``rho_state`` per state and ``rho_puma`` per
     PUMA spread evenly over ``workloads`` (module docstring)."""
-    geo_state, geo_puma = public.domain.geography[0], public.domain.geography[1]
-    states = np.unique(public.geo[:, :1], axis=0)
-    pumas = np.unique(public.geo[:, :2], axis=0)
-    puma_state = np.searchsorted(states[:, 0], pumas[:, 0])
-    n_pumas = np.bincount(puma_state, minlength=len(states))
-    play = np.flatnonzero(n_pumas >= 2)
-    if len(states) < 2 or not len(play) or not workloads:
-        raise ValueError("the split simulation needs at least two public states, one of them with two PUMAs, and a workload")
-    s_err, p_err = [], []
-    for w in workloads:
-        l2 = w.sensitivity(public.domain, unit)[1]
-        var_s = l2**2 / (2 * rho_state / len(workloads))
-        var_p = l2**2 / (2 * rho_puma / len(workloads))
-        c_s, d_s = _counts(public, w, geo_state, states)
-        c_p, d_p = _counts(public, w, geo_puma, pumas)
-        for s in play:
-            others = np.arange(len(states)) != s
-            prior = c_s[others].sum(axis=0) / max(d_s[others].sum(), 1.0)
-            v_s = _shrunk((c_s[s] - prior * d_s[s]) ** 2, var_s)
-            mine = puma_state == s
-            scale = d_p[mine] / max(d_s[s], 1.0)
-            e2_p = (c_p[mine] - scale[:, None] * c_s[s]) ** 2 + scale[:, None] ** 2 * v_s
-            v_p = _shrunk(e2_p, var_p)
-            v_released = 1.0 / (1.0 / np.maximum(v_s, 1e-300) + 1.0 / (mine.sum() * var_p))
-            s_err.append(math.sqrt(2 / math.pi) * np.sqrt(v_released).sum() / max(d_s[s], 1.0))
-            p_err.append(float(np.mean(math.sqrt(2 / math.pi) * np.sqrt(v_p).sum(axis=1) / np.maximum(d_p[mine], 1.0))))
-    return float(np.mean(s_err)), float(np.mean(p_err))
+    return _expected(_public_cells(public, workloads, unit), rho_state, rho_puma)
 
 
 def choose_state_fraction(public: HierarchicalData, workloads: Sequence[Workload], unit: PrivacyUnit, rho_synthesis: float, *,
@@ -109,9 +129,10 @@ def choose_state_fraction(public: HierarchicalData, workloads: Sequence[Workload
     """The fraction f of ``rho_synthesis`` (the state and PUMA synthesis stages together, per
     state and per PUMA) for the state level minimising the simulated error; ``state_measured``:
     the part of the state's ρ spent on ``workloads`` (the rest goes to adaptive rounds)."""
+    cells = _public_cells(public, workloads, unit)
     table = []
     for f in fractions:
-        s, p = expected_errors(public, workloads, unit, float(f) * rho_synthesis * state_measured, float(1 - f) * rho_synthesis)
+        s, p = _expected(cells, float(f) * rho_synthesis * state_measured, float(1 - f) * rho_synthesis)
         table.append((Fraction(f), s, p))
     best = min(table, key=lambda row: (row[1] + row[2], row[0]))
     return SplitChoice(best[0], tuple(table))

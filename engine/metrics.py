@@ -43,6 +43,12 @@ def answers_by_node(data: HierarchicalData, w: Workload, level: str, nodes: np.n
     return _by_node(data, w, _cell_pairs(data, w), node_index(data, level, nodes), len(nodes))
 
 
+def counts_by_node(data: HierarchicalData, w: Workload, level: str, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """((n_nodes, n_cells) counts of ``w`` within every node, each node's denominator: its
+    households for a group-level workload, its persons for a person-level one)."""
+    return _node_counts(data, w, _cell_pairs(data, w), node_index(data, level, nodes), len(nodes))
+
+
 def _cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(household, cell, count) entries whose sums per node and cell are the workload's counts: a
     person-level workload's counted persons one by one (no need to merge them per household)."""
@@ -56,14 +62,20 @@ def _by_node(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.nd
              n_nodes: int) -> np.ndarray:
     """:func:`answers_by_node` from the workload's (household, cell, count) ``pairs`` and every
     household's ``node`` index: the pairs serve every level."""
+    counts, denom = _node_counts(data, w, pairs, node, n_nodes)
+    return counts / np.maximum(denom, 1.0)[:, None]
+
+
+def _node_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], node: np.ndarray,
+                 n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`counts_by_node` from the workload's ``pairs`` and every household's ``node`` index."""
     n_cells = w.n_cells(data.domain)
     h, c, k = pairs
     ok = node[h] >= 0
     counts = np.bincount(node[h][ok] * n_cells + c[ok], weights=k[ok].astype(np.float64), minlength=n_nodes * n_cells).reshape(n_nodes, n_cells)
     valid = node >= 0
     unit = np.ones(data.n_households) if w.level == "group" else data.sizes.astype(np.float64)
-    denom = np.bincount(node[valid], weights=unit[valid], minlength=n_nodes)
-    return counts / np.maximum(denom, 1.0)[:, None]
+    return counts, np.bincount(node[valid], weights=unit[valid], minlength=n_nodes)
 
 
 def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict:

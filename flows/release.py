@@ -174,7 +174,7 @@ def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 
 @flow(name="choose-synthesis-split")
 def choose_split_stage(ctx: RunContext, workload: dict) -> dict:
     """The state/PUMA split of the synthesis ρ from public data only (before any measurement)."""
-    choice = choose_split_task(ctx.public_npz, workload["state"], ctx.cfg.model_dump_json(), str(ctx.paths.run_dir / "synthesis_split.json"))
+    choice = choose_split_task(ctx, workload["state"])
     get_run_logger().info(f"synthesis budget: state level {float(Fraction(choice['state_fraction'])):.0%} of the synthesis rho, "
                           "the PUMAs the rest (expected error simulated on the public data)")
     return choice
@@ -326,7 +326,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
 def synthesis_split_entry(paths: RunPaths) -> dict:
     """How the synthesis ρ was divided between the state and the PUMA level: the config's shares,
     or the public simulation's choice with its table of expected errors."""
-    chosen = paths.run_dir / "synthesis_split.json"
+    chosen = paths.synthesis_split_path
     return json.loads(chosen.read_text()) if chosen.exists() else {"method": "fixed by the config (allocation.stages)"}
 
 

@@ -161,9 +161,8 @@ def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, rel
     if coc_emd:
         md += ["", "| count-of-counts level | mean EMD per node |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in coc_emd.items()]
     md += ["", "| PUMA household counts, released − confidential | value |", "|---|---|"] + [f"| {k} | {v:.4g} |" for k, v in counts.items()]
-    docs = docs_link
-    if docs:
-        md += ["", f"Release gate (Great Expectations): [Data Docs]({docs}) — every expectation on the synthetic tables and its result."]
+    if docs_link:
+        md += ["", f"Release gate (Great Expectations): [Data Docs]({docs_link}) — every expectation on the synthetic tables and its result."]
     md += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
     (qa_dir / "report.md").write_text("\n".join(md) + "\n")
     table = "".join(f"<tr><td>{html.escape(r['method'])}</td><td>{r['geography']}</td><td>{html.escape(r['metric'])}</td><td>{r['value']:.4f}</td></tr>" for r in rows)
@@ -172,7 +171,7 @@ def write_qa_report(qa_dir: Path, release_name: str, true: HierarchicalData, rel
         f"<!doctype html><meta charset='utf-8'><title>QA {html.escape(release_name)}</title>"
         f"<h1>Internal QA report: {html.escape(release_name)}</h1><p><b>Confidential: computed against the private data. Never publish.</b></p>"
         f"<table border=1 cellpadding=4><tr><th>method</th><th>geography</th><th>metric</th><th>value</th></tr>{table}</table>"
-        + (f"<p>Release gate (Great Expectations): <a href='{html.escape(docs)}'>Data Docs</a> — every expectation on the synthetic tables and its result.</p>" if docs else "")
+        + (f"<p>Release gate (Great Expectations): <a href='{html.escape(docs_link)}'>Data Docs</a> — every expectation on the synthetic tables and its result.</p>" if docs_link else "")
         + imgs
     )
     return qa_dir / "report.html"

@@ -66,6 +66,11 @@ class RunPaths:
         return self.run_dir / "audit.jsonl"
 
     @property
+    def synthesis_split_path(self) -> Path:
+        """The public simulation's state/PUMA split of the synthesis ρ (``allocation.synthesis_split``)."""
+        return self.run_dir / "synthesis_split.json"
+
+    @property
     def lock_path(self) -> Path:
         return self.run_dir / "lock"
 

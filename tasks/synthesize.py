@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
+from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
@@ -67,23 +68,17 @@ def select_workload_task(public_npz: str, out_path: str, person_first: int = 0) 
 
 
 @task(name="choose-synthesis-split")
-def choose_split_task(public_npz: str, workload_ids: list[str], cfg_json: str, out_path: str) -> dict:
+def choose_split_task(ctx: RunContext, workload_ids: list[str]) -> dict:
     """``allocation.synthesis_split: public_simulation``: the state level's fraction of the
     synthesis ρ from the expected error simulated on the public data (``engine.budget_split``; no
     privacy cost). Kept in the work directory: a resumed run reuses it, so its ledger's plan holds."""
-    out = Path(out_path)
+    out = ctx.paths.synthesis_split_path
     if out.exists():
         return json.loads(out.read_text())
-    from engine.budget_split import choose_state_fraction
-    from schemas.release_config import ReleaseConfig
-    from tasks.context import budget_plan
-
-    cfg = ReleaseConfig.model_validate_json(cfg_json)
-    plan = budget_plan(cfg)
-    rho = float(plan.stage_rho("state_synthesis") + plan.stage_rho("puma_synthesis"))
-    adaptive = cfg.synthesis.adaptive.plan("state")
+    rho = float(ctx.plan.stage_rho("state_synthesis") + ctx.plan.stage_rho("puma_synthesis"))
+    adaptive = ctx.cfg.synthesis.adaptive.plan("state")
     measured = 1.0 if adaptive is None else 1.0 - float(adaptive.share)
-    choice = choose_state_fraction(HierarchicalData.from_npz(public_npz), [Workload.from_id(w) for w in workload_ids], cfg.privacy_unit, rho,
+    choice = choose_state_fraction(ctx.public(), [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit, rho,
                                    state_measured=measured).to_dict()
     write_json_atomic(out, choice)
     return choice

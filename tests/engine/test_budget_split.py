@@ -1,6 +1,7 @@
 """engine.budget_split: the simulated expected error against a per-node brute force, the shrinkage
 error against a Monte Carlo of the estimator it models, and the choice's behaviour."""
 
+import json
 import math
 from fractions import Fraction
 
@@ -105,3 +106,35 @@ def test_needs_two_states():
     data = public_data(np.random.default_rng(5))
     with pytest.raises(ValueError, match="two public states"):
         expected_errors(data.select(data.geo[:, 0] == 1), WORKLOADS, "household", 0.1, 0.1)
+
+
+def test_split_task_resolves_the_plan_and_is_reused_on_resume(tmp_path):
+    """The run's task (``tasks.synthesize.choose_split_task``) picks the engine's choice at the
+    plan's synthesis ρ, writes it to the work directory, and a resumed run reads it back instead of
+    recomputing; the config resolved with it keeps the total ρ."""
+    import yaml
+
+    from schemas.release_config import load_config
+    from tasks.context import RunContext
+    from tasks.run_context import prepare
+    from tasks.synthesize import choose_split_task
+    from tests.conftest import PROJECT_ROOT
+
+    raw = yaml.safe_load((PROJECT_ROOT / "deploy" / "releases" / "acs2018_default.yaml").read_text())
+    raw["allocation"]["synthesis_split"] = "public_simulation"
+    raw["synthesis"]["adaptive"] = {"rounds": 0, "share": 0.0}
+    raw.update(work_dir=str(tmp_path / "work"), output_dir=str(tmp_path / "releases"))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_config(tmp_path / "cfg.yaml")
+    public = public_data(np.random.default_rng(6))
+    public.to_npz(tmp_path / "public.npz")
+    ctx = RunContext(cfg, prepare(cfg.run_dir(), cfg.release_dir())).with_inputs("", str(tmp_path / "public.npz"))
+    ids = [w.id for w in WORKLOADS]
+    got = choose_split_task.fn(ctx, ids)
+    rho = float(ctx.plan.stage_rho("state_synthesis") + ctx.plan.stage_rho("puma_synthesis"))
+    assert got == choose_state_fraction(public, WORKLOADS, "household", rho).to_dict()
+    assert ctx.paths.synthesis_split_path.exists()
+    ctx.paths.synthesis_split_path.write_text(json.dumps({**got, "state_fraction": "1/2"}))  # what a resume finds is what it uses
+    assert choose_split_task.fn(ctx, ids)["state_fraction"] == "1/2"
+    resolved = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(got["state_fraction"]))})
+    assert RunContext(resolved, ctx.paths).plan.total_rho == ctx.plan.total_rho
