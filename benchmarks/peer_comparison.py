@@ -38,6 +38,9 @@ Methods (``--methods``):
              allocation and settings (deploy/releases/acs2018_default.yaml), domain
              acs_pums_aim.yaml, household unit, max_household_size M, group quarters as one-person
              households, oversize clip; the released Parquet is read back and scored.
+  dprelease_person  the same pipeline with ``privacy_unit: person`` (add/remove one person, the
+             household's size and derived attributes changing with it): the guarantee to set
+             beside AIM and MST on person records.
   public     the pipeline's public-only baseline (``synthesizer: public_baseline``, same config):
              public households resampled to each PUMA's household count (its household counts and
              size histograms come from the count-of-counts stage at the same ε, δ).
@@ -91,11 +94,12 @@ STATES = ("de", "id", "me", "mt", "nd", "ne", "nh", "nm", "ri", "sd", "vt", "wy"
 PERSON_ATTRS = ("AGEP_BAND", "SEX", "RAC1P", "HISP_ORIGIN", "SCHL_GROUP", "MAR", "ESR_GROUP", "RELP_GROUP", "CIT")
 ATTRS = PERSON_ATTRS + ("NP", "PUMA")
 NP_TOP = 7  # NP is scored as 1..6, 7+
-ALL_METHODS = ("aim", "mst", "aim_hh", "mst_hh", "dprelease", "public", "public0")
-EXEC_ORDER = ("public0", "public", "dprelease", "mst", "mst_hh", "aim", "aim_hh")
-PIPELINE = ("dprelease", "public", "public0")
+ALL_METHODS = ("aim", "mst", "aim_hh", "mst_hh", "dprelease", "dprelease_person", "public", "public0")
+EXEC_ORDER = ("public0", "public", "dprelease", "dprelease_person", "mst", "mst_hh", "aim", "aim_hh")
+PIPELINE = ("dprelease", "dprelease_person", "public", "public0")
 LABELS = {"aim": "AIM (person records)", "mst": "MST (person records)", "aim_hh": "AIM (household unit)",
-          "mst_hh": "MST (household unit)", "dprelease": "dprelease (default)", "public": "public-only baseline",
+          "mst_hh": "MST (household unit)", "dprelease": "dprelease (default)",
+          "dprelease_person": "dprelease (person unit)", "public": "public-only baseline",
           "public0": "public-only, exact counts"}
 T0 = time.time()  # a child process gets the parent's start (see _peer_child)
 
@@ -252,7 +256,7 @@ def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, ep
     benchmark's split, domain, budget and household rules."""
     import copy
 
-    synthesizer = "prior_update" if method == "dprelease" else "public_baseline"
+    synthesizer = "prior_update" if method.startswith("dprelease") else "public_baseline"
     cfg = copy.deepcopy(base)
     cfg.pop("attributes", None)
     cfg.update(
@@ -262,7 +266,7 @@ def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, ep
         private=[{"path": state_zip(bench.private)}],
         public=[{"path": state_zip(s)} for s in public],
         domain=str(SPEC_PATH),
-        privacy_unit="household",
+        privacy_unit="person" if method == "dprelease_person" else "household",
         synthesizer=synthesizer,
         output_dir=str(tmp / "releases"),
         work_dir=str(tmp / "work"),
@@ -408,7 +412,8 @@ def render(res: dict) -> str:
                          f"{fmt(s['contains_l1']):>16}  {s['wall_s']['mean']:>9.0f}")
         ratios = []
         for num, den in (("dprelease", "aim"), ("dprelease", "mst"), ("dprelease", "public"), ("dprelease", "public0"),
-                         ("dprelease", "aim_hh"), ("dprelease", "mst_hh")):
+                         ("dprelease", "aim_hh"), ("dprelease", "mst_hh"),
+                         ("dprelease_person", "aim"), ("dprelease_person", "mst")):
             a, b = summary.get(num, {}).get(k), summary.get(den, {}).get(k)
             if a and b and a["mean_l1"]["mean"] and b["mean_l1"]["mean"]:
                 ratios.append(f"{num}/{den} {a['mean_l1']['mean'] / b['mean_l1']['mean']:.2f}")
@@ -418,6 +423,8 @@ def render(res: dict) -> str:
     lines += [
         "Privacy guarantees (read before comparing):",
         "  dprelease and public-only: household unit (add/remove a household of ≤ M persons), (ε, δ) over everything released.",
+        "  dprelease (person unit): privacy_unit person (add/remove one person; the household's size and derived attributes",
+        "    change with it, so up to k person records change), (ε, δ) over everything released: comparable with AIM, MST (person records).",
         "  AIM, MST (person records): the papers' add/remove-one-record DP on person rows. Under the household unit this is",
         f"    WEAKER: a household of k persons is k records (group privacy: kε). M = {st['max_household_size']}.",
         f"  AIM_hh, MST_hh: households clipped to M = {st['max_household_size']} persons ({st['clip_removed_persons']} persons removed), "

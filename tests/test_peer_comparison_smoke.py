@@ -59,3 +59,18 @@ def test_aim_and_mst_run_and_spend_rho(pc, bench):
     synth2, info2 = mst.run(data, rho, rng=np.random.default_rng(2), iters=100, select_iters=100, sensitivity=7.0)
     assert len(info2["tree"]) == len(names) - 1
     assert synth2.domain.shape == data.domain.shape
+
+
+def test_pipeline_configs_set_the_unit_and_synthesizer(pc, bench, tmp_path):
+    import yaml
+
+    base = yaml.safe_load(pc.DEFAULT_CONFIG.read_text())
+    public = [s for s in pc.STATES if s != "vt"]
+    got = {}
+    for method in ("dprelease", "dprelease_person", "public"):
+        path = pc.pipeline_config(base, bench, public, method, 1.0, 1e-9, tmp_path)
+        cfg = yaml.safe_load(path.read_text())
+        got[method] = (cfg["privacy_unit"], cfg["synthesizer"])
+        assert cfg["allocation"] == base["allocation"] and cfg["budget"]["epsilon"] == 1.0
+    assert got == {"dprelease": ("household", "prior_update"), "dprelease_person": ("person", "prior_update"),
+                   "public": ("household", "public_baseline")}
