@@ -39,12 +39,13 @@ from engine.domain import Domain
 from engine.errors import DPReleaseError
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
-from engine.queries import PrivacyUnit, Workload, group_rows
+from engine.queries import PrivacyUnit, Workload, answer, group_rows
 
 # select(candidates, model counts (concatenated), penalty per candidate, ε₀, round tag) -> index
 SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], int]
 
-__all__ = ["AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "expected_measurement_l1", "round_budget"]
+__all__ = ["AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "exact_answers", "expected_measurement_l1",
+           "round_budget"]
 
 
 @dataclass(frozen=True)
@@ -185,3 +186,15 @@ class CandidateAnswers:
         return np.concatenate([np.bincount(self._cells_of(w), weights=per_person if w.level == "person" else per_group,
                                            minlength=w.n_cells(self.domain)) for w in workloads])
 
+
+
+def exact_answers(data: HierarchicalData, workloads: Sequence[Workload]) -> list[np.ndarray]:
+    """The exact counts of every workload on ``data``, equal to ``engine.queries.answer`` per
+    workload: through :class:`CandidateAnswers` (one grouping of the persons for all) when the
+    workloads allow it (person level with one ``first``, or group-level partitions), else one by one."""
+    firsts = {w.first for w in workloads if w.level == "person"}
+    if len(firsts) > 1 or any(w.level == "group" and w.person_attrs for w in workloads):
+        return [np.asarray(answer(data, w), dtype=np.float64) for w in workloads]
+    flat = CandidateAnswers(data, workloads).answers(workloads, np.ones(data.n_households))
+    bounds = np.cumsum([0] + [w.n_cells(data.domain) for w in workloads])
+    return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]

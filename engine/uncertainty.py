@@ -294,14 +294,19 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
         return [np.zeros(w.n_cells(support.data.domain)) for w in queries]
     G = max(float(total), 1.0)
     alpha = max(float(prior_strength), 1e-6)
-    M, q = by_pattern(support, [*(w for w, _ in fitted), *queries], q)
-    n_fitted = sum(w.n_cells(support.data.domain) for w, _ in fitted)
-    A, B = M[:n_fitted], M[n_fitted:]
+    # the fitted and the query workloads grouped separately (each grouping cached with the support,
+    # the same for every PUMA of a state): B diag(q) Aᵀ = M_B W M_Aᵀ with W[v, u] the mass of the
+    # households of query pattern v and fitted pattern u, so a PUMA costs one pass over the households
+    # and products on patterns instead of the joint patterns of both (nearly one per household)
+    q = np.asarray(q, dtype=np.float64)
+    A, pa = support.cache.joint_patterns([w for w, _ in fitted])
+    B, pb = support.cache.joint_patterns(list(queries))
+    W = sp.csr_matrix((q, (pb, pa)), shape=(B.shape[1], A.shape[1]))  # duplicates summed
+    qa = np.asarray(W.sum(axis=0)).ravel()
     s = (np.concatenate([np.full(w.n_cells(support.data.domain), float(sg)) for w, sg in fitted]) / G) ** 2
-    a, b = A @ q, B @ q
-    Aq = A.multiply(q[None, :]).tocsr()
-    J = (np.asarray((A @ Aq.T).todense()) - np.outer(a, a)) / alpha
-    C = (np.asarray((B @ Aq.T).todense()) - np.outer(b, a)) / alpha
+    a, b = A @ qa, B @ np.asarray(W.sum(axis=1)).ravel()
+    J = ((A.multiply(qa[None, :]) @ A.T).toarray() - np.outer(a, a)) / alpha
+    C = (((B @ W) @ A.T).toarray() - np.outer(b, a)) / alpha
     J[np.diag_indices_from(J)] += s
     X = np.linalg.solve(J, C.T)  # (J + S)⁻¹ Cᵀ
     sd = G * np.sqrt(np.maximum(np.einsum("ij,i,ij->j", X, s, X), 0.0))

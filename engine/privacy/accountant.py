@@ -38,6 +38,7 @@ Conversion to (ε, δ)-DP
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from fractions import Fraction
@@ -257,6 +258,7 @@ def rho_to_eps(rho: Number, delta: float, method: ConversionMethod = "cks") -> f
     return max(0.0, best)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments; each task re-derives its context's plan with it
 def eps_delta_to_rho(epsilon: float, delta: float, method: ConversionMethod = "cks") -> float:
     """The largest ρ (to ~1e-13 relative) with ``rho_to_eps(ρ, δ, method) ≤ ε``.
 

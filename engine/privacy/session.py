@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from engine.adaptive import exact_answers
 from engine.errors import EXIT_PRIVACY, DPReleaseError
 from engine.geography import Node, node_households, node_key
 from engine.hierarchical_data import HierarchicalData
@@ -281,9 +282,10 @@ class PrivateSession:
         the session's unit — computed here, never taken from the caller. Charged ε²/8 (bounded
         range) before the draw; the draw is persisted: a rerun returns it and charges nothing."""
         n_cells = [w.n_cells(self.domain) for w in workloads]
-        for w in workloads:  # the private answers, computed once per node and workload across rounds
-            if (tuple(node), w) not in self._targets:
-                self._targets[(tuple(node), w)] = np.asarray(answer(self._node_data(node), w), dtype=np.float64)
+        missing = [w for w in workloads if (tuple(node), w) not in self._targets]
+        if missing:  # the private answers, computed once per node and workload across rounds, all at once
+            for w, y in zip(missing, exact_answers(self._node_data(node), missing)):
+                self._targets[(tuple(node), w)] = y
         target = np.concatenate([self._targets[(tuple(node), w)] for w in workloads])
         scores = l1_error_scores(np.asarray(model_counts, dtype=np.float64), target, n_cells) - np.asarray(penalty, dtype=np.float64)
         sensitivity = max(w.sensitivity(self.domain, self._unit)[0] for w in workloads)

@@ -15,6 +15,7 @@ from engine.adaptive import (
     AdaptiveRounds,
     CandidateAnswers,
     candidate_workloads,
+    exact_answers,
     expected_measurement_l1,
     round_budget,
 )
@@ -80,6 +81,21 @@ def test_candidate_answers_equal_the_engine_answers(first):
     got = CandidateAnswers(data, cands).answers(cands, weights)
     want = np.concatenate([answer(data, w, weights) for w in cands])
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_exact_answers_equal_the_engine_answers(mixed):
+    """The private session's targets: every candidate's exact counts, through the pattern grouping
+    or (a "contains" workload or two values of ``first`` among them) one by one."""
+    d = small_domain()
+    data = random_data(d, 150, seed=5)
+    ws = candidate_workloads(d, first=2, max_cells=10**6)
+    if mixed:
+        ws = [*ws, Workload("group", ("TEN",), ("SEX",)), Workload("person", (), ("AGE",), 0)]
+    got = exact_answers(data, ws)
+    assert len(got) == len(ws)
+    for w, y in zip(ws, got):
+        np.testing.assert_array_equal(y, answer(data, w))
 
 
 def test_candidate_answers_refuse_mixed_first_and_contains():
