@@ -187,7 +187,6 @@ class CandidateAnswers:
                                            minlength=w.n_cells(self.domain)) for w in workloads])
 
 
-
 def exact_answers(data: HierarchicalData, workloads: Sequence[Workload]) -> list[np.ndarray]:
     """The exact counts of every workload on ``data``, equal to ``engine.queries.answer`` per
     workload: through :class:`CandidateAnswers` (one grouping of the persons for all) when the

@@ -149,7 +149,8 @@ def size_measurement(domain, histogram: Sequence[float], sd: float) -> Measureme
 # The rounds' fits only rank the candidates for the exponential mechanism, whose noise has scale
 # 2Δ/ε₀ (hundreds of households at the default budgets): a solver tolerance of 1e-7 instead of
 # 1e-10 moves a candidate's model count by under 2 households in a 31,000-household state and
-# takes about a third fewer iterations (HISTORY.md, 2026-11-25). The node's final fit keeps 1e-10.
+# takes about a third fewer iterations (benchmarks/results/HISTORY.md, "national size at the richer
+# domain"). The node's final fit keeps 1e-10.
 ROUND_FIT_TOL = 1e-7
 
 
