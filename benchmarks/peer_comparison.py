@@ -342,6 +342,7 @@ def run_pipeline(base: dict, method: str, bench: Bench, public: list[str], epsil
             "stages": manifest.get("stages"), "release_counts": manifest.get("release_counts"),
             "allocation": manifest["config"].get("allocation"), "synthesizer": manifest["config"].get("synthesizer"),
             "invariants": manifest["config"].get("invariants"), "pipeline_source_sha256": source,
+            "state_fraction": (priv.get("synthesis_split") or {}).get("state_fraction"),  # the public simulation's choice, if it ran
             "git_commit": (manifest.get("code") or {}).get("git_commit"),
             "workloads": None if not manifest.get("workload") else {k: len(v) for k, v in manifest["workload"].items() if k in ("state", "puma")}}
     return bench.score(codes, h), info
