@@ -143,19 +143,35 @@ def release_frames(households: pa.Table, persons: pa.Table, count_of_counts: pa.
     for df in (hh, pp):
         df["geography_node"] = _node_keys(df["ST"], df["PUMA"])["puma"] if _has(df, "ST", "PUMA") else None
     linked = _has(hh, "SERIALNO", size) and _has(pp, "SERIALNO")
-    hh["persons_in_household"] = hh["SERIALNO"].map(pp["SERIALNO"].value_counts()).fillna(0).astype(np.int64) if linked else np.nan
+    if linked:  # households and persons joined on SERIALNO by integer codes (a string map is slow at national size)
+        codes, uniques = pd.factorize(pd.concat([hh["SERIALNO"], pp["SERIALNO"]], ignore_index=True))
+        n_codes = len(uniques) + 1  # a missing SERIALNO (code −1) gets the last code, which no household reads
+        hh_code, pp_code = codes[: len(hh)], np.where(codes[len(hh):] < 0, n_codes - 1, codes[len(hh):])
+
+        def per_household(person_mask: np.ndarray | None = None) -> np.ndarray:
+            """Persons (matching ``person_mask``) per household row."""
+            c = pp_code if person_mask is None else pp_code[person_mask]
+            return np.where(hh_code >= 0, np.bincount(c, minlength=n_codes)[hh_code], 0)
+
+        hh["persons_in_household"] = per_household().astype(np.int64)
+    else:
+        hh["persons_in_household"] = np.nan
     if householder is not None:
         if linked and _has(pp, householder.attribute):
             rel = pp[householder.attribute]
-            heads = pp.loc[rel == householder.code, "SERIALNO"].value_counts()
-            gq = pp.loc[rel.isin(householder.group_quarters), "SERIALNO"].value_counts()
-            gq_heads = np.where(hh["persons_in_household"] == 1, hh["SERIALNO"].map(gq).fillna(0), 0)
-            hh["householders"] = (hh["SERIALNO"].map(heads).fillna(0) + gq_heads).astype(np.int64)
+            heads = per_household(np.asarray((rel == householder.code).fillna(False), dtype=bool))
+            gq = per_household(np.asarray(rel.isin(householder.group_quarters).fillna(False), dtype=bool))
+            gq_heads = np.where(hh["persons_in_household"] == 1, gq, 0)
+            hh["householders"] = (heads + gq_heads).astype(np.int64)
         else:
             hh["householders"] = np.nan
     if linked:
-        np_by_serial = hh.drop_duplicates("SERIALNO").set_index("SERIALNO")[size].astype(np.int64)
-        pp["household_NP"] = pp["SERIALNO"].map(np_by_serial).astype(np.float64)
+        size_of = hh[size].astype(np.int64).to_numpy()
+        first = np.full(n_codes, -1, dtype=np.int64)  # each SERIALNO's first household row
+        first[hh_code[::-1]] = np.arange(len(hh))[::-1]
+        first[-1] = -1
+        row = first[pp_code]
+        pp["household_NP"] = np.where(row >= 0, size_of[np.maximum(row, 0)], np.nan).astype(np.float64) if len(hh) else np.nan
     else:
         pp["household_NP"] = np.nan
     frames = {"households": hh, "persons": pp}

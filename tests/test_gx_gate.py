@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from schemas.release_expectations import ReleaseGateError, ReleaseGeography, householder_of, run_release_gate
+from schemas.release_expectations import ReleaseGateError, ReleaseGeography, householder_of, release_frames, run_release_gate
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, to_tables
 
 N_HOUSEHOLDS = 300
@@ -138,6 +138,35 @@ def test_exactly_one_householder(release):
     pp = release["pp"]
     no_head = with_column(pp, "RELP_GROUP", pc.if_else(pc.equal(pa.array(np.arange(pp.num_rows) == 0), True), "Child", pp.column("RELP_GROUP")))
     assert "households: expect_column_values_to_be_in_set(column=householders)" in refused(release, pp=no_head)
+
+
+def test_cross_table_columns_equal_a_brute_force_join(release):
+    """The derived columns (persons and householders per household, each person's household NP)
+    of an integer-coded join equal a row-by-row join, with orphan persons, a missing SERIALNO on
+    both sides and a repeated household SERIALNO (the first household row gives a person's NP)."""
+    hh, pp = release["hh"].to_pandas(), release["pp"].to_pandas()
+    hh.loc[0, "SERIALNO"] = None
+    hh.loc[2, "SERIALNO"] = hh.loc[3, "SERIALNO"]
+    pp.loc[[4, 5], "SERIALNO"] = "SY99999999999999"
+    pp.loc[6, "SERIALNO"] = None
+    H = release["householder"]
+    f = release_frames(pa.Table.from_pandas(hh, schema=release["hh"].schema, preserve_index=False),
+                       pa.Table.from_pandas(pp, schema=release["pp"].schema, preserve_index=False), None, release["domain"], H)
+    persons, heads, first_np = {}, {}, {}
+    for s, rel in zip(pp["SERIALNO"], pp[H.attribute]):
+        if pd.notna(s):
+            persons[s] = persons.get(s, 0) + 1
+            heads[s] = heads.get(s, 0) + (rel == H.code)
+    gq = {s: sum(1 for t, r in zip(pp["SERIALNO"], pp[H.attribute]) if t == s and r in H.group_quarters) for s in hh["SERIALNO"]}
+    for s, n in zip(hh["SERIALNO"], hh[release["domain"].size_attribute]):
+        if pd.notna(s):
+            first_np.setdefault(s, n)
+    want_p = [persons.get(s, 0) if pd.notna(s) else 0 for s in hh["SERIALNO"]]
+    want_h = [(heads.get(s, 0) + (gq[s] if p == 1 else 0)) if pd.notna(s) else 0 for s, p in zip(hh["SERIALNO"], want_p)]
+    assert f["households"]["persons_in_household"].tolist() == want_p
+    assert f["households"]["householders"].tolist() == want_h
+    want_np = [float(first_np[s]) if s in first_np else np.nan for s in pp["SERIALNO"]]
+    np.testing.assert_array_equal(f["persons"]["household_NP"].to_numpy(), np.array(want_np))
 
 
 def test_geography_is_the_configured_one(release):

@@ -140,8 +140,8 @@ def test_deterministic_and_read_through_the_verified_store(store, data, tmp_path
     # a vector altered in the store is refused, never published
     stem = MeasurementStore._stem("s/nation/sizes")
     with np.load(store.directory / f"{stem}.npz") as z:
-        noisy, key = z["noisy"].copy(), z["key"].copy()
-    np.savez(store.directory / f"{stem}.npz", noisy=noisy + 1, key=key)
+        noisy, meta = z["noisy"].copy(), z["meta"].copy()
+    np.savez(store.directory / f"{stem}.npz", noisy=noisy + 1, meta=meta)
     with pytest.raises(MeasurementIntegrityError):
         store_measurements_table(store, data.domain)
 

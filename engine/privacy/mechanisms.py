@@ -80,6 +80,7 @@ def _fit_scale(build, sens: float, budget: float, scale: float, ok) -> tuple[obj
 
 
 # -- counts ----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)  # immutable OpenDP measurements, built once per (Δ, budget)
 def _dg_measurement(l2: float, rho: Fraction):
     sigma = sigma_for_rho(l2, rho)
     space = (dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="f64"))
@@ -105,6 +106,7 @@ def discrete_gaussian(counts, l2_sensitivity: float, rho: Number) -> tuple[np.nd
     return np.asarray(m(x.tolist()), dtype=np.int64).reshape(shape), sigma
 
 
+@functools.lru_cache(maxsize=1024)  # immutable OpenDP measurements, built once per (Δ, budget)
 def _dl_measurement(l1: float, eps: float):
     b = l1 / eps
     while l1 / b > eps:
@@ -129,6 +131,7 @@ def discrete_laplace(counts, l1_sensitivity: float, epsilon: float) -> tuple[np.
 
 
 # -- real values -----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)  # immutable OpenDP measurements, built once per (Δ, budget)
 def _gauss_measurement(l2: float, rho: Fraction, n: int):
     sigma = sigma_for_rho(l2, rho)
     space = (dp.vector_domain(dp.atom_domain(T=float, nan=False), size=max(int(n), 1)), dp.l2_distance(T=float))

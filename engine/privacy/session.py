@@ -149,7 +149,7 @@ def l1_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequence[int
 class PrivateSession:
     """The private input, reachable only through charged, persisted measurements."""
 
-    __slots__ = ("__data", "_unit", "_ledger", "_store", "_invariants", "_nodes", "_index", "_targets")
+    __slots__ = ("__data", "_unit", "_ledger", "_store", "_invariants", "_nodes", "_index", "_targets", "_sizes")
 
     def __init__(self, data: HierarchicalData, unit: PrivacyUnit, ledger: PrivacyLedger, store: MeasurementStore,
                  invariants: Sequence[str] = ()) -> None:
@@ -166,6 +166,7 @@ class PrivateSession:
         self._nodes: dict[Node, HierarchicalData] = {}
         self._index: dict[int, dict[Node, np.ndarray]] = {}
         self._targets: dict[tuple, np.ndarray] = {}
+        self._sizes: np.ndarray | None = None
 
     # -- public facts ---------------------------------------------------------------------------
     @property
@@ -208,6 +209,16 @@ class PrivateSession:
             self._nodes[node] = d if not node else d.take(self._node_index(len(node)).get(node, np.zeros(0, dtype=np.int64)))
         return self._nodes[node]
 
+    def _node_sizes(self, node: Node) -> np.ndarray:
+        """The sizes of the node's households, without gathering its persons (the count-of-counts
+        stage measures every node of every level)."""
+        if self._sizes is None:
+            self._sizes = self.__data.sizes
+        node = tuple(int(x) for x in node)
+        if not node:
+            return self._sizes
+        return self._sizes[self._node_index(len(node)).get(node, np.zeros(0, dtype=np.int64))]
+
     def _node_index(self, depth: int) -> dict[Node, np.ndarray]:
         """{node: its households, in input order} for the nodes ``depth`` levels down, built once
         per depth (``engine.geography.node_households``)."""
@@ -234,7 +245,7 @@ class PrivateSession:
         """The node's household sizes 1..K in the unit's cheaper form (:func:`size_form`): discrete
         Gaussian (ρ-zCDP), or discrete Laplace (ε-DP, ε²/2 = ρ); returned in both forms."""
         form = size_form(self._unit)
-        sizes = self._node_data(node).sizes
+        sizes = self._node_sizes(node)
         counts = size_histogram(sizes, K) if form == "histogram" else size_counts(sizes, K)
         l1, l2 = size_counts_sensitivity(K, self._unit, form)
         common: dict[str, Any] = dict(key=self.key(stage, node, "sizes"), ledger=self._ledger, stage=stage, level=level,
@@ -245,7 +256,7 @@ class PrivateSession:
 
     def measure_household_count(self, stage: str, level: str, node: Node, rho: Fraction) -> MeasurementRecord:
         """Discrete Gaussian on the node's household count (sensitivity 1 under both units)."""
-        g = np.array([self._node_data(node).n_households], dtype=np.int64)
+        g = np.array([self._node_sizes(node).size], dtype=np.int64)
         return self._store.measure(
             key=self.key(stage, node, "households"), ledger=self._ledger, stage=stage, level=level,
             node=node_key(node), workload_id="households", true_answer=g, l2_sensitivity=1.0, rho=rho)

@@ -127,15 +127,17 @@ def test_killed_with_os_exit_then_resume(tmp_path):
     assert len(L.charges()) == 6
 
 
-def test_orphan_vector_is_reused(tmp_path):
+def test_one_file_per_measurement_and_older_stores_refused(tmp_path):
+    """A measurement is one file (vector and metadata, committed by one rename); a store written
+    by the older two-file format is refused rather than measured again."""
     L = PrivacyLedger(tmp_path / "ledger.jsonl", PLAN)
     S = MeasurementStore(tmp_path / "m")
-    m = run_five(S, L)[0]
-    npz, meta, _ = S._paths(m.key)
-    os.remove(meta)  # as if the process died between the two atomic writes
-    m2 = S.measure(key=m.key, ledger=L, stage="synth", level="state", node=(6,), workload_id=m.workload_id,
-                   true_answer=ANSWERS[0], l2_sensitivity=np.sqrt(2), rho=PLAN.allocation("synth", "state") / 2)
-    assert m2.sha256 == m.sha256 and np.array_equal(m2.noisy_answer, m.noisy_answer)
+    ms = run_five(S, L)
+    assert sorted(p.name for p in (tmp_path / "m").glob("*.npz")) == sorted(S._paths(m.key)[0].name for m in ms)
+    assert S.keys() == sorted(m.key for m in ms)
+    (tmp_path / "m" / "0123.json").write_text("{}")
+    with pytest.raises(MeasurementIntegrityError, match="older format"):
+        MeasurementStore(tmp_path / "m")
 
 
 def test_integrity_and_mismatch(tmp_path):
@@ -148,9 +150,10 @@ def test_integrity_and_mismatch(tmp_path):
         S.measure(**kw, rho=PLAN.allocation("synth", "state") / 3)
     with pytest.raises(KeyError):
         S.get("nope")
-    npz, _, _ = S._paths("synth/state/0")
-    key = np.frombuffer(b"synth/state/0", dtype=np.uint8)
-    np.savez(npz, noisy=ANSWERS[0], key=key)  # someone replaced the noisy vector by the truth
+    npz, _ = S._paths("synth/state/0")
+    with np.load(npz) as z:
+        meta = z["meta"].copy()
+    np.savez(npz, noisy=ANSWERS[0], meta=meta)  # someone replaced the noisy vector by the truth
     with pytest.raises(MeasurementIntegrityError):
         S.get("synth/state/0")
     with pytest.raises(MeasurementIntegrityError):

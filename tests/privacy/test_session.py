@@ -117,5 +117,8 @@ def test_a_node_reads_exactly_its_own_households_in_input_order(tmp_path, data):
     for level in data.domain.geography:
         for node in data.nodes(level):
             assert s._node_data(node).equals(data.select(data.node_mask(node))), node
+        for node in [*data.nodes(level), (99,), (99, 999)]:  # the sizes the count-of-counts stage measures, without a take
+            assert np.array_equal(s._node_sizes(node), data.select(data.node_mask(node)).sizes), node
+    assert np.array_equal(s._node_sizes(()), data.sizes)
     assert s._node_data((99, 999)).n_households == 0  # a node the input does not hold: no households
     assert s._node_data(()) is not None and s._node_data(()).n_households == data.n_households
