@@ -86,21 +86,22 @@ def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: lis
 def query_errors_by_level(true: HierarchicalData, candidates: dict[str, HierarchicalData], workloads: list[Workload],
                           levels: list[str]) -> dict[str, dict[str, dict]]:
     """{candidate: {level: :func:`query_errors`}} for several synthetic datasets and geography
-    levels at once: each dataset's cells of a workload are found once and the truth's answers
-    computed once, for every candidate and level."""
-    nodes = {lv: np.unique(true.geo[:, : true.domain.geography.index(lv) + 1], axis=0) for lv in levels}
+    levels at once: each dataset's cells of a workload are found once and counted once, at the
+    finest level; a coarser level's counts are its nodes' sums (:func:`_nested_counts`)."""
+    geography = true.domain.geography
+    levels_fine_last = sorted(levels, key=geography.index)
+    nodes = {lv: np.unique(true.geo[:, : geography.index(lv) + 1], axis=0) for lv in levels}
     true_node = {lv: node_index(true, lv, nodes[lv]) for lv in levels}
     synth_node = {name: {lv: node_index(synth, lv, nodes[lv]) for lv in levels} for name, synth in candidates.items()}
     max_err = {name: {lv: np.zeros(len(nodes[lv])) for lv in levels} for name in candidates}
     sum_err = {name: {lv: np.zeros(len(nodes[lv])) for lv in levels} for name in candidates}
     n_cells = 0
     for w in workloads:
-        pairs = _cell_pairs(true, w)
-        truth = {lv: _by_node(true, w, pairs, true_node[lv], len(nodes[lv])) for lv in levels}
+        truth = _answers(_nested_counts(true, w, _cell_pairs(true, w), true_node, nodes, levels_fine_last))
         for name, synth in candidates.items():
-            synth_pairs = _cell_pairs(synth, w)
+            synth_answers = _answers(_nested_counts(synth, w, _cell_pairs(synth, w), synth_node[name], nodes, levels_fine_last))
             for lv in levels:
-                diff = np.abs(truth[lv] - _by_node(synth, w, synth_pairs, synth_node[name][lv], len(nodes[lv])))
+                diff = np.abs(truth[lv] - synth_answers[lv])
                 max_err[name][lv] = np.maximum(max_err[name][lv], diff.max(axis=1))
                 sum_err[name][lv] += diff.sum(axis=1)
         n_cells += w.n_cells(true.domain)
@@ -108,6 +109,30 @@ def query_errors_by_level(true: HierarchicalData, candidates: dict[str, Hierarch
                         "max_error": float(max_err[name][lv].mean()),
                         "mean_error": float((sum_err[name][lv] / max(n_cells, 1)).mean())} for lv in levels}
             for name in candidates}
+
+
+def _answers(counts: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {lv: c / np.maximum(d, 1.0)[:, None] for lv, (c, d) in counts.items()}
+
+
+def _nested_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   node: dict[str, np.ndarray], nodes: dict[str, np.ndarray], levels: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """:func:`_node_counts` at every level (``levels`` coarse to fine): counted from the pairs at the
+    finest level only, a coarser level summing its nodes' rows (the finest nodes are sorted, so each
+    coarser node's are contiguous). A level is counted from the pairs where that would differ: when
+    some household has a node at it but none at the finest level."""
+    fine = levels[-1]
+    out = {fine: _node_counts(data, w, pairs, node[fine], len(nodes[fine]))}
+    for lv in levels[:-1]:
+        k = nodes[lv].shape[1]
+        prefixes, parent = np.unique(nodes[fine][:, :k], axis=0, return_inverse=True)
+        if not np.array_equal(prefixes, nodes[lv]) or np.any((node[fine] < 0) & (node[lv] >= 0)):
+            out[lv] = _node_counts(data, w, pairs, node[lv], len(nodes[lv]))
+            continue
+        starts = np.searchsorted(parent.reshape(-1), np.arange(len(nodes[lv])))
+        c, d = out[fine]
+        out[lv] = (np.add.reduceat(c, starts, axis=0), np.add.reduceat(d, starts))
+    return out
 
 
 def k_way_workloads(domain, k: int = 3, level: Level = "group", limit: int | None = None, rng: np.random.Generator | None = None) -> list[Workload]:

@@ -37,12 +37,17 @@ def test_k_way_workloads_counts():
 def test_query_errors_by_level_equal_a_per_node_brute_force():
     """Several candidates and levels at once equal the definition: per node of the level, the
     max and mean |difference| of normalised answers over every cell of every workload, averaged
-    over the nodes (the truth's nodes; a node a candidate lacks answers zeros)."""
+    over the nodes (the truth's nodes; a node a candidate lacks answers zeros). A state's counts are
+    its PUMAs' sums, except for a candidate with households in a PUMA the truth lacks (``d``: they
+    count in their state, not in any PUMA)."""
     rng = np.random.default_rng(4)
-    true, b, c = random_data(rng, n=150), random_data(rng, n=120), random_data(rng, n=90)
+    true, b, c, d = random_data(rng, n=150), random_data(rng, n=120), random_data(rng, n=90), random_data(rng, n=90)
+    geo = d.geo.copy()
+    geo[:15, 1] = 900
+    d = d.with_geo(geo)
     ws = k_way_workloads(true.domain, 2, "group") + k_way_workloads(true.domain, 2, "person")
-    got = query_errors_by_level(true, {"b": b, "c": c}, ws, ["ST", "PUMA"])
-    for name, synth in (("b", b), ("c", c)):
+    got = query_errors_by_level(true, {"b": b, "c": c, "d": d}, ws, ["PUMA", "ST"])
+    for name, synth in (("b", b), ("c", c), ("d", d)):
         for level, k in (("ST", 1), ("PUMA", 2)):
             maxes, means = [], []
             for node in np.unique(true.geo[:, :k], axis=0):
