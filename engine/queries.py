@@ -317,6 +317,22 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     return Patterns(At[first].tocsr(), gid)
 
 
+@dataclass(frozen=True)
+class PatternPairs:
+    """Households grouped by a pair of patterns (:meth:`IncidenceCache.pattern_pairs`): a CSR
+    structure (``indptr``, ``indices``, ``shape``) and each household's entry ``pair_of``."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    pair_of: np.ndarray
+    shape: tuple[int, int]
+
+    def matrix(self, q: np.ndarray) -> sp.csr_matrix:
+        """W[row pattern, column pattern] = Σ q over the households of that pair."""
+        data = np.bincount(self.pair_of, weights=np.asarray(q, dtype=np.float64), minlength=len(self.indices))
+        return sp.csr_matrix((data, self.indices, self.indptr), shape=self.shape)
+
+
 class IncidenceCache:
     """Incidence matrices (and their patterns) of workloads over one fixed set of households.
 
@@ -334,6 +350,7 @@ class IncidenceCache:
         self._patterns: dict[Workload, Patterns] = {}
         self._cells: dict[Workload, np.ndarray] = {}
         self._joint: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix]] = OrderedDict()
+        self._pairs: OrderedDict[tuple[tuple[Workload, ...], tuple[Workload, ...]], PatternPairs] = OrderedDict()
 
     def matrix(self, w: Workload) -> sp.csr_matrix:
         A = self._A.get(w)
@@ -369,6 +386,25 @@ class IncidenceCache:
         while len(self._joint) > self.JOINT_CACHE:
             self._joint.popitem(last=False)
         return got[0], got[1]
+
+    def pattern_pairs(self, rows: Sequence[Workload], cols: Sequence[Workload]) -> PatternPairs:
+        """The households grouped by their (pattern of ``rows``, pattern of ``cols``) pair
+        (:meth:`joint_patterns` of each list), as a fixed CSR structure: the mass of every pair
+        for household weights ``q`` is then one ``bincount`` (:meth:`PatternPairs.matrix`), the
+        same structure serving every PUMA of a state."""
+        key = (tuple(rows), tuple(cols))
+        got = self._pairs.get(key)
+        if got is None:
+            B, pb = self.joint_patterns(rows)
+            A, pa = self.joint_patterns(cols)
+            n_rows, n_cols = B.shape[1], A.shape[1]
+            pairs, inverse = np.unique(pb.astype(np.int64) * n_cols + pa, return_inverse=True)  # sorted: row, then column
+            indptr = np.concatenate(([0], np.cumsum(np.bincount(pairs // n_cols, minlength=n_rows)))).astype(np.int64)
+            got = self._pairs[key] = PatternPairs(indptr, (pairs % n_cols).astype(np.int64), inverse.reshape(-1), (n_rows, n_cols))
+        self._pairs.move_to_end(key)
+        while len(self._pairs) > self.JOINT_CACHE:
+            self._pairs.popitem(last=False)
+        return got
 
     def partition_cells(self, w: Workload) -> np.ndarray:
         """Cell of every household for a partition workload (group level, S_I = ∅)."""

@@ -299,9 +299,9 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     # households of query pattern v and fitted pattern u, so a PUMA costs one pass over the households
     # and products on patterns instead of the joint patterns of both (nearly one per household)
     q = np.asarray(q, dtype=np.float64)
-    A, pa = support.cache.joint_patterns([w for w, _ in fitted])
-    B, pb = support.cache.joint_patterns(list(queries))
-    W = sp.csr_matrix((q, (pb, pa)), shape=(B.shape[1], A.shape[1]))  # duplicates summed
+    A, _ = support.cache.joint_patterns([w for w, _ in fitted])
+    B, _ = support.cache.joint_patterns(list(queries))
+    W = support.cache.pattern_pairs(list(queries), [w for w, _ in fitted]).matrix(q)
     qa = np.asarray(W.sum(axis=0)).ravel()
     s = (np.concatenate([np.full(w.n_cells(support.data.domain), float(sg)) for w, sg in fitted]) / G) ** 2
     a, b = A @ qa, B @ np.asarray(W.sum(axis=1)).ravel()

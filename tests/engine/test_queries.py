@@ -109,6 +109,23 @@ def test_joint_patterns_group_households_with_equal_stacked_columns():
     assert B.shape[1] < DATA.n_households  # the test data has repeated columns: the grouping is not trivial
 
 
+def test_pattern_pairs_sum_the_weights_of_each_pair_of_patterns():
+    """W[v, u] = Σ q over the households of row pattern v and column pattern u, equal to a
+    duplicate-summing COO build; the structure is cached for the next weights."""
+    ws = [w for w in WORKLOADS if len(w.attrs) <= 2]
+    rows, cols = ws[:2], ws[2:4]
+    cache = IncidenceCache(DATA)
+    _, pb = cache.joint_patterns(rows)
+    _, pa = cache.joint_patterns(cols)
+    pairs = cache.pattern_pairs(rows, cols)
+    for seed in range(2):
+        q = np.random.default_rng(seed).random(DATA.n_households)
+        want = sp.csr_matrix((q, (pb, pa)), shape=pairs.shape).toarray()
+        np.testing.assert_allclose(pairs.matrix(q).toarray(), want, rtol=1e-12)
+    assert cache.pattern_pairs(rows, cols) is pairs
+    assert len(pairs.indices) < DATA.n_households  # households share pairs: the structure is smaller
+
+
 def test_joint_patterns_extended_from_a_cached_prefix_equal_a_fresh_build():
     """The adaptive rounds add one workload at a time: the extension of a cached prefix is the
     same grouping and matrix as building the list from nothing; the cache stays bounded."""
