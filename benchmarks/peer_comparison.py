@@ -191,7 +191,9 @@ class Bench:
             diff = np.abs(p - self.marginal(codes, t))
             l1.append(diff.sum())
             mx.append(diff.max())
+        kinds = [marginal_kind(t) for t in self.triples]
         out = {"mean_l1": float(np.mean(l1)), "max_cell": float(np.max(mx)), "mean_max_cell": float(np.mean(mx)),
+               "l1_by_kind": {k: float(np.mean([e for e, kk in zip(l1, kinds) if kk == k])) for k in KINDS},
                "worst_marginals": [ "|".join(ATTRS[i] for i in self.triples[j]) for j in np.argsort(l1)[::-1][:3]],
                "persons": int(len(codes))}
         if hh is not None:
@@ -199,6 +201,16 @@ class Bench:
             out["contains_l1"] = float(np.mean(cl))
             out["households"] = int(hh["n_households"])
         return out
+
+
+KINDS = ("with PUMA", "with NP, no PUMA", "person attributes only")
+
+
+def marginal_kind(t: tuple[int, ...]) -> str:
+    """Which of :data:`KINDS` a triple of attribute indices belongs to (where the error sits:
+    the geography, the household size, or the persons' attributes alone)."""
+    names = {ATTRS[i] for i in t}
+    return KINDS[0] if "PUMA" in names else KINDS[1] if "NP" in names else KINDS[2]
 
 
 # -- peers -----------------------------------------------------------------------------------------
@@ -420,6 +432,15 @@ def render(res: dict) -> str:
                 ratios.append(f"{num}/{den} {a['mean_l1']['mean'] / b['mean_l1']['mean']:.2f}")
         if ratios:
             lines.append("  ratio of mean L1: " + ", ".join(ratios))
+        by_kind = []
+        for m in methods:
+            rs = [r for r in res["records"] if r["method"] == m and str(r["epsilon"]) == k and "l1_by_kind" in r.get("metrics", {})]
+            if rs:
+                by_kind.append(f"{m} " + " / ".join(f"{np.mean([r['metrics']['l1_by_kind'][kind] for r in rs]):.3f}" for kind in KINDS))
+        if by_kind:
+            counts = [sum(marginal_kind(t) == kind for t in itertools.combinations(range(len(ATTRS)), 3)) for kind in KINDS]
+            lines.append("  mean L1 by marginal kind (" + " / ".join(f"{kind}: {c}" for kind, c in zip(KINDS, counts)) + "): "
+                         + "; ".join(by_kind))
         lines.append("")
     lines += [
         "Privacy guarantees (read before comparing):",

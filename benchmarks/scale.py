@@ -3,9 +3,12 @@ copies of the 12 shared states (``benchmarks/national_input.py``), every copy pr
 originals public, end to end with ``dprelease run`` (count-of-counts and synthesis included).
 
 Per size: households, PUMAs, wall time, peak memory of the whole process tree (client, Prefect
-server and Dask workers, sampled every 0.5 s with psutil), each stage's time from the release's
-audit log, the dominant stage, and the ratios to the smallest size (time per household: 1.0 is
-linear growth).
+server and Dask workers, sampled every 0.5 s with psutil) as the sum of the processes' proportional
+set sizes (PSS: a shared page counted once, split between its sharers, so the sum is the memory the
+tree really holds) and, for comparison, the sum of their resident set sizes (RSS: shared pages counted
+in every process, an upper bound), the stage running at the memory peak, each stage's time from the
+release's audit log, the dominant stage, and the ratios to the smallest size (time per household:
+1.0 is linear growth).
 
     python benchmarks/scale.py --scales 1,4,16 [--national] [--keep]
 
@@ -36,29 +39,36 @@ from national_input import build  # noqa: E402
 OUT = ROOT / "benchmarks" / "results"
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    total = 0
+def tree_memory(proc: psutil.Process) -> tuple[int, int]:
+    """(sum of PSS, sum of RSS) over the process and its descendants, in bytes."""
+    pss = rss = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_info().rss
+            info = p.memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
+            continue
+        pss += getattr(info, "pss", info.rss)  # PSS is Linux-only; elsewhere RSS stands in
+        rss += info.rss
+    return pss, rss
 
 
 def run(config: Path, env: dict) -> dict:
     start = time.time()
     proc = subprocess.Popen([str(Path(sys.executable).with_name("dprelease")), "run", str(config)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak, done = [0], threading.Event()
+    peak = {"pss": 0, "rss": 0, "at": start}
+    done = threading.Event()
 
     def sample():
         ps = psutil.Process(proc.pid)
         while not done.is_set():
             try:
-                peak[0] = max(peak[0], tree_rss(ps))
+                pss, rss = tree_memory(ps)
             except psutil.NoSuchProcess:
                 return
+            if pss > peak["pss"]:
+                peak.update(pss=pss, at=time.time())
+            peak["rss"] = max(peak["rss"], rss)
             done.wait(0.5)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -75,7 +85,28 @@ def run(config: Path, env: dict) -> dict:
     t.join()
     if proc.returncode != 0:
         raise RuntimeError(f"dprelease run failed ({proc.returncode}):\n{''.join(lines)[-3000:]}")
-    return {"wall_s": time.time() - start, "peak_rss_mb": peak[0] / 2**20, "marks": marks}
+    marks["peak"] = peak["at"]
+    return {"wall_s": time.time() - start, "peak_pss_mib": peak["pss"] / 2**20, "peak_rss_mib": peak["rss"] / 2**20,
+            "marks": marks}
+
+
+def peak_step(release: Path, marks: dict) -> str:
+    """The step running when the tree's PSS peaked: an audited stage, ``startup``, ``publish`` or
+    ``internal_qa``."""
+    at, spans = marks["peak"], []
+    starts = {}
+    for line in (release / "audit.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "stage_start":
+            starts[e["stage"]] = datetime.fromisoformat(e["time"]).timestamp()
+        elif e.get("event") == "stage_end" and e["stage"] in starts:
+            spans.append((starts[e["stage"]], datetime.fromisoformat(e["time"]).timestamp(), e["stage"]))
+    for lo, hi, stage in spans:
+        if lo <= at <= hi:
+            return stage
+    if not spans or at < min(lo for lo, _, _ in spans):
+        return "startup"
+    return "publish" if at <= marks.get("published", float("inf")) else "internal_qa"
 
 
 def step_times(release: Path, marks: dict) -> dict[str, float]:
@@ -122,7 +153,8 @@ def main(argv=None) -> int:
     rows = []
     previous = Path(args.out).with_suffix(".json")
     if args.keep and previous.exists():
-        rows = [r for r in json.loads(previous.read_text()) if r["label"] not in {label for label, _ in sizes}]
+        rows = [r for r in json.loads(previous.read_text())  # rows of this format, of sizes not rerun
+                if "peak_pss_mib" in r and r["label"] not in {label for label, _ in sizes}]
     with tempfile.TemporaryDirectory(prefix="dprelease-scale-") as tmp:
         env["PREFECT_HOME"] = str(Path(tmp) / "prefect")
         for label, how in sizes:
@@ -131,12 +163,21 @@ def main(argv=None) -> int:
             print(f"[scale] {label}: {summary['households']} households, {summary['pumas']} PUMAs; running ...", flush=True)
             r = run(d / "national.yaml", env)
             r.update(label=label, households=summary["households"], pumas=summary["pumas"], states=summary["states"],
-                     stages=step_times(d / "releases" / "national", r.pop("marks")))
+                     stages=step_times(d / "releases" / "national", r["marks"]),
+                     peak_step=peak_step(d / "releases" / "national", r.pop("marks")))
             rows.append(r)
-            print(f"[scale] {label}: {r['wall_s']:.0f} s, peak {r['peak_rss_mb']:.0f} MB, stages {r['stages']}", flush=True)
+            print(f"[scale] {label}: {r['wall_s']:.0f} s, peak PSS {r['peak_pss_mib']:.0f} MiB (RSS sum {r['peak_rss_mib']:.0f}) "
+                  f"during {r['peak_step']}, stages {r['stages']}", flush=True)
             shutil.rmtree(d)
             write(rows, Path(args.out))
     return 0
+
+
+def code_version() -> str:
+    """The commit the curve ran (``+modified`` when the working tree differs from it)."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def write(rows: list[dict], out: Path) -> None:
@@ -145,15 +186,19 @@ def write(rows: list[dict], out: Path) -> None:
     base = rows[0]
     lines = ["Scale curve (issue 17 item 4): deploy/releases/acs2018_default.yaml settings on K re-keyed copies of the 12",
              "shared 2018 states (benchmarks/national_input.py), all private, the 12 originals public; "
-             f"{os.cpu_count()} CPUs (shared); {time.strftime('%Y-%m-%d')}.",
-             "time/hh ratio: (wall / households) relative to the first size (1.0 = linear growth).", "",
-             f"{'size':<10}{'states':>7}{'PUMAs':>7}{'households':>12}{'wall s':>9}{'peak MB':>9}{'time ratio':>11}"
-             f"{'time/hh':>9}{'mem ratio':>10}  dominant stage"]
+             f"{os.cpu_count()} CPUs (shared); {time.strftime('%Y-%m-%d')}; code: {code_version()}.",
+             "time/hh ratio: (wall / households) relative to the first size (1.0 = linear growth).",
+             "peak PSS: the process tree's summed proportional set size (the memory it holds); RSS sum: the summed",
+             "resident sets (shared pages counted in every process: an upper bound); both MiB (2^20 bytes).", "",
+             f"{'size':<10}{'states':>7}{'PUMAs':>7}{'households':>12}{'wall s':>9}{'PSS MiB':>9}{'RSS MiB':>9}{'time ratio':>11}"
+             f"{'time/hh':>9}{'mem ratio':>10}  dominant stage; stage at memory peak"]
     for r in rows:
         dom = max(r["stages"], key=r["stages"].get)
-        lines.append(f"{r['label']:<10}{r['states']:>7}{r['pumas']:>7}{r['households']:>12}{r['wall_s']:>9.0f}{r['peak_rss_mb']:>9.0f}"
+        lines.append(f"{r['label']:<10}{r['states']:>7}{r['pumas']:>7}{r['households']:>12}{r['wall_s']:>9.0f}"
+                     f"{r['peak_pss_mib']:>9.0f}{r['peak_rss_mib']:>9.0f}"
                      f"{r['wall_s'] / base['wall_s']:>11.2f}{(r['wall_s'] / r['households']) / (base['wall_s'] / base['households']):>9.2f}"
-                     f"{r['peak_rss_mb'] / base['peak_rss_mb']:>10.2f}  {dom} ({r['stages'][dom]:.0f} s of {sum(r['stages'].values()):.0f})")
+                     f"{r['peak_pss_mib'] / base['peak_pss_mib']:>10.2f}  {dom} ({r['stages'][dom]:.0f} s of {sum(r['stages'].values()):.0f});"
+                     f" {r['peak_step']}")
     lines += ["", "stage seconds per size:"] + [f"  {r['label']}: " + ", ".join(f"{k} {v:.0f}" for k, v in r["stages"].items()) for r in rows]
     text = "\n".join(lines) + "\n"
     print(text, end="")
