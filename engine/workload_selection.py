@@ -19,9 +19,14 @@ Hierarchical version (H-GEM Table 1 queries):
   its attribute kinds — group only: a group-level partition; person only: a person-level marginal;
   mixed: a person-level marginal (the joint the MI was measured on) and a group-level "contains"
   workload (households of y_G containing a person of y_I), each within the cell cap;
-- PUMA level: one-way marginals of a greedy set of roughly independent attributes (highest entropy
-  first; normalised MI with every attribute already taken below ``independence_nmi``), plus a few
-  small two-way "contains" marginals from the tree.
+- PUMA level: one-way marginals of the attributes whose distribution differs most between the PUMAs
+  of a public state (the within-state MI of attribute and PUMA, :func:`geographic_information`: what a
+  PUMA measurement adds to its state's posterior), greedily, skipping an attribute largely redundant
+  with one already taken (normalised MI ≥ ``puma_redundancy_nmi``), plus a few small two-way
+  "contains" marginals from the tree. Tao et al. took approximately independent attributes of
+  highest entropy; on the ACS that picked SEX and the householder's sex, which barely vary between
+  PUMAs, and left out age groups of householders, education and household size, which do
+  (``benchmarks/results/HISTORY.md``).
 
 Everything is a deterministic function of the public data and the parameters (ties broken by
 attribute order), and :class:`WorkloadSelection` carries a JSON-serialisable explanation.
@@ -101,6 +106,37 @@ def mutual_information(data: HierarchicalData) -> AttributeInfo:
     return AttributeInfo(tuple(names), tuple(kinds), tuple(sizes), ent, mi)
 
 
+def geographic_information(data: HierarchicalData) -> np.ndarray:
+    """How much each attribute varies between the PUMAs of a state, in nats: the state-weighted mean
+    of the mutual information between the attribute and the PUMA within each state (geography
+    columns 0 and 1), over households for a group attribute and over persons for a person
+    attribute, each state's plug-in estimate less its Miller–Madow bias (|A| − 1)(P − 1) / (2n)
+    and floored at 0. This is the expected log-loss of answering a PUMA's marginal with its state's
+    (the information a PUMA measurement can add to a state posterior). Zeros where the data have one
+    PUMA per state."""
+    names, kinds, sizes, cols = attribute_columns(data)
+    hh = data.person_household
+    _, st = np.unique(data.geo[:, 0], return_inverse=True)
+    _, node = np.unique(data.geo[:, :2], axis=0, return_inverse=True)
+    node = node.reshape(-1)
+    out = np.zeros(len(names))
+    for i in range(len(names)):
+        s, g = (st, node) if kinds[i] == "group" else (st[hh], node[hh])
+        c = cols[i]
+        n = s.size
+        for state in np.unique(s):
+            rows = np.flatnonzero(s == state)
+            local = np.unique(g[rows], return_inverse=True)[1].reshape(-1)
+            P = int(local.max()) + 1
+            if P < 2:
+                continue
+            joint = np.bincount(local * sizes[i] + c[rows], minlength=P * sizes[i]).reshape(P, sizes[i]).astype(float)
+            levels = int((joint.sum(axis=0) > 0).sum())
+            bias = (levels - 1) * (P - 1) / (2.0 * rows.size)
+            out[i] += rows.size / n * max(_mi_from_counts(joint) - bias, 0.0)
+    return out
+
+
 def normalised_mi(info: AttributeInfo) -> np.ndarray:
     """MI / min(H_i, H_j) ∈ [0, 1] (0 for a constant attribute)."""
     h = info.entropy
@@ -171,7 +207,7 @@ def select_workloads(
     n_triangles: int = 4,
     max_contains: int = 4,
     edge_quantile: float = 0.75,
-    puma_independence_nmi: float = 0.05,
+    puma_redundancy_nmi: float = 0.5,
     puma_max_attributes: int = 6,
     puma_pairs: int = 2,
     puma_pair_max_cells: int = 16,
@@ -185,10 +221,12 @@ def select_workloads(
     ``max_contains`` group-level "contains" workloads are made from mixed cliques (strongest first;
     further mixed cliques give the person-level joint only); ``edge_quantile`` sets the strong-graph
     threshold (in addition to the spanning tree).
-    PUMA: up to ``puma_max_attributes`` one-way marginals of attributes whose normalised MI with
-    each other is below ``puma_independence_nmi``, and ``puma_pairs`` two-way group-level
-    "contains" (or, without a mixed edge, other) workloads from tree edges with at most
-    ``puma_pair_max_cells`` cells.
+    PUMA: up to ``puma_max_attributes`` one-way marginals of the attributes that vary most between
+    the PUMAs of a public state (:func:`geographic_information`; ties and attributes without such
+    variation by entropy), skipping one whose normalised MI with an attribute already taken is
+    ``puma_redundancy_nmi`` or more (it would mostly repeat that measurement), and ``puma_pairs``
+    two-way group-level "contains" (or, without a mixed edge, other) workloads from tree edges with
+    at most ``puma_pair_max_cells`` cells.
     ``person_first``: person-level workloads count only the first ``person_first`` persons of each
     household (``Workload.first``: sensitivity ``person_first`` instead of M under the household
     unit); 0 counts every person.
@@ -253,16 +291,17 @@ def select_workloads(
             state.extend(clique_workloads(d, (names[i], names[j]), state_max_cells))
     state = list(dict.fromkeys(state))
 
-    # PUMA level: 1-way marginals of roughly independent attributes
+    # PUMA level: 1-way marginals of the attributes that vary most between PUMAs, not redundant
     nmi = normalised_mi(info)
-    order = sorted(range(k), key=lambda i: (-info.entropy[i], i))
+    geo_mi = geographic_information(public)
+    order = sorted(range(k), key=lambda i: (-round(float(geo_mi[i]), 12), -info.entropy[i], i))
     indep: list[int] = []
     for i in order:
         if len(indep) >= puma_max_attributes:
             break
         if info.entropy[i] <= 0:
             continue
-        if all(nmi[i, j] < puma_independence_nmi for j in indep):
+        if all(nmi[i, j] < puma_redundancy_nmi for j in indep):
             indep.append(i)
     puma: list[Workload] = []
     for i in sorted(indep):
@@ -289,7 +328,7 @@ def select_workloads(
     pair_name = lambda e: f"{names[e[0]]}~{names[e[1]]}"  # noqa: E731
     explanation = {
         "method": "Tao et al. 2021 §4.2: pairwise mutual information on public data; state = strong cliques, "
-        "PUMA = one-way marginals of approximately independent attributes (+ small pairs)",
+        "PUMA = one-way marginals of the attributes that vary most between a public state's PUMAs, not redundant (+ small pairs)",
         "public_households": public.n_households,
         "public_persons": public.n_persons,
         "attributes": [{"name": n, "kind": kd, "size": s, "entropy_nats": round(float(h), 6)}
@@ -299,7 +338,7 @@ def select_workloads(
         },
         "params": {
             "state_max_cells": state_max_cells, "n_triangles": n_triangles, "max_contains": max_contains, "edge_quantile": edge_quantile,
-            "strong_edge_threshold_nats": round(thr, 6), "puma_independence_nmi": puma_independence_nmi,
+            "strong_edge_threshold_nats": round(thr, 6), "puma_redundancy_nmi": puma_redundancy_nmi,
             "puma_max_attributes": puma_max_attributes, "puma_pairs": puma_pairs,
             "puma_pair_max_cells": puma_pair_max_cells, "person_first": person_first,
         },
@@ -308,7 +347,8 @@ def select_workloads(
         "triangles": [[names[x] for x in t] for t in chosen_tri],
         "tree_edges_added": [pair_name(e) for e in tree_added],
         "forced_contains_pair": pair_name(forced_contains) if forced_contains else None,
-        "puma_independent_attributes": [names[i] for i in sorted(indep)],
+        "geographic_information_nats": {n: round(float(v), 6) for n, v in zip(names, geo_mi)},
+        "puma_attributes": [names[i] for i in sorted(indep)],
         "puma_pairs": [pair_name(e) for e in puma_pairs_used],
         "state_workloads": [{"id": w.id, "cells": w.n_cells(d)} for w in state],
         "puma_workloads": [{"id": w.id, "cells": w.n_cells(d)} for w in puma],
