@@ -25,7 +25,8 @@ Hierarchical version (H-GEM Table 1 queries):
   with one already taken (normalised MI ≥ ``puma_redundancy_nmi``), plus a few small two-way
   "contains" marginals from the tree. Tao et al. took approximately independent attributes of
   highest entropy; on the ACS that picked SEX and the householder's sex, which barely vary between
-  PUMAs, and left out age groups of householders, education and household size, which do
+  PUMAs, and left out the householder's age and education, which do. Four attributes by default: six
+  or nine spread the PUMA budget thinner for no gain on the peer benchmark
   (``benchmarks/results/HISTORY.md``).
 
 Everything is a deterministic function of the public data and the parameters (ties broken by
@@ -208,7 +209,7 @@ def select_workloads(
     max_contains: int = 4,
     edge_quantile: float = 0.75,
     puma_redundancy_nmi: float = 0.5,
-    puma_max_attributes: int = 6,
+    puma_max_attributes: int = 4,
     puma_pairs: int = 2,
     puma_pair_max_cells: int = 16,
     person_first: int = 0,
