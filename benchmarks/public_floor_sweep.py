@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     epsilons = [float(e) for e in args.epsilons.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    text = table(out, list(pc.STATES), epsilons)
     for s in states:
         pc.log(f"sweep: {s.upper()} private")
         pc_args = ["--private", s, "--epsilons", args.epsilons, "--runs", str(args.runs), "--methods", "public,dprelease",
@@ -70,9 +71,8 @@ def main(argv=None) -> int:
         pc_args += ["--config", args.config] if args.config else []
         pc_args += ["--resume"] if args.resume else []
         pc.main(pc_args)
-        (out / "public_floor_sweep.txt").write_text(table(out, list(pc.STATES), epsilons))
-    text = table(out, list(pc.STATES), epsilons)  # every state with runs in ``out``, not only this call's
-    (out / "public_floor_sweep.txt").write_text(text)
+        text = table(out, list(pc.STATES), epsilons)  # every state with runs in ``out``, not only this call's
+        (out / "public_floor_sweep.txt").write_text(text)  # after each state: a cut-short sweep keeps its table
     sys.stdout.write(text)
     return 0
 

@@ -90,51 +90,42 @@ def run(config: Path, env: dict) -> dict:
             "marks": marks}
 
 
-def peak_step(release: Path, marks: dict) -> str:
-    """The step running when the tree's PSS peaked: an audited stage, ``startup``, ``publish`` or
-    ``internal_qa``."""
-    at, spans = marks["peak"], []
-    starts = {}
+def stage_spans(release: Path) -> dict[str, tuple[float, float]]:
+    """Each audited stage's (start, end) in epoch seconds, from the release's audit log (read once)."""
+    starts, out = {}, {}
     for line in (release / "audit.jsonl").read_text().splitlines():
         e = json.loads(line)
         if e.get("event") == "stage_start":
             starts[e["stage"]] = datetime.fromisoformat(e["time"]).timestamp()
         elif e.get("event") == "stage_end" and e["stage"] in starts:
-            spans.append((starts[e["stage"]], datetime.fromisoformat(e["time"]).timestamp(), e["stage"]))
-    for lo, hi, stage in spans:
-        if lo <= at <= hi:
-            return stage
-    if not spans or at < min(lo for lo, _, _ in spans):
-        return "startup"
-    return "publish" if at <= marks.get("published", float("inf")) else "internal_qa"
+            out[e["stage"]] = (starts[e["stage"]], datetime.fromisoformat(e["time"]).timestamp())
+    return out
 
 
-def step_times(release: Path, marks: dict) -> dict[str, float]:
-    """The audited stages (:func:`stage_times`) and the steps around them: ``startup`` (process
+def step_times(spans: dict[str, tuple[float, float]], marks: dict) -> dict[str, float]:
+    """The audited stages (:func:`stage_spans`) and the steps around them: ``startup`` (process
     start to the first stage: imports, the Prefect server, the Dask cluster), ``publish`` (the
     release tables, intervals, the Great Expectations gate, the manifest) and ``internal_qa`` (the
     time the QA report adds after publish: it runs beside publish, on a Dask worker), from the
     arrival times of the run's log lines."""
-    stages = stage_times(release)
-    events = [json.loads(line) for line in (release / "audit.jsonl").read_text().splitlines()]
-    times = [datetime.fromisoformat(e["time"]).timestamp() for e in events if e.get("event") in ("stage_start", "stage_end")]
-    out = {"startup": min(times) - marks["start"], **stages}
+    out = {"startup": min(lo for lo, _ in spans.values()) - marks["start"], **{k: hi - lo for k, (lo, hi) in spans.items()}}
     if "published" in marks:
-        out["publish"] = marks["published"] - max(times)
+        out["publish"] = marks["published"] - max(hi for _, hi in spans.values())
         if "qa" in marks:
             out["internal_qa"] = marks["qa"] - marks["published"]
     return out
 
 
-def stage_times(release: Path) -> dict[str, float]:
-    starts, out = {}, {}
-    for line in (release / "audit.jsonl").read_text().splitlines():
-        e = json.loads(line)
-        if e.get("event") == "stage_start":
-            starts[e["stage"]] = datetime.fromisoformat(e["time"])
-        elif e.get("event") == "stage_end" and e["stage"] in starts:
-            out[e["stage"]] = (datetime.fromisoformat(e["time"]) - starts[e["stage"]]).total_seconds()
-    return out
+def peak_step(spans: dict[str, tuple[float, float]], marks: dict) -> str:
+    """The step running when the tree's PSS peaked: an audited stage, ``startup``, ``publish`` or
+    ``internal_qa`` (the steps of :func:`step_times`)."""
+    at = marks["peak"]
+    for stage, (lo, hi) in spans.items():
+        if lo <= at <= hi:
+            return stage
+    if not spans or at < min(lo for lo, _ in spans.values()):
+        return "startup"
+    return "publish" if at <= marks.get("published", float("inf")) else "internal_qa"
 
 
 def main(argv=None) -> int:
@@ -162,9 +153,9 @@ def main(argv=None) -> int:
             summary = build(Path(args.data), d, how["pumas_per_state"], how["scale"])
             print(f"[scale] {label}: {summary['households']} households, {summary['pumas']} PUMAs; running ...", flush=True)
             r = run(d / "national.yaml", env)
+            spans, marks = stage_spans(d / "releases" / "national"), r.pop("marks")
             r.update(label=label, households=summary["households"], pumas=summary["pumas"], states=summary["states"],
-                     stages=step_times(d / "releases" / "national", r["marks"]),
-                     peak_step=peak_step(d / "releases" / "national", r.pop("marks")))
+                     stages=step_times(spans, marks), peak_step=peak_step(spans, marks))
             rows.append(r)
             print(f"[scale] {label}: {r['wall_s']:.0f} s, peak PSS {r['peak_pss_mib']:.0f} MiB (RSS sum {r['peak_rss_mib']:.0f}) "
                   f"during {r['peak_step']}, stages {r['stages']}", flush=True)

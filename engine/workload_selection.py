@@ -116,25 +116,27 @@ def geographic_information(data: HierarchicalData) -> np.ndarray:
     (the information a PUMA measurement can add to a state posterior). Zeros where the data have one
     PUMA per state."""
     names, kinds, sizes, cols = attribute_columns(data)
-    hh = data.person_household
-    _, st = np.unique(data.geo[:, 0], return_inverse=True)
-    _, node = np.unique(data.geo[:, :2], axis=0, return_inverse=True)
-    node = node.reshape(-1)
+    nodes, node = np.unique(data.geo[:, :2], axis=0, return_inverse=True)
+    node = node.reshape(-1).astype(np.int64)
+    _, node_state = np.unique(nodes[:, 0], return_inverse=True)
+    node_state = node_state.reshape(-1)
+    # per level (households, persons): each node's unit count and each state's nodes, computed once
+    level_node = {"group": node, "person": node[data.person_household]}
+    level_n = {k: np.bincount(v, minlength=len(nodes)) for k, v in level_node.items()}
+    states = [np.flatnonzero(node_state == s) for s in range(int(node_state.max()) + 1)] if len(nodes) else []
     out = np.zeros(len(names))
     for i in range(len(names)):
-        s, g = (st, node) if kinds[i] == "group" else (st[hh], node[hh])
-        c = cols[i]
-        n = s.size
-        for state in np.unique(s):
-            rows = np.flatnonzero(s == state)
-            local = np.unique(g[rows], return_inverse=True)[1].reshape(-1)
-            P = int(local.max()) + 1
-            if P < 2:
+        g, n_node = level_node[kinds[i]], level_n[kinds[i]]
+        joint = np.bincount(g * sizes[i] + cols[i], minlength=len(nodes) * sizes[i]).reshape(len(nodes), sizes[i]).astype(float)
+        total = max(int(n_node.sum()), 1)
+        for members in states:
+            members = members[n_node[members] > 0]
+            if members.size < 2:
                 continue
-            joint = np.bincount(local * sizes[i] + c[rows], minlength=P * sizes[i]).reshape(P, sizes[i]).astype(float)
-            levels = int((joint.sum(axis=0) > 0).sum())
-            bias = (levels - 1) * (P - 1) / (2.0 * rows.size)
-            out[i] += rows.size / n * max(_mi_from_counts(joint) - bias, 0.0)
+            j = joint[members]
+            n_s = float(j.sum())
+            bias = (int((j.sum(axis=0) > 0).sum()) - 1) * (members.size - 1) / (2.0 * n_s)
+            out[i] += n_s / total * max(_mi_from_counts(j) - bias, 0.0)
     return out
 
 
