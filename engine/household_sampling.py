@@ -1,7 +1,8 @@
 """Drawing synthetic households from a posterior on a support of public households (Tao et al.
 Alg. 2 line 16: "sample ñ_g tuples from p_g"), optionally with exactly the household-size counts
 fixed by the count-of-counts stage; :func:`household_order` stratifies a systematic draw on the
-household attributes."""
+household attributes; ``method="balanced"`` holds the draw's one- and two-attribute marginals to
+the posterior's (:mod:`engine.balanced_sampling`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Literal
 
 import numpy as np
 
+from engine.balanced_sampling import BalanceTargets, balanced_draw, systematic_positions
 from engine.hierarchical_data import HierarchicalData
 from engine.support import Support
 
@@ -17,17 +19,15 @@ __all__ = ["household_order", "sample_households"]
 
 
 def _draw(p: np.ndarray, n: int, rng: np.random.Generator, method: str) -> np.ndarray:
+    if method == "systematic":
+        return systematic_positions(p, n, float(rng.random())) if n > 0 else np.zeros(0, dtype=np.int64)
+    if method != "multinomial":
+        raise ValueError(f"unknown sampling method {method!r}")
     if n <= 0:
         return np.zeros(0, dtype=np.int64)
     cdf = np.cumsum(p / p.sum())
     cdf[-1] = 1.0
-    if method == "systematic":
-        u = (rng.random() + np.arange(n)) / n
-    elif method == "multinomial":
-        u = rng.random(n)
-    else:
-        raise ValueError(f"unknown sampling method {method!r}")
-    return np.minimum(np.searchsorted(cdf, u, side="right"), p.size - 1).astype(np.int64)
+    return np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), p.size - 1).astype(np.int64)
 
 
 def household_order(data: HierarchicalData) -> np.ndarray:
@@ -48,9 +48,10 @@ def sample_households(
     rng: np.random.Generator,
     sizes: Sequence[int] | np.ndarray | None = None,
     *,
-    method: Literal["systematic", "multinomial"] = "systematic",
+    method: Literal["systematic", "multinomial", "balanced"] = "systematic",
     geo: Sequence[int] | None = None,
     order: np.ndarray | None = None,
+    balance: BalanceTargets | None = None,
 ) -> HierarchicalData:
     """Draw ``n`` synthetic households (with their persons) from the posterior on the support
     (Tao et al. Alg. 2 line 16: "sample ñ_g tuples from p_g").
@@ -63,7 +64,10 @@ def sample_households(
 
     ``method="systematic"`` (default): systematic resampling — every household appears
     ⌊n q_h⌋ or ⌈n q_h⌉ times, unbiased, far less sampling noise than i.i.d. draws;
-    ``"multinomial"``: i.i.d. draws. Output order is shuffled. ``geo``: optional full geography
+    ``"multinomial"``: i.i.d. draws; ``"balanced"``: a systematic pool of draws thinned to ``n``
+    so that the sample's one- and two-attribute marginals match the posterior's expected counts
+    (:func:`engine.balanced_sampling.balanced_draw`; needs ``balance``, the support's
+    :class:`~engine.balanced_sampling.BalanceTargets`, and ``n`` without ``sizes``). Output order is shuffled. ``geo``: optional full geography
     row written into every sampled household (otherwise the public households' own codes are kept).
     ``order``: a permutation of the support along which the systematic draw walks (e.g.
     :func:`household_order`, which stratifies the sample on the household attributes); default the
@@ -82,13 +86,20 @@ def sample_households(
             raise ValueError("give n or sizes")
         if p.sum() <= 0:
             raise ValueError("weights have no mass")
-        if order is None:
-            idx = _draw(p, int(n), rng, method)
-        else:
+        if order is not None:
             order = np.asarray(order, dtype=np.int64)
             if order.shape != p.shape or np.any(np.bincount(order, minlength=p.size) != 1):
                 raise ValueError("order must be a permutation of the support's households")
+        if method == "balanced":
+            if balance is None or balance.n_households != p.size:
+                raise ValueError("balanced sampling needs the support's balance targets")
+            idx = balanced_draw(balance, p, int(n), rng, order)
+        elif order is None:
+            idx = _draw(p, int(n), rng, method)
+        else:
             idx = order[_draw(p[order], int(n), rng, method)]
+    elif method == "balanced":
+        raise ValueError("balanced sampling draws n households, not fixed size counts")
     else:
         sizes = np.asarray(sizes, dtype=np.int64)
         M = data.domain.max_size

@@ -7,8 +7,9 @@
 2. workloads chosen from the **public** data by mutual information (no privacy cost);
 3. the state posterior: the public households reweighted by the state's measured workloads
    (:func:`engine.synthesis.synthesize_node`, household total estimated jointly with it);
-4. per PUMA, the state posterior updated with the PUMA's workloads, and its households sampled
-   systematically along the households sorted by their attributes.
+4. per PUMA, the state posterior updated with the PUMA's workloads, and its households drawn from
+   it, balanced on the domain's one- and two-attribute marginals (:mod:`engine.balanced_sampling`;
+   ``sampling="systematic"``: systematically along the households sorted by their attributes).
 
 Every read of the confidential data is a charged measurement of the :class:`PrivateSession`; the
 budget split is :func:`state_plan`'s (three stages, ρ shares of :data:`STATE_SHARES`), charged by
@@ -22,10 +23,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Literal
 
 import numpy as np
 
 from engine.adaptive import AdaptiveRounds, SelectFn
+from engine.balanced_sampling import BalanceTargets
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
@@ -100,12 +103,13 @@ class StateRelease:
 
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,
                      person_first: int = 2, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
-                     adaptive: AdaptiveRounds | None = None) -> StateRelease:
+                     adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced") -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
     ``person_first``, ``update_rule``, ``prior_strength``: as the release config's ``synthesis``;
-    ``adaptive``: adaptive rounds at the state level (``synthesis.adaptive``)."""
+    ``adaptive``: adaptive rounds at the state level (``synthesis.adaptive``); ``sampling``: how
+    each PUMA's households are drawn (``synthesis.sampling``)."""
     plan = session.ledger.plan
     pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
     if not pumas:
@@ -124,6 +128,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     )
     diagnostics = {node_key(node): state_res.diagnostics}
     order = household_order(public)
+    balance = BalanceTargets.for_data(public) if sampling == "balanced" else None
     parts, released = [], {}
     for n in pumas:
         res = synthesize_node(
@@ -133,6 +138,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
         )
         diagnostics[node_key(n)] = res.diagnostics
         released[n] = int(round(res.total))
-        parts.append(sample_households(support, res.weights, released[n], node_rng(seed, n), geo=n, order=order))
+        parts.append(sample_households(support, res.weights, released[n], node_rng(seed, n), geo=n, order=order, method=sampling,
+                                       balance=balance))
     return StateRelease(HierarchicalData.concat(parts), released, {"state": [w.id for w in sel.state], "puma": [w.id for w in sel.puma]},
                         diagnostics)

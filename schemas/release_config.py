@@ -183,6 +183,9 @@ class SynthesisSpec(_Strict):
     person_first: int = Field(default=2, ge=0, description="person-level workloads count the first this many "
                               "persons of each household (sensitivity person_first instead of M under the "
                               "household unit); 0: every person")
+    sampling: Literal["balanced", "systematic"] = Field(
+        default="balanced", description="how a PUMA's households are drawn from its posterior: balanced (the draw's one- and "
+        "two-attribute marginals held to the posterior's, engine.balanced_sampling) or systematic (along the household order)")
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
 
 

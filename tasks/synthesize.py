@@ -6,7 +6,9 @@
   answers are normalised by the state's DP household count.
 - ``puma_batch_task``: per batch of a state's PUMAs (``synthesize_puma`` each), measure the PUMA
   workload and update the state posterior into the PUMA posterior (prior update), or keep the
-  public prior (public-only baseline); then sample the PUMA's household total from it.
+  public prior (public-only baseline); then sample the PUMA's household total from it
+  (``synthesis.sampling``: balanced on the domain's one- and two-attribute marginals by default,
+  ``engine.balanced_sampling``).
 
 When the count-of-counts stage ran, its size histogram of the node enters both updates as one more
 noisy measurement of the size marginal (``engine.synthesis.size_measurement``), weighed against
@@ -27,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
+from engine.balanced_sampling import BalanceTargets
 from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
@@ -53,6 +56,12 @@ def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
 def cached_support(public_npz: str) -> Support:
     """The public support, built once per worker process (incidences are cached on it)."""
     return Support.from_data(HierarchicalData.from_npz(public_npz))
+
+
+@lru_cache(maxsize=4)
+def cached_balance(public_npz: str) -> BalanceTargets:
+    """The support's balance marginals (``engine.balanced_sampling``), built once per worker process."""
+    return BalanceTargets.for_data(cached_support(public_npz).data)
 
 
 @task(name="select-workload")
@@ -147,13 +156,14 @@ class PumaJob:
 
 
 def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, workload_ids: list[str], seed: int,
-                    support: Support, state_workload_ids: list[str] | None = None) -> str:
+                    support: Support, state_workload_ids: list[str] | None = None, balance: BalanceTargets | None = None) -> str:
     """One PUMA: posterior (or the public prior for the baseline, ``prior`` None), updated with
     the count-of-counts size estimate when given, then its household total of sampled households:
     the DP count estimated jointly with the posterior from the PUMA's own measurements when its
     noise sd is given (``engine.synthesis``), else the count itself. Persisted; a rerun reuses it.
     ``state_workload_ids``: the state's workloads, on which the fit's response to its noise is kept
-    for the state's error estimates (``tasks.intervals``)."""
+    for the state's error estimates (``tasks.intervals``). ``balance``: the support's balance
+    marginals, needed when ``synthesis.sampling`` is ``balanced``."""
     node, key = job.node, node_key(job.node)
     out = ctx.paths.node_path("synthesis", key)
     if out.exists():
@@ -174,7 +184,7 @@ def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, wor
                                                              record, s, job.households_sd, job.size_estimate,
                                                              [Workload.from_id(w) for w in state_workload_ids or []])})
     synth = sample_households(support, res.weights, int(round(res.total)), node_rng(seed, node), geo=node,
-                              order=household_order(support.data))
+                              order=household_order(support.data), method=s.sampling, balance=balance)
     save_npz_atomic(out, synth.to_npz)
     return str(out)
 
@@ -187,11 +197,12 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     task (scheduling, state reports) off the per-PUMA path: a PUMA's own work is a fraction of a
     second. ``state_posterior`` None: the public-only baseline."""
     support = cached_support(support_npz or ctx.public_npz)
+    balance = cached_balance(support_npz or ctx.public_npz) if ctx.cfg.synthesis.sampling == "balanced" else None
     prior = None
     if state_posterior is not None:
         with np.load(state_posterior) as z:
             prior = z["weights"]
-    return [synthesize_puma(ctx, job, prior, workload_ids, seed, support, state_workload_ids) for job in jobs]
+    return [synthesize_puma(ctx, job, prior, workload_ids, seed, support, state_workload_ids, balance) for job in jobs]
 
 
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:

@@ -1,0 +1,130 @@
+"""Balanced draws (engine.balanced_sampling): the balance marginals against a brute force, the
+exchange search against every single swap on small pools, and statistical tests of the draw
+(balance far tighter than the systematic draw's, every household drawn about n·q times)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from engine.balanced_sampling import BalanceTargets, balance_workloads, balanced_draw, systematic_positions
+from engine.household_sampling import household_order, sample_households
+from engine.queries import Workload, answer
+from engine.support import Support
+from tests.engine._support_testdata import random_data, small_domain
+
+DOMAIN = small_domain(M=4)
+
+
+def test_balance_workloads_are_every_pair_of_attributes():
+    ws = balance_workloads(DOMAIN)
+    g, p = [a.name for a in DOMAIN.group], [a.name for a in DOMAIN.person]
+    assert [w for w in ws if w.level == "group"] == [Workload("group", pair) for pair in itertools.combinations(g, 2)]
+    assert {w.person_attrs for w in ws if w.level == "person" and not w.group_attrs} == set(itertools.combinations(p, 2))
+    assert {(w.group_attrs, w.person_attrs) for w in ws if w.group_attrs and w.person_attrs} == {((a,), (b,)) for a in g for b in p}
+    assert all(w.first == 0 for w in ws)  # every person counts
+
+
+def test_balance_targets_equal_the_workloads_answers():
+    data = random_data(DOMAIN, 150, seed=3)
+    bt = BalanceTargets.for_data(data)
+    w = np.random.default_rng(4).random(data.n_households)
+    reference = np.concatenate([answer(data, wl, w) for wl in bt.workloads])
+    np.testing.assert_allclose(bt.expected(w), reference, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(bt.rows.sum(axis=1).A1, [sum(answer(data.take(np.array([h])), wl).sum() for wl in bt.workloads)
+                                                          for h in range(data.n_households)])
+
+
+def test_systematic_positions_hit_floor_or_ceil_of_n_q():
+    p = np.random.default_rng(5).dirichlet(np.ones(40))
+    for u in (0.0, 0.3, 0.999):
+        counts = np.bincount(systematic_positions(p, 97, u), minlength=40)
+        assert counts.sum() == 97 and np.all(np.abs(counts - 97 * p) < 1 + 1e-9)
+
+
+def _loss(bt: BalanceTargets, idx: np.ndarray, target: np.ndarray) -> float:
+    r = bt.expected(np.bincount(idx, minlength=bt.n_households)) - target
+    return float(r @ r)
+
+
+def test_exchange_search_ends_where_no_single_swap_helps():
+    """Brute force on small pools: once the search stops, no swap of a chosen pool household for an
+    unchosen one lowers the balance loss, and the search never ends above its systematic start."""
+    data = random_data(DOMAIN, 60, seed=7)
+    bt = BalanceTargets.for_data(data)
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        q = rng.dirichlet(np.ones(data.n_households) * 0.5)
+        n, k = 6, 3
+        target = n * bt.expected(q)
+        # the same generator's pool of k·n and its systematic subsample (the search's start)
+        g = np.random.default_rng(seed)
+        pool = systematic_positions(q, k * n, g.random())
+        start = pool[int(g.integers(k)) + k * np.arange(n)]
+        idx = balanced_draw(bt, q, n, np.random.default_rng(seed), pool_factor=k, exact_candidates=k * n, max_rounds=10_000)
+        assert idx.size == n and set(idx) <= set(pool)
+        loss = _loss(bt, idx, target)
+        assert loss <= _loss(bt, start, target) + 1e-9
+        # remove one chosen pool unit, add one unchosen pool unit: every such swap
+        chosen = list(idx)
+        rest = list(pool)
+        for h in chosen:
+            rest.remove(h)
+        for i, j in itertools.product(range(n), range(len(rest))):
+            swapped = np.array(chosen[:i] + chosen[i + 1 :] + [rest[j]])
+            assert _loss(bt, swapped, target) >= loss - 1e-9, (seed, i, j)
+
+
+def test_balanced_draw_is_balanced_and_close_to_n_q_in_distribution():
+    """Statistical test over repeated draws against the systematic draw of the same posterior:
+    the balance loss is a small fraction of the systematic draw's; every household's mean count
+    stays near n·q_h; on cells the balance does not hold (a three-attribute household × person
+    workload) the squared error is lower and the search's bias is a small part of it."""
+    data = random_data(DOMAIN, 300, seed=11)
+    s = Support.from_data(data)
+    bt = BalanceTargets.for_data(data)
+    order = household_order(data)
+    q = np.random.default_rng(12).dirichlet(np.ones(data.n_households))
+    n, reps = 120, 400
+    target = n * bt.expected(q)
+    third = Workload("person", ("TEN", "R18"), ("AGE",))
+    third_expected = n * answer(data, third, q)
+    mean = np.zeros(data.n_households)
+    loss_bal, loss_sys, third_bal, third_sys = [], [], [], []
+    for r in range(reps):
+        idx = balanced_draw(bt, q, n, np.random.default_rng(r), order)
+        c = np.bincount(idx, minlength=data.n_households)
+        mean += c / reps
+        loss_bal.append(_loss(bt, idx, target))
+        third_bal.append(answer(data, third, c))
+        sys_idx = order[systematic_positions(q[order], n, np.random.default_rng(10_000 + r).random())]
+        loss_sys.append(_loss(bt, sys_idx, target))
+        third_sys.append(answer(data, third, np.bincount(sys_idx, minlength=data.n_households)))
+    assert np.mean(loss_bal) < 0.25 * np.mean(loss_sys)
+    # each household is drawn from the posterior (the pool) and kept or not by the search: its mean
+    # count stays within a fraction of one draw of n q_h
+    assert np.abs(mean - n * q).max() < 0.25
+    bal, sys_ = np.array(third_bal) - third_expected, np.array(third_sys) - third_expected
+    assert (bal**2).mean() < 0.8 * (sys_**2).mean()
+    # the systematic draw is unbiased; the search's bias adds under 5 % of its noise
+    assert (bal.mean(axis=0) ** 2).sum() < 0.05 * sys_.var(axis=0).sum()
+    # reproducible from the generator
+    np.testing.assert_array_equal(balanced_draw(bt, q, n, np.random.default_rng(3), order), balanced_draw(bt, q, n, np.random.default_rng(3), order))
+    out = sample_households(s, q, n, np.random.default_rng(3), order=order, method="balanced", balance=bt)
+    assert out.n_households == n
+
+
+def test_balanced_sampling_rejects_what_it_cannot_do():
+    data = random_data(DOMAIN, 40, seed=13)
+    s = Support.from_data(data)
+    q = np.full(data.n_households, 1 / data.n_households)
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="balance targets"):
+        sample_households(s, q, 10, rng, method="balanced")
+    with pytest.raises(ValueError, match="size counts"):
+        sample_households(s, q, None, rng, sizes=[1, 1, 1, 1], method="balanced", balance=BalanceTargets.for_data(data))
+    with pytest.raises(ValueError, match="one per balance household"):
+        balanced_draw(BalanceTargets.for_data(data), q[:-1], 5, rng)
+    assert balanced_draw(BalanceTargets.for_data(data), q, 0, rng).size == 0
