@@ -234,30 +234,26 @@ def hgem_stage(ctx: RunContext, counts_path: str, address: str, seed: int, workl
     return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "H-GEM states")))
 
 
-PUMAS_PER_TASK = 16  # PUMAs of one state per task: the orchestration's cost per task exceeds a PUMA's own
-
-
 @flow(name="synthesize-pumas")
 def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteriors: dict[int, str] | None, seed: int, supports: dict[int, str] | None = None) -> list[str]:
-    """Per PUMA in parallel: the PUMA's DP household count (exact only under the declared
-    invariant), its posterior updated with the count-of-counts size histogram when that stage ran."""
+    """Per state in parallel, its PUMAs: each one's DP household count (exact only under the declared
+    invariant), its posterior updated with the count-of-counts size histogram when that stage ran,
+    the state's PUMA posteriors held to the state posterior, and the sampled households."""
     sizes = size_measurements(counts_path, "puma") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "puma")
     by_state: dict[int, list[PumaJob]] = {}
     for (st, puma), g in nodes_at(counts_path, "puma").items():
         node = (st, puma)  # a PUMA node is (ST, PUMA)
         by_state.setdefault(st, []).append(PumaJob(node, g, sizes.get(node), sd[node]))
-    futures = []
-    for st, jobs in by_state.items():
-        for i in range(0, len(jobs), PUMAS_PER_TASK):
-            futures.append(
-                puma_batch_task.submit(
-                    ctx, jobs[i : i + PUMAS_PER_TASK], None if posteriors is None else posteriors[st],
-                    [] if workload is None else workload["puma"], seed, supports[st] if supports else None,
-                    None if workload is None else workload["state"],
-                )
-            )
-    label = "batches of PUMAs (public-only baseline)" if posteriors is None else "batches of PUMA posteriors and samples"
+    # one task per state (its PUMAs are held together to the state posterior), the largest first
+    futures = [
+        puma_batch_task.submit(
+            ctx, jobs, None if posteriors is None else posteriors[st], [] if workload is None else workload["puma"], seed,
+            supports[st] if supports else None, None if workload is None else workload["state"],
+        )
+        for st, jobs in sorted(by_state.items(), key=lambda kv: -len(kv[1]))
+    ]
+    label = "states' PUMAs (public-only baseline)" if posteriors is None else "states' PUMA posteriors and samples"
     return [path for batch in wait_all(futures, get_run_logger(), label) for path in batch]
 
 

@@ -122,7 +122,7 @@ def hgem_state_task(
 
 def uniform_prior(paths: RunPaths, state: int, support_npz: str) -> str:
     """A ``weights`` npz (uniform 1/n over the H-GEM samples of ``state``) in the format of the
-    prior-update state posteriors, so that ``synthesize_puma`` can reweight the H-GEM support per PUMA
+    prior-update state posteriors, so that ``tasks.synthesize.fit_puma`` can reweight the H-GEM support per PUMA
     (post-processing only; written once, reused on resume)."""
     out = paths.node_path("hgem_prior", node_key((int(state),)))
     if not out.exists():

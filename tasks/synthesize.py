@@ -3,12 +3,14 @@
 - ``select_workload_task``: workloads from mutual information on the PUBLIC data (no privacy cost).
 - ``state_update_task``: per state, measure the state workload through the private session
   (discrete Gaussian, charged and persisted) and update the public prior into the state posterior;
-  answers are normalised by the state's DP household count.
-- ``puma_batch_task``: per batch of a state's PUMAs (``synthesize_puma`` each), measure the PUMA
-  workload and update the state posterior into the PUMA posterior (prior update), or keep the
-  public prior (public-only baseline); then sample the PUMA's household total from it
-  (``synthesis.sampling``: balanced on the domain's one- and two-attribute marginals by default,
-  ``engine.balanced_sampling``).
+  answers are normalised by the state's DP household count; the σ of everything it measured is
+  kept beside the posterior.
+- ``puma_batch_task``: per state, every PUMA (``fit_puma`` each) measures the PUMA workload and
+  updates the state posterior into the PUMA posterior (prior update), or keeps the public prior
+  (public-only baseline); the PUMA posteriors are held together to the state posterior on the
+  state's measured workloads (``synthesis.level_consistency``, ``engine.level_consistency``); then
+  each PUMA's household total is drawn from its posterior (``synthesis.sampling``: balanced on the
+  domain's one- and two-attribute marginals by default, ``engine.balanced_sampling``).
 
 When the count-of-counts stage ran, its size histogram of the node enters both updates as one more
 noisy measurement of the size marginal (``engine.synthesis.size_measurement``), weighed against
@@ -34,18 +36,19 @@ from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
+from engine.level_consistency import rake_to_parent
 from engine.measurement import Measurement
 from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_select
 from engine.support import Support
-from engine.synthesis import size_measurement, synthesize_node
+from engine.synthesis import NodeResult, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
 from engine.workload_selection import select_workloads
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
-__all__ = ["PumaJob", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task", "state_update_task",
-           "synthesize_puma"]
+__all__ = ["PumaJob", "fit_puma", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task",
+           "state_update_task"]
 
 
 def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
@@ -138,7 +141,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
-    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics,
+    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": record.sigmas,
                                                  **answer_sd(support, res, support.weights, workloads, record, s,
                                                              households_sd, size_estimate)})
     return str(out)
@@ -155,19 +158,16 @@ class PumaJob:
     households_sd: float = 0.0
 
 
-def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, workload_ids: list[str], seed: int,
-                    support: Support, state_workload_ids: list[str] | None = None, balance: BalanceTargets | None = None) -> str:
-    """One PUMA: posterior (or the public prior for the baseline, ``prior`` None), updated with
-    the count-of-counts size estimate when given, then its household total of sampled households:
-    the DP count estimated jointly with the posterior from the PUMA's own measurements when its
-    noise sd is given (``engine.synthesis``), else the count itself. Persisted; a rerun reuses it.
-    ``state_workload_ids``: the state's workloads, on which the fit's response to its noise is kept
-    for the state's error estimates (``tasks.intervals``). ``balance``: the support's balance
-    marginals, needed when ``synthesis.sampling`` is ``balanced``."""
+def fit_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, workload_ids: list[str], support: Support,
+             state_workload_ids: list[str] | None = None) -> NodeResult:
+    """One PUMA's posterior (or the public prior for the baseline, ``prior`` None), updated with
+    the count-of-counts size estimate when given, and its household total: the DP count estimated
+    jointly with the posterior from the PUMA's own measurements when its noise sd is given
+    (``engine.synthesis``), else the count itself. Its diagnostics and error estimates go beside the
+    PUMA's file (``state_workload_ids``: the state's workloads, on which the fit's response to its
+    noise is kept for the state's error estimates, ``tasks.intervals``). A rerun refits from the
+    stored measurements (nothing is charged again)."""
     node, key = job.node, node_key(job.node)
-    out = ctx.paths.node_path("synthesis", key)
-    if out.exists():
-        return str(out)
     s = ctx.cfg.synthesis
     baseline = prior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
     workloads = [] if baseline else [Workload.from_id(w) for w in workload_ids]
@@ -179,30 +179,60 @@ def synthesize_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, wor
         adaptive=None if baseline else s.adaptive.plan("puma"),
         select=None if baseline else session_select(ctx.session(), "puma_synthesis", "puma", node), unit=ctx.cfg.privacy_unit,
     )
-    write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics,
-                                                 **answer_sd(support, res, support.weights if prior is None else prior, workloads,
-                                                             record, s, job.households_sd, job.size_estimate,
-                                                             [Workload.from_id(w) for w in state_workload_ids or []])})
-    synth = sample_households(support, res.weights, int(round(res.total)), node_rng(seed, node), geo=node,
-                              order=household_order(support.data), method=s.sampling, balance=balance)
-    save_npz_atomic(out, synth.to_npz)
-    return str(out)
+    out = ctx.paths.node_path("synthesis", key)
+    if not out.exists():
+        write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics,
+                                                     **answer_sd(support, res, support.weights if prior is None else prior, workloads,
+                                                                 record, s, job.households_sd, job.size_estimate,
+                                                                 [Workload.from_id(w) for w in state_workload_ids or []])})
+    return res
+
+
+def state_targets(state_posterior: str) -> list[tuple[Workload, float]]:
+    """The state's measured workloads (the given ones and its adaptive rounds') with their noise σ,
+    as the state task recorded them beside its posterior; empty when it recorded none."""
+    meta = Path(state_posterior).with_suffix(".json")
+    if not meta.exists():
+        return []
+    sigmas = json.loads(meta.read_text()).get("sigmas") or {}
+    return [(Workload.from_id(w), float(sigma)) for w, sigma in sigmas.items()]
 
 
 @task(name="synthesize-pumas")
 def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, workload_ids: list[str], seed: int,
                     support_npz: str | None = None, state_workload_ids: list[str] | None = None) -> list[str]:
-    """Several PUMAs of one state (:func:`synthesize_puma` each, persisted one by one, so a resumed
-    batch redoes only the PUMAs it had not finished). Batches keep the orchestration's cost per
-    task (scheduling, state reports) off the per-PUMA path: a PUMA's own work is a fraction of a
-    second. ``state_posterior`` None: the public-only baseline."""
+    """Every PUMA of one state: each one's posterior (:func:`fit_puma`); then, with
+    ``synthesis.level_consistency: rake``, the PUMA posteriors tilted together so that their sum
+    holds to the state posterior on the state's measured workloads
+    (``engine.level_consistency.rake_to_parent``); then each PUMA's households drawn
+    (``synthesis.sampling``) and persisted one by one. Everything after the measurements is a
+    deterministic function of the stored measurements and the sampling seed, so a resumed task
+    refits the state's PUMAs and writes exactly the files it had not written. One task per state
+    keeps the orchestration's cost per task off the per-PUMA path. ``state_posterior`` None: the
+    public-only baseline."""
+    outs = [ctx.paths.node_path("synthesis", node_key(job.node)) for job in jobs]
+    if all(o.exists() for o in outs):
+        return [str(o) for o in outs]
+    s = ctx.cfg.synthesis
     support = cached_support(support_npz or ctx.public_npz)
-    balance = cached_balance(support_npz or ctx.public_npz) if ctx.cfg.synthesis.sampling == "balanced" else None
+    balance = cached_balance(support_npz or ctx.public_npz) if s.sampling == "balanced" else None
     prior = None
     if state_posterior is not None:
         with np.load(state_posterior) as z:
             prior = z["weights"]
-    return [synthesize_puma(ctx, job, prior, workload_ids, seed, support, state_workload_ids, balance) for job in jobs]
+    fits = [fit_puma(ctx, job, prior, workload_ids, support, state_workload_ids) for job in jobs]
+    weights = [f.weights for f in fits]
+    targets = state_targets(state_posterior) if state_posterior is not None and s.level_consistency == "rake" else []
+    if targets and prior is not None:
+        weights, _ = rake_to_parent(support, weights, [f.total for f in fits], prior, targets, prior_strength=s.prior_strength)
+    order = household_order(support.data)
+    for job, out, w, f in zip(jobs, outs, weights, fits):
+        if out.exists():
+            continue
+        synth = sample_households(support, w, int(round(f.total)), node_rng(seed, job.node), geo=job.node, order=order, method=s.sampling,
+                                  balance=balance)
+        save_npz_atomic(out, synth.to_npz)
+    return [str(o) for o in outs]
 
 
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:

@@ -1,0 +1,104 @@
+"""Holding children to their parent (engine.level_consistency): one common tilt, totals kept,
+the children's sum pulled to the parent's answers by the parent's evidence, and the noise that
+PUMA fits take from their own measurements removed from the sum (simulation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.level_consistency import rake_to_parent
+from engine.map_update import map_fit
+from engine.measurement import Measurement
+from engine.queries import Workload
+from engine.support import Support
+from tests.engine._support_testdata import random_data, small_domain
+
+DOMAIN = small_domain(M=4)
+PARENT_WORKLOADS = [Workload("group", ("TEN", "NP")), Workload("person", ("R18",), ("AGE",)), Workload("person", (), ("SEX", "RAC"))]
+
+
+def _setup(seed: int = 0):
+    data = random_data(DOMAIN, 400, seed=seed)
+    s = Support.from_data(data)
+    rng = np.random.default_rng(seed + 1)
+    parent = rng.dirichlet(np.full(s.n_support, 2.0))
+    children = [parent * rng.lognormal(0.0, 0.4, s.n_support) for _ in range(4)]
+    return s, parent, [c / c.sum() for c in children], np.array([300.0, 500.0, 250.0, 450.0])
+
+
+def _distance(s: Support, children, totals, parent, sigma: float) -> float:
+    mix = sum(g * c for g, c in zip(totals, children))
+    G = totals.sum()
+    return float(sum(np.sum(((s.answer(w, mix) - G * s.answer(w, parent)) / sigma) ** 2) for w in PARENT_WORKLOADS))
+
+
+def test_one_common_tilt_keeps_totals_and_ratios_and_pulls_the_sum_to_the_parent():
+    s, parent, children, totals = _setup()
+    out, diag = rake_to_parent(s, children, totals, parent, [(w, 2.0) for w in PARENT_WORKLOADS])
+    assert all(abs(c.sum() - 1) < 1e-12 for c in out)
+    # the ratio new/old is the same factor for every child, up to each child's normalisation
+    ratios = [o / c for o, c in zip(out, children)]
+    for r in ratios[1:]:
+        np.testing.assert_allclose(r / r.mean(), ratios[0] / ratios[0].mean(), rtol=1e-9)
+    before, after = _distance(s, children, totals, parent, 2.0), _distance(s, out, totals, parent, 2.0)
+    assert diag["distance_before"] == pytest.approx(before, rel=1e-9)
+    assert after < 0.1 * before and diag["distance_after"] < 0.1 * diag["distance_before"]
+    # weaker evidence (larger σ) pulls less
+    loose, _ = rake_to_parent(s, children, totals, parent, [(w, 200.0) for w in PARENT_WORKLOADS])
+    assert after < _distance(s, loose, totals, parent, 2.0) < before
+
+
+def test_a_single_child_is_the_map_fit_of_it_to_the_parent_and_a_consistent_family_is_left_alone():
+    s, parent, children, totals = _setup(3)
+    out, _ = rake_to_parent(s, children[:1], totals[:1], parent, [(w, 2.0) for w in PARENT_WORKLOADS])
+    G = float(totals[0])
+    ref = map_fit(s, children[0], [Measurement(w, G * s.answer(w, parent), 2.0) for w in PARENT_WORKLOADS], G, prior_strength=0.1 * G)
+    np.testing.assert_allclose(out[0], ref.weights / ref.weights.sum(), rtol=1e-9, atol=1e-15)
+    same, diag = rake_to_parent(s, [parent, parent], [10.0, 30.0], parent, [(w, 2.0) for w in PARENT_WORKLOADS])
+    for c in same:
+        np.testing.assert_allclose(c, parent / parent.sum(), rtol=1e-6)
+    assert diag["distance_before"] < 1e-12
+    unchanged, diag = rake_to_parent(s, children, totals, parent, [])
+    assert diag == {"workloads": 0} and all(np.allclose(a, b) for a, b in zip(unchanged, children))
+
+
+def test_the_sum_of_noisy_child_fits_gets_closer_to_the_truth():
+    """Simulation: children are the parent's truth split in parts; each child's posterior is the
+    parent posterior updated with the child's own noisy measurement (MAP). Held to the parent
+    posterior, the children's sum errs less on the parent's workloads than without, averaged over
+    noise draws."""
+    data = random_data(DOMAIN, 600, seed=5)
+    s = Support.from_data(data)
+    rng = np.random.default_rng(6)
+    truth = [rng.dirichlet(np.full(s.n_support, 0.8)) for _ in range(5)]
+    G = np.array([400.0, 600.0, 500.0, 300.0, 700.0])
+    parent_truth = sum(g * t for g, t in zip(G, truth)) / G.sum()
+    child_w = [Workload("person", (), ("AGE",)), Workload("group", ("NP",))]
+    sigma = 15.0
+    err_plain, err_raked = [], []
+    for _ in range(12):
+        # the parent posterior: the truth measured with small noise
+        pm = [Measurement(w, G.sum() * s.answer(w, parent_truth) + rng.normal(0, 3.0, w.n_cells(DOMAIN)), 3.0) for w in PARENT_WORKLOADS]
+        parent = map_fit(s, s.weights, pm, G.sum(), prior_strength=0.1 * G.sum()).weights
+        fits = []
+        for g, t in zip(G, truth):
+            cm = [Measurement(w, g * s.answer(w, t) + rng.normal(0, sigma, w.n_cells(DOMAIN)), sigma) for w in child_w]
+            fits.append(map_fit(s, parent, cm, g, prior_strength=0.1 * g).weights)
+        raked, _ = rake_to_parent(s, fits, G, parent, [(w, 3.0) for w in PARENT_WORKLOADS])
+        def err(children):
+            mix = sum(g * c for g, c in zip(G, children))
+            return sum(np.abs(s.answer(w, mix) - G.sum() * s.answer(w, parent_truth)).sum() for w in PARENT_WORKLOADS)
+        err_plain.append(err(fits))
+        err_raked.append(err(raked))
+    assert np.mean(err_raked) < 0.9 * np.mean(err_plain)
+
+
+def test_bad_inputs_are_refused():
+    s, parent, children, totals = _setup()
+    with pytest.raises(ValueError, match="one total per child"):
+        rake_to_parent(s, children, totals[:2], parent, [])
+    with pytest.raises(ValueError, match="every child"):
+        rake_to_parent(s, [children[0][:-1]], totals[:1], parent, [])
+    with pytest.raises(ValueError, match="the parent"):
+        rake_to_parent(s, children, totals, -parent, [])
