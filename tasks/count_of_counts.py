@@ -9,18 +9,22 @@ charged measurements, unless the release declares ``invariants: [puma_household_
   ``group_counts`` stage, when it has a share) are merged by inverse variance and made consistent
   (nonnegative integers, children summing to their parent; exact integer least squares). Then
   Hc[i] = G − (households of size ≥ i+1) is estimated per node (isotonic L1) and made consistent
-  top-down. Synthesis uses the consistent histograms as noisy measurements of the size
-  marginal (``size_measurements``), weighed against its own measurements by their precision;
-  the released count-of-counts table is then the size histograms of the released microdata.
+  top-down. Synthesis uses the raw noisy size histograms as measurements of the size marginal
+  (``size_measurements``: independent noise of the known σ), weighed against its own
+  measurements by their precision; the released count-of-counts table is then the size
+  histograms of the released microdata. (The consistent estimates are post-processed — rounded,
+  isotonic, matched across levels — so their errors are neither independent nor of the raw σ:
+  fitted as measurements of that σ they pulled the posteriors off, by 2–4 % in mean L1 on the
+  peer benchmark's stored measurements; ``benchmarks/results/HISTORY.md``.)
 - ``household_counts_task``: without the count-of-counts stage, G per node from the
   ``group_counts`` stage alone (or exact under the invariant).
 
 Both persist ``keys``, ``level``, ``households`` (G per node) and ``households_sd`` (the noise
 standard deviation of the node's own merged count measurements, 0 under the invariant, an upper
 bound for the consistent G's); the count-of-counts result also
-``histograms`` and ``histogram_sd`` (the noise standard deviation of one raw histogram entry of
-the node's level, an upper bound for the consistent estimate's). Synthesis reads its node totals
-and size measurements from there.
+``histograms`` (consistent), ``raw_histograms`` (the noisy measurements, histogram form) and
+``histogram_sd`` (the noise standard deviation of one raw histogram entry of the node's level).
+Synthesis reads its node totals and size measurements from there.
 """
 
 from __future__ import annotations
@@ -85,14 +89,15 @@ def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple
 
 
 def _save(ctx: RunContext, name: str, h: Hierarchy, G: tuple[np.ndarray, np.ndarray],
-          histograms: tuple[np.ndarray, np.ndarray] | None = None) -> str:
-    """``histograms``: (the histograms, the noise sd of one raw entry per node), saved together."""
+          histograms: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> str:
+    """``histograms``: (the consistent histograms, the raw noisy ones, the noise sd of one raw
+    entry per node), saved together."""
     out = ctx.paths.node_path(name, "hierarchy")
     arrays: dict[str, Any] = dict(keys=np.array(h.keys), level=h.level, households=np.asarray(G[0], dtype=np.int64),
                                   households_sd=np.asarray(G[1], dtype=np.float64))
     if histograms is not None:
-        H, histogram_sd = histograms
-        arrays.update(histograms=H, K=H.shape[1] - 1, histogram_sd=histogram_sd)
+        H, raw, histogram_sd = histograms
+        arrays.update(histograms=H, raw_histograms=raw, K=H.shape[1] - 1, histogram_sd=histogram_sd)
     save_npz_atomic(out, lambda f: np.savez(f, **arrays))
     return str(out)
 
@@ -108,11 +113,12 @@ def count_of_counts_task(ctx: RunContext) -> str:
     h = hierarchy_of(session)
     mech = ctx.cfg.count_of_counts.mechanism
     at_least, variances, measured = {}, [], _group_count_measurements(ctx, session, h)
-    sd = np.zeros(h.n_nodes)
+    sd, raw = np.zeros(h.n_nodes), np.zeros((h.n_nodes, K))
     for lv, name in enumerate(LEVELS):
         ids = h.level_range(lv)
         ms = [session.measure_sizes(STAGE, name, parse_node_key(h.keys[i]), K, ctx.allocation(STAGE, name), mech) for i in ids]
         at_least[lv] = np.stack([m.at_least for m in ms])
+        raw[ids] = np.stack([m.histogram for m in ms])
         vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
         vals[ids], var[ids] = at_least[lv][:, 0], ms[0].count_variance
         measured.append((vals, var))
@@ -120,7 +126,7 @@ def count_of_counts_task(ctx: RunContext) -> str:
         variances.append(ms[0].count_variance)  # every at-least entry's noise variance is at most G's
     G = household_counts(session, h, measured)
     H = fit_histograms(h, at_least, G[0], variances, K, ctx.cfg.count_of_counts.consistency)
-    return _save(ctx, STAGE, h, G, (H, sd))
+    return _save(ctx, STAGE, h, G, (H, raw, sd))
 
 
 @task(name="household-counts")
@@ -160,14 +166,15 @@ def has_histograms(path: str) -> bool:
         return "histograms" in z.files
 
 
-def size_measurements(path: str, level: str) -> dict[tuple[int, ...], tuple[list[int], float]]:
-    """{node: (households of size 1..K, noise sd of one entry)} of one level of a count-of-counts
-    result: the noisy size marginal synthesis fits with its own measurements."""
+def size_measurements(path: str, level: str) -> dict[tuple[int, ...], tuple[list[float], float]]:
+    """{node: (noisy households of size 1..K, noise sd of one entry)} of one level of a
+    count-of-counts result: the raw size measurements (histogram form; under the person unit the
+    differences of the measured at-least counts, whose sd is √2 σ), which synthesis fits with its
+    own measurements."""
     lv_index = LEVELS.index(level)
     with np.load(path, allow_pickle=False) as z:
-        keys, lv, H, sd = z["keys"], z["level"], z["histograms"], z["histogram_sd"]
-    return {parse_node_key(str(k)): (row[1:].astype(np.int64).tolist(), float(s))
-            for k, l, row, s in zip(keys, lv, H, sd) if l == lv_index}
+        keys, lv, raw, sd = z["keys"], z["level"], z["raw_histograms"], z["histogram_sd"]
+    return {parse_node_key(str(k)): (row.astype(np.float64).tolist(), float(s)) for k, l, row, s in zip(keys, lv, raw, sd) if l == lv_index}
 
 
 def release_histograms(path: str, release: HierarchicalData) -> tuple[list[str], np.ndarray, np.ndarray]:

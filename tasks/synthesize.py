@@ -96,7 +96,7 @@ def choose_split_task(ctx: RunContext, workload_ids: list[str]) -> dict:
     return choice
 
 
-SizeEstimate = tuple[list[int], float]  # (households of size 1..K, noise sd of one entry)
+SizeEstimate = tuple[list[float], float]  # (noisy households of size 1..K, noise sd of one entry)
 
 
 def size_extra(support: Support, size_estimate: SizeEstimate | None) -> list[Measurement]:

@@ -111,6 +111,17 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
         assert np.array_equal(rows.noisy_value.to_numpy(), m.noisy_answer.astype(np.float64)), key
         assert (rows.stage == m.stage).all() and (rows.node == m.node).all() and (rows.rho == str(m.rho)).all()
     assert meas.cell_labels.notna().all()
+    # synthesis fits the raw size measurements (their noise independent, of the stored σ), not the
+    # post-processed consistent histograms
+    from engine.geography import node_key
+    from tasks.count_of_counts import size_measurements
+
+    for level in ("state", "puma"):
+        sizes = size_measurements(str(work / "nodes" / "count_of_counts" / "hierarchy.npz"), level)
+        assert sizes
+        for node, (hist, sd) in sizes.items():
+            m = stored[f"count_of_counts/{node_key(node)}/sizes"]
+            assert np.array_equal(hist, m.noisy_answer.astype(np.float64)) and sd == np.sqrt(m.variance)
     # intervals.parquet: hashed; an error estimate beside every count-of-counts cell and every
     # measured workload's cells at its node; dprelease query shows it
     assert manifest["outputs"]["intervals.parquet"] == sha256_file(rel / "intervals.parquet")
