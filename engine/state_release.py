@@ -20,7 +20,7 @@ flow's household counts also borrow from the nation and size histograms).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
@@ -32,6 +32,7 @@ from engine.balanced_sampling import BalanceTargets
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
+from engine.prior_strength import DEFAULT_CANDIDATES
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
 from engine.queries import Workload
@@ -103,13 +104,15 @@ class StateRelease:
 
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,
                      person_first: int = 2, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
-                     adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced") -> StateRelease:
+                     adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
+                     prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
     ``person_first``, ``update_rule``, ``prior_strength``: as the release config's ``synthesis``;
     ``adaptive``: adaptive rounds at the state level (``synthesis.adaptive``); ``sampling``: how
-    each PUMA's households are drawn (``synthesis.sampling``)."""
+    each PUMA's households are drawn (``synthesis.sampling``); ``prior_strength_candidates``: the
+    state posterior's prior strength chosen among them by empirical Bayes (``()``: ``prior_strength``)."""
     plan = session.ledger.plan
     pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
     if not pumas:
@@ -125,6 +128,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
         session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),
         rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))),
         adaptive=adaptive, select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
+        strengths=prior_strength_candidates if update_rule == "map" else (),
     )
     diagnostics = {node_key(node): state_res.diagnostics}
     order = household_order(public)

@@ -48,6 +48,7 @@ from engine.adaptive import AdaptiveRounds, CandidateAnswers, SelectFn, candidat
 from engine.hierarchical_data import HierarchicalData
 from engine.map_update import map_fit
 from engine.measurement import Measurement
+from engine.prior_strength import choose_prior_strength
 from engine.prior_update import prior_update
 from engine.queries import PrivacyUnit, Workload, answer
 from engine.support import Support
@@ -223,6 +224,7 @@ def synthesize_node(
     adaptive: AdaptiveRounds | None = None,
     select: SelectFn | None = None,
     unit: PrivacyUnit = "household",
+    strengths: Sequence[float] = (),
 ) -> NodeResult:
     """PRIOR_UPDATE of one node: measure, normalise, update. ``extra``: measurements made
     elsewhere (the count-of-counts size marginal, :func:`size_measurement`) fitted jointly with
@@ -230,7 +232,10 @@ def synthesize_node(
     standard deviation, and the node's total is estimated jointly with the posterior (module
     docstring); 0: ``total`` is taken as given. ``adaptive`` (with ``select``; ``unit`` the
     privacy unit of the selection's sensitivity): part of ρ goes to adaptive rounds after the
-    given workloads (:func:`adaptive_measure`). With nothing to fit the prior is returned unchanged."""
+    given workloads (:func:`adaptive_measure`). ``strengths`` (two or more, MAP rule): the prior
+    strength is chosen among them from the given workloads' measurements by empirical Bayes
+    (:func:`engine.prior_strength.choose_prior_strength`) instead of ``prior_strength``; the
+    choice is in the diagnostics. With nothing to fit the prior is returned unchanged."""
     p = np.asarray(prior, dtype=np.float64)
     if rho > 0 and workloads and measure is None:
         raise ValueError("workloads to measure at rho > 0 need a measure callable")
@@ -248,6 +253,10 @@ def synthesize_node(
     chosen: list[str] = []
     last: NodeResult | None = None  # the adaptive rounds' last fit, at G0
     G0 = float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)
+    strength_choice = None
+    if len(strengths) > 1 and rule == "map" and measured:
+        strength_choice = choose_prior_strength(support, p, [*measured, *extra], G0, strengths)
+        prior_strength = strength_choice.strength
     if rounds and adaptive is not None and measure is not None and select is not None:
         more, chosen, last = adaptive_measure(support, p, measured, extra, G0, adaptive, Fraction(rho), measure, select, unit, rule,
                                               prior_strength)
@@ -277,4 +286,6 @@ def synthesize_node(
     res.diagnostics["total"] = {"given": float(total), "given_sd": float(total_sd), "fitted": G, "trace": trace}
     if chosen:
         res.diagnostics["adaptive"] = chosen
+    if strength_choice is not None:
+        res.diagnostics["prior_strength_choice"] = strength_choice.to_dict()
     return NodeResult(res.weights, res.diagnostics, G)

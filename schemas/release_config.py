@@ -22,6 +22,7 @@ from engine.adaptive import AdaptiveRounds
 from engine.errors import DPReleaseError
 from engine.geography import LEVELS
 from engine.hgem.settings import HGEMSettings
+from engine.prior_strength import DEFAULT_CANDIDATES
 from schemas.domain_spec import domain_spec_path
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
@@ -183,6 +184,18 @@ class SynthesisSpec(_Strict):
     person_first: int = Field(default=2, ge=0, description="person-level workloads count the first this many "
                               "persons of each household (sensitivity person_first instead of M under the "
                               "household unit); 0: every person")
+    prior_strength_rule: Literal["empirical_bayes", "fixed"] = Field(
+        default="empirical_bayes", description="the state update's prior strength: empirical_bayes (chosen among "
+        "prior_strength_candidates from the state's own noisy measurements, engine.prior_strength) or fixed (prior_strength)")
+    prior_strength_candidates: list[float] = Field(default_factory=lambda: list(DEFAULT_CANDIDATES), min_length=2,
+                                                   description="empirical_bayes: the relative prior strengths to choose from")
+
+    @field_validator("prior_strength_candidates")
+    @classmethod
+    def _positive_candidates(cls, v: list[float]) -> list[float]:
+        if any(not x > 0 for x in v):
+            raise ValueError("synthesis.prior_strength_candidates must all be > 0")
+        return v
     sampling: Literal["balanced", "systematic"] = Field(
         default="balanced", description="how a PUMA's households are drawn from its posterior: balanced (the draw's one- and "
         "two-attribute marginals held to the posterior's, engine.balanced_sampling) or systematic (along the household order)")

@@ -113,7 +113,8 @@ def answer_sd(support: Support, res, prior: np.ndarray, workloads: list[Workload
     ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
     ``intervals.parquet``."""
     workloads = [*workloads, *(Workload.from_id(w) for w in res.diagnostics.get("adaptive", []))]
-    e = fit_answer_sd(support, res.weights, res.total, workloads, record, rule=s.update_rule, prior_strength=s.prior_strength,
+    strength = (res.diagnostics.get("prior_strength_choice") or {}).get("strength", s.prior_strength)  # the fit's own
+    e = fit_answer_sd(support, res.weights, res.total, workloads, record, rule=s.update_rule, prior_strength=strength,
                       total_sd=total_sd, size=None if size_estimate is None else (np.asarray(size_estimate[0]), size_estimate[1]),
                       queries=queries or [], prior=prior)
     return {"answer_sd": e.answer_sd, "total_var": e.total_var, "response_sd": e.response_sd}
@@ -139,6 +140,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate), total_sd=households_sd,
         adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
+        strengths=s.prior_strength_candidates if s.prior_strength_rule == "empirical_bayes" else (),
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": record.sigmas,
