@@ -43,6 +43,20 @@ def vermont(data_root, domain_spec):
     return load_person_file(ACS2018 / "csv_pvt.zip", domain_spec, HouseholdRules())
 
 
+def encode_inputs(cfg, directory: Path) -> dict[str, str]:
+    """The config's first private and first public input, read and encoded as a run's ingest
+    would, saved as ``private.npz`` / ``public.npz`` in ``directory``: {role: path}."""
+    from tasks.ingest import load_input
+    from tasks.run_context import save_npz_atomic
+
+    out = {}
+    for role, spec in (("private", cfg.private[0]), ("public", cfg.public[0])):
+        data, _ = load_input(cfg, spec)
+        out[role] = str(directory / f"{role}.npz")
+        save_npz_atomic(directory / f"{role}.npz", data.to_npz)
+    return out
+
+
 def load_benchmark(name: str):
     """Import ``benchmarks/<name>.py`` as module ``name`` (the benchmarks folder is not a package;
     it goes on sys.path so that a benchmark's own imports of its siblings resolve)."""

@@ -14,7 +14,7 @@ import pytest
 
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import BudgetExceededError
-from tests.conftest import DATA_ROOT
+from tests.conftest import DATA_ROOT, encode_inputs
 
 TINY = dict(rounds=3, batch_size=32, z_dim=8, hidden=[32], max_update_steps=20, pretrain_steps=20, kway_per_group_count=2)
 N_SAMPLES = 500
@@ -39,17 +39,7 @@ def make_config():
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, data_root):
-    from tasks.ingest import load_input
-    from tasks.run_context import save_npz_atomic
-
-    cfg = make_config()
-    d = tmp_path_factory.mktemp("hgem-inputs")
-    out = {}
-    for role, spec in (("private", cfg.private[0]), ("public", cfg.public[0])):
-        data, _ = load_input(cfg, spec)
-        out[role] = str(d / f"{role}.npz")
-        save_npz_atomic(d / f"{role}.npz", data.to_npz)
-    return out
+    return encode_inputs(make_config(), tmp_path_factory.mktemp("hgem-inputs"))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.hierarchical_data import HierarchicalData
-from tests.conftest import DATA_ROOT
+from tests.conftest import DATA_ROOT, encode_inputs
 
 STATE = 50  # Vermont
 
@@ -37,17 +37,7 @@ def make_config(level_consistency: str = "rake"):
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, data_root):
-    from tasks.ingest import load_input
-    from tasks.run_context import save_npz_atomic
-
-    cfg = make_config()
-    d = tmp_path_factory.mktemp("puma-inputs")
-    out = {}
-    for role, spec in (("private", cfg.private[0]), ("public", cfg.public[0])):
-        data, _ = load_input(cfg, spec)
-        out[role] = str(d / f"{role}.npz")
-        save_npz_atomic(d / f"{role}.npz", data.to_npz)
-    return out
+    return encode_inputs(make_config(), tmp_path_factory.mktemp("puma-inputs"))
 
 
 def run_state(tmp, inputs, level_consistency="rake"):
