@@ -62,6 +62,24 @@ def test_the_choice_recovers_the_strength_that_generated_the_data(true_strength)
     assert hits >= 14
 
 
+def test_a_nearly_flat_likelihood_keeps_the_strongest_prior():
+    """Few, very noisy measurements: the likelihood cannot tell the candidates apart, and the
+    strongest prior is kept; the same data with small noise pick the generating strength."""
+    data = random_data(DOMAIN, 300, seed=7)
+    s = Support.from_data(data)
+    rng = np.random.default_rng(8)
+    p = rng.dirichlet(np.full(s.n_support, 5.0))
+    G = 2000
+    q = rng.dirichlet(0.02 * G * p + 1e-9)
+    counts = rng.multinomial(G, q / q.sum())
+    w = WORKLOADS[0]
+    noisy = [Measurement(w, answer(data, w, counts) + rng.normal(0, 2000.0, w.n_cells(DOMAIN)), 2000.0)]
+    choice = choose_prior_strength(s, p, noisy, G, [0.002, 0.02, 0.2])
+    assert choice.strength == 0.2 and max(choice.loglik) - choice.loglik[2] < 2
+    sharp = [Measurement(w, answer(data, w, counts) + rng.normal(0, 3.0, w.n_cells(DOMAIN)), 3.0) for w in WORKLOADS]
+    assert choose_prior_strength(s, p, sharp, G, [0.002, 0.02, 0.2]).strength == 0.02
+
+
 def test_synthesize_node_fits_with_the_chosen_strength():
     data = random_data(DOMAIN, 200, seed=5)
     s = Support.from_data(data)
