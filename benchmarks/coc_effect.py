@@ -10,9 +10,11 @@ So the comparison isolates what the size histograms add over household counts al
 same budget. ``--config`` compares another release config the same way. Metrics: every number of the internal QA report (``work/<name>/qa/metrics.json``,
 computed against the confidential data: benchmark output is internal), mean ± standard error
 over ``--runs`` runs, and the ratio on/off. Run directories live in a temporary folder that is
-deleted afterwards.
+deleted afterwards. ``--resume`` keeps the runs of an existing ``coc_effect.json`` (same ε) and adds
+``--runs`` more: the max errors are maxima over many cells, heavy-tailed, so a few runs say little.
 
     python benchmarks/coc_effect.py --runs 3
+    python benchmarks/coc_effect.py --runs 3 --resume   # three more, pooled with the stored ones
 """
 
 from __future__ import annotations
@@ -68,14 +70,23 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--epsilon", type=float, default=2.0)
     ap.add_argument("--config", type=Path, default=DEFAULT)
+    ap.add_argument("--resume", action="store_true", help="keep the runs of results/coc_effect.json (same ε) and add --runs more")
     args = ap.parse_args(argv)
     env = dict(os.environ, DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90")
     results: dict[str, list[dict]] = {"on": [], "off": []}
+    stored = OUT / "coc_effect.json"
+    if args.resume and stored.exists():
+        old = json.loads(stored.read_text())
+        if old["epsilon"] != args.epsilon:
+            ap.error(f"{stored} holds eps={old['epsilon']}, not {args.epsilon}")
+        results = {v: list(old["raw"][v]) for v in ("on", "off")}
+        print(f"[coc_effect] resuming: {len(results['on'])} stored runs", file=sys.stderr, flush=True)
+    first = len(results["on"])
     with tempfile.TemporaryDirectory(prefix="coc_effect_") as t:
         tmp = Path(t)
         env["PREFECT_HOME"] = str(tmp / "prefect")
-        for run in range(args.runs):
+        for run in range(first, first + args.runs):
             for variant in ("on", "off"):
                 name = f"{variant}-{run}"
                 t0 = time.perf_counter()
@@ -86,19 +97,23 @@ def main(argv=None) -> int:
                     return proc.returncode
                 qa = json.loads((tmp / "work" / name / "qa" / "metrics.json").read_text())
                 results[variant].append(metrics(qa))
-                print(f"[coc_effect] run {run + 1}/{args.runs} {variant}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+                print(f"[coc_effect] run {run + 1}/{first + args.runs} {variant}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     keys = [k for k in results["on"][0] if k in results["off"][0]]
     table = {}
     for k in keys:
         on = np.array([r[k] for r in results["on"]])
         off = np.array([r[k] for r in results["off"]])
         se = lambda x: float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")  # noqa: E731
-        table[k] = {"on": float(on.mean()), "on_se": se(on), "off": float(off.mean()), "off_se": se(off), "ratio": float(on.mean() / off.mean())}
+        table[k] = {"on": float(on.mean()), "on_se": se(on), "off": float(off.mean()), "off_se": se(off), "ratio": float(on.mean() / off.mean()),
+                    # the difference in standard errors (Welch): "worse beyond noise" is z well above 2
+                    "z": float((on.mean() - off.mean()) / np.hypot(se(on), se(off)))}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "coc_effect.json").write_text(json.dumps({"epsilon": args.epsilon, "runs": args.runs, "metrics": table, "raw": results}, indent=2))
-    lines = [f"count-of-counts stage on vs off (group_counts at the same share), default release, eps={args.epsilon}, {args.runs} runs",
-             f"{'metric':<45} {'on':>18} {'off':>18} {'on/off':>7}"]
-    lines += [f"{k:<45} {v['on']:>9.4f} ± {v['on_se']:<6.4f} {v['off']:>9.4f} ± {v['off_se']:<6.4f} {v['ratio']:>7.3f}" for k, v in table.items()]
+    n_runs = len(results["on"])
+    (OUT / "coc_effect.json").write_text(json.dumps({"epsilon": args.epsilon, "runs": n_runs, "metrics": table, "raw": results}, indent=2))
+    lines = [f"count-of-counts stage on vs off (group_counts at the same share), default release, eps={args.epsilon}, {n_runs} runs",
+             f"{'metric':<45} {'on':>18} {'off':>18} {'on/off':>7} {'z':>6}",
+             "(mean ± standard error over the runs; z = (on − off) / √(se_on² + se_off²), positive = worse with the stage on)"]
+    lines += [f"{k:<45} {v['on']:>9.4f} ± {v['on_se']:<6.4f} {v['off']:>9.4f} ± {v['off_se']:<6.4f} {v['ratio']:>7.3f} {v['z']:>6.2f}" for k, v in table.items()]
     (OUT / "coc_effect.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
