@@ -65,6 +65,34 @@ def metrics(qa: dict) -> dict[str, float]:
     return out
 
 
+def summarise(results: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Per metric present in both variants: mean and standard error over the runs of each, their
+    ratio, and z = (on − off) / √(se_on² + se_off²) (Welch's statistic: "worse beyond noise" is a z
+    well above 2; NaN with a single run)."""
+    keys = [k for k in results["on"][0] if k in results["off"][0]]
+
+    def se(x: np.ndarray) -> float:
+        return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+    table = {}
+    for k in keys:
+        on = np.array([r[k] for r in results["on"]])
+        off = np.array([r[k] for r in results["off"]])
+        spread = float(np.hypot(se(on), se(off)))
+        z = float((on.mean() - off.mean()) / spread) if spread > 0 else float("nan")
+        table[k] = {"on": float(on.mean()), "on_se": se(on), "off": float(off.mean()), "off_se": se(off),
+                    "ratio": float(on.mean() / off.mean()), "z": z}
+    return table
+
+
+def render(table: dict[str, dict[str, float]], epsilon: float, runs: int) -> list[str]:
+    lines = [f"count-of-counts stage on vs off (group_counts at the same share), default release, eps={epsilon}, {runs} runs",
+             f"{'metric':<45} {'on':>18} {'off':>18} {'on/off':>7} {'z':>6}",
+             "(mean ± standard error over the runs; z = (on − off) / √(se_on² + se_off²), positive = worse with the stage on)"]
+    return lines + [f"{k:<45} {v['on']:>9.4f} ± {v['on_se']:<6.4f} {v['off']:>9.4f} ± {v['off_se']:<6.4f} {v['ratio']:>7.3f} {v['z']:>6.2f}"
+                    for k, v in table.items()]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -98,22 +126,11 @@ def main(argv=None) -> int:
                 qa = json.loads((tmp / "work" / name / "qa" / "metrics.json").read_text())
                 results[variant].append(metrics(qa))
                 print(f"[coc_effect] run {run + 1}/{first + args.runs} {variant}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    keys = [k for k in results["on"][0] if k in results["off"][0]]
-    table = {}
-    for k in keys:
-        on = np.array([r[k] for r in results["on"]])
-        off = np.array([r[k] for r in results["off"]])
-        se = lambda x: float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")  # noqa: E731
-        table[k] = {"on": float(on.mean()), "on_se": se(on), "off": float(off.mean()), "off_se": se(off), "ratio": float(on.mean() / off.mean()),
-                    # the difference in standard errors (Welch): "worse beyond noise" is z well above 2
-                    "z": float((on.mean() - off.mean()) / np.hypot(se(on), se(off)))}
     OUT.mkdir(parents=True, exist_ok=True)
+    table = summarise(results)
     n_runs = len(results["on"])
     (OUT / "coc_effect.json").write_text(json.dumps({"epsilon": args.epsilon, "runs": n_runs, "metrics": table, "raw": results}, indent=2))
-    lines = [f"count-of-counts stage on vs off (group_counts at the same share), default release, eps={args.epsilon}, {n_runs} runs",
-             f"{'metric':<45} {'on':>18} {'off':>18} {'on/off':>7} {'z':>6}",
-             "(mean ± standard error over the runs; z = (on − off) / √(se_on² + se_off²), positive = worse with the stage on)"]
-    lines += [f"{k:<45} {v['on']:>9.4f} ± {v['on_se']:<6.4f} {v['off']:>9.4f} ± {v['off_se']:<6.4f} {v['ratio']:>7.3f} {v['z']:>6.2f}" for k, v in table.items()]
+    lines = render(table, args.epsilon, n_runs)
     (OUT / "coc_effect.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
