@@ -3,18 +3,20 @@ release, with the stage on (the default allocation) and off, side by side in one
 (issue 15 item 3).
 
 Configs (both from ``deploy/releases/acs2018_default.yaml``, same ε, δ, split and unit):
-  on   the default allocation (count-of-counts and group_counts stages, synthesis 0.45 + 0.45);
+  on   the default allocation (count-of-counts and group_counts stages, the synthesis stages);
   off  no count-of-counts stage: its share goes to the ``group_counts`` stage (the household
-       counts alone, the only other private source of counts); synthesis keeps 0.45 + 0.45.
+       counts alone, the only other private source of counts); the synthesis stages keep theirs.
 So the comparison isolates what the size histograms add over household counts alone at the
 same budget. ``--config`` compares another release config the same way. Metrics: every number of the internal QA report (``work/<name>/qa/metrics.json``,
 computed against the confidential data: benchmark output is internal), mean ± standard error
 over ``--runs`` runs, and the ratio on/off. Run directories live in a temporary folder that is
-deleted afterwards. ``--resume`` keeps the runs of an existing ``coc_effect.json`` (same ε) and adds
+deleted afterwards. Results: ``results/coc_effect.{json,txt}`` at ε = 2, ``coc_effect_eps<ε>.*`` at
+another ε. ``--resume`` keeps the runs of the stored file of that ε and adds
 ``--runs`` more: the max errors are maxima over many cells, heavy-tailed, so a few runs say little.
 
     python benchmarks/coc_effect.py --runs 3
     python benchmarks/coc_effect.py --runs 3 --resume   # three more, pooled with the stored ones
+    python benchmarks/coc_effect.py --runs 4 --epsilon 0.25
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def metrics(qa: dict) -> dict[str, float]:
     return out
 
 
+def result_stem(epsilon: float) -> str:
+    """``coc_effect`` at the default ε = 2, ``coc_effect_eps<ε>`` at any other."""
+    return "coc_effect" if epsilon == 2.0 else f"coc_effect_eps{epsilon:g}"
+
+
 def summarise(results: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
     """Per metric present in both variants: mean and standard error over the runs of each, their
     ratio, and z = (on − off) / √(se_on² + se_off²) (Welch's statistic: "worse beyond noise" is a z
@@ -98,12 +105,13 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--epsilon", type=float, default=2.0)
     ap.add_argument("--config", type=Path, default=DEFAULT)
-    ap.add_argument("--resume", action="store_true", help="keep the runs of results/coc_effect.json (same ε) and add --runs more")
+    ap.add_argument("--resume", action="store_true", help="keep the runs of the stored result file of this ε and add --runs more")
     args = ap.parse_args(argv)
     env = dict(os.environ, DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90")
     results: dict[str, list[dict]] = {"on": [], "off": []}
-    stored = OUT / "coc_effect.json"
+    stem = result_stem(args.epsilon)
+    stored = OUT / f"{stem}.json"
     if args.resume and stored.exists():
         old = json.loads(stored.read_text())
         if old["epsilon"] != args.epsilon:
@@ -129,9 +137,9 @@ def main(argv=None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     table = summarise(results)
     n_runs = len(results["on"])
-    (OUT / "coc_effect.json").write_text(json.dumps({"epsilon": args.epsilon, "runs": n_runs, "metrics": table, "raw": results}, indent=2))
+    stored.write_text(json.dumps({"epsilon": args.epsilon, "runs": n_runs, "metrics": table, "raw": results}, indent=2))
     lines = render(table, args.epsilon, n_runs)
-    (OUT / "coc_effect.txt").write_text("\n".join(lines) + "\n")
+    (OUT / f"{stem}.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
