@@ -32,7 +32,7 @@ import numpy as np
 
 from engine.hierarchical_data import HierarchicalData
 from engine.metrics import counts_by_node
-from engine.queries import PrivacyUnit, Workload
+from engine.queries import NORM_SCALE, PrivacyUnit, Workload
 
 __all__ = ["STATE_FRACTIONS", "SplitChoice", "choose_state_fraction", "expected_errors"]
 
@@ -84,6 +84,10 @@ def _public_cells(public: HierarchicalData, workloads: Sequence[Workload], unit:
     for w in workloads:
         c_s, d_s = counts_by_node(public, w, geo_state, states)
         c_p, d_p = counts_by_node(public, w, geo_puma, pumas)
+        # a normalised workload's cells are in units of NORM_SCALE per household (and so is its
+        # sensitivity): back to households, so that its cells weigh like a count workload's
+        unit_scale = float(NORM_SCALE) if w.normalised else 1.0
+        c_s, c_p = c_s / unit_scale, c_p / unit_scale
         played = []
         for s in play:
             others = np.arange(len(states)) != s
@@ -93,7 +97,7 @@ def _public_cells(public: HierarchicalData, workloads: Sequence[Workload], unit:
             scale = d_p[mine] / d
             played.append(_PlayedState((c_s[s] - prior * d_s[s]) ** 2, d, (c_p[mine] - scale[:, None] * c_s[s]) ** 2, scale,
                                        np.maximum(d_p[mine], 1.0)))
-        out.append((w.sensitivity(public.domain, unit)[1], played))
+        out.append((w.sensitivity(public.domain, unit)[1] / unit_scale, played))
     return out
 
 

@@ -51,8 +51,9 @@ def counts_by_node(data: HierarchicalData, w: Workload, level: str, nodes: np.nd
 
 def _cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(household, cell, count) entries whose sums per node and cell are the workload's counts: a
-    person-level workload's counted persons one by one (no need to merge them per household)."""
-    if w.level == "person":
+    person-level workload's counted persons one by one (no need to merge them per household;
+    a normalised workload's entries are per household)."""
+    if w.level == "person" and not w.normalised:
         hh, cells = counted_person_cells(data, w)
         return hh, cells, np.ones(len(hh), dtype=np.int64)
     return household_cell_pairs(data, w)

@@ -39,12 +39,27 @@ class Workload:
     (householder first, in the household's own person order). A household then adds at most
     ``first`` persons to any cell, so under the household unit the sensitivity falls from M to
     ``first``; the persons further down large households are left to the prior and the other
-    workloads. 0 (default): every person."""
+    workloads. 0 (default): every person.
+
+    ``normalised`` (any workload but a partition): each household's contribution — its column
+    v_h of counts (person level) or of ones ("contains") over the cells — is rescaled to the
+    integer vector ⌊S·v_h / ‖v_h‖₂⌋ (S = :data:`NORM_SCALE`), whose L2 norm is at most S
+    whatever the household. Under the household unit the L2 sensitivity is then S, one
+    household's worth, where plain counts have ``counted persons`` (person level) or √c
+    ("contains") households' worth: every household's column carries signal energy ‖column‖²
+    = S² against noise variance ∝ S², where counting the first two persons (sensitivity 2)
+    gives a one-person household ¼ of that, two persons in different cells ½ and a third person
+    nothing. The synthesis models whole households,
+    so the rescaled count is as linear a query on its support as the plain one (the incidence
+    holds the rescaled integers): nothing is biased; the measurement is a different, better
+    conditioned statistic of the same households (contribution bounding per privacy unit in
+    L2, as in user-level DP, e.g. Amin et al. 2019, "Bounding user contributions")."""
 
     level: Level
     group_attrs: tuple[str, ...] = ()
     person_attrs: tuple[str, ...] = ()
     first: int = 0
+    normalised: bool = False
 
     def __post_init__(self) -> None:
         if self.level not in ("group", "person"):
@@ -57,20 +72,39 @@ class Workload:
             raise ValueError(f"first must be a non-negative integer, got {self.first!r}")
         if self.first and self.level != "person":
             raise ValueError("only a person-level workload can count the first persons of a household")
+        if not isinstance(self.normalised, bool):
+            raise ValueError(f"normalised must be a bool, got {self.normalised!r}")
+        if self.normalised and self.is_partition():
+            raise ValueError("a partition workload (group level, no person attribute) is already of unit norm per household: "
+                             "it cannot be normalised")
 
     @property
     def id(self) -> str:
         base = f"{self.level}:{','.join(self.group_attrs)}|{','.join(self.person_attrs)}"
-        return f"{base};first={self.first}" if self.first else base
+        if self.first:
+            base += f";first={self.first}"
+        return f"{base};norm" if self.normalised else base
 
     @classmethod
     def from_id(cls, wid: str) -> Workload:
-        wid, _, first = wid.partition(";first=")
+        wid, *options = wid.split(";")
+        first, normalised = 0, False
+        for o in options:
+            if o == "norm":
+                normalised = True
+            elif o.startswith("first="):
+                first = int(o.removeprefix("first="))
+            else:
+                raise ValueError(f"unknown workload option {o!r} in {wid!r}")
         level, rest = wid.split(":", 1)
         g, p = rest.split("|", 1)
         # the level is parsed text here; __post_init__ rejects anything but "group" / "person"
-        return cls(cast(Level, level), tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a),
-                   int(first) if first else 0)
+        return cls(cast(Level, level), tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a), first, normalised)
+
+    def counted(self) -> Workload:
+        """The same cells with plain counts (not normalised): what a released table of this
+        workload's attributes reports."""
+        return Workload(self.level, self.group_attrs, self.person_attrs, self.first)
 
     def counted_persons(self, max_size: int) -> int:
         """The most persons of one household this workload counts: M, or ``first`` when smaller."""
@@ -115,6 +149,8 @@ class Workload:
           person) changes each vector by one cell, within every bound above.
         """
         M = domain.max_size
+        if self.normalised:
+            return self._normalised_sensitivity(domain, unit)
         if self.level == "group":
             if not self.person_attrs:
                 return (1.0, 1.0) if unit == "household" else (2.0, math.sqrt(2.0))
@@ -129,6 +165,36 @@ class Workload:
             return float(b), float(b)
         a = min(M - 1, b)
         return float(a + b), math.sqrt(a**2 + b**2)
+
+    def _normalised_sensitivity(self, domain: Domain, unit: PrivacyUnit) -> tuple[float, float]:
+        """A normalised workload (class docstring): every household's column is a non-negative
+        integer vector of L2 norm ≤ S on at most c = min(counted persons, |dom S_I|) cells (its
+        persons' cells; the group cell is one), so of L1 norm ≤ S·√c (Cauchy–Schwarz).
+        household unit: one column appears or disappears: L1 S·√c, L2 S.
+        person unit: one household's column a is replaced by another b (or appears: a = 0), both
+        of norm ≤ S: ‖a − b‖₂ ≤ 2S, ‖a − b‖₁ ≤ 2S·√c (triangle inequality)."""
+        S = NORM_SCALE
+        dom_i = int(np.prod([domain.person_attribute(a).size for a in self.person_attrs])) if self.person_attrs else 1
+        c = min(self.counted_persons(domain.max_size), dom_i)
+        l1 = S * math.sqrt(c)
+        return (l1, float(S)) if unit == "household" else (2.0 * l1, 2.0 * S)
+
+
+NORM_SCALE = 64  # a normalised workload's household column: an integer vector of L2 norm ≤ 64 (Workload)
+
+
+def normalise_columns(household: np.ndarray, counts: np.ndarray, n_households: int, scale: int = NORM_SCALE) -> np.ndarray:
+    """⌊scale·k / ‖k_h‖₂⌋ for every (household, cell) entry of count k, ‖k_h‖₂ the L2 norm of the
+    household's counts: exactly, in integers (⌊√⌊x⌋⌋ = ⌊√x⌋ for x ≥ 0), so that the rescaled
+    column's norm is at most ``scale`` with no floating-point rounding to break the bound."""
+    k = np.asarray(counts, dtype=np.int64)
+    h = np.asarray(household, dtype=np.int64)
+    sq = np.bincount(h, weights=(k * k).astype(np.float64), minlength=int(n_households))  # small integers: exact in float64
+    t = (scale * scale * k * k) // np.maximum(np.rint(sq[h]).astype(np.int64), 1)
+    v = np.floor(np.sqrt(t.astype(np.float64))).astype(np.int64)
+    v -= (v * v > t).astype(np.int64)
+    v += ((v + 1) * (v + 1) <= t).astype(np.int64)
+    return v
 
 
 # -- cell indices ------------------------------------------------------------------------
@@ -168,7 +234,8 @@ def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarra
     """The sparse incidence of a workload: (household index, cell index, count) triples.
 
     group level: each (household, cell) pair at most once, count 1 (a household "contains");
-    person level: count = number of the household's persons in that cell.
+    person level: count = number of the household's persons in that cell; a normalised workload:
+    those entries rescaled per household (:func:`normalise_columns`).
     """
     g = group_cells(data, w.group_attrs)
     if w.level == "group" and not w.person_attrs:
@@ -180,13 +247,15 @@ def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarra
     h, c = np.divmod(uniq, n_cells)
     if w.level == "group":
         counts = np.ones_like(counts)
+    if w.normalised:
+        counts = normalise_columns(h, counts, data.n_households)
     return h, c, counts
 
 
 def answer(data: HierarchicalData, w: Workload, weights: np.ndarray | None = None) -> np.ndarray:
     """Exact answer (counts, float64) of workload ``w``; ``weights`` per household (default 1)."""
     n_cells = w.n_cells(data.domain)
-    if w.level == "person":  # one entry per counted person: no need to pair households with cells
+    if w.level == "person" and not w.normalised:  # one entry per counted person: no need to pair households with cells
         hh, cells = counted_person_cells(data, w)
         wt_p = None if weights is None else np.asarray(weights, dtype=np.float64)[hh]
         return np.bincount(cells, weights=wt_p, minlength=n_cells).astype(np.float64)
@@ -216,7 +285,7 @@ def incidence_matrix(data: HierarchicalData, w: Workload) -> sp.csr_matrix:
 
     ``A[c, h]`` is 1 when household h is counted in cell c of a group-level workload (a partition
     when S_I = ∅, a "contains" query otherwise) and the number of h's persons in cell c for a
-    person-level workload. For any household weights x, ``A @ x`` is ``answer(data, w, x)``: this
+    person-level workload (a normalised workload: those entries rescaled per household). For any household weights x, ``A @ x`` is ``answer(data, w, x)``: this
     is the matrix W of Tao et al. (§2, "a workload W of M linear queries ... y = Wx") restricted to
     the support, and the query matrix of PMW-Pub over the public domain.
     """
@@ -289,8 +358,9 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     """Exact grouping of households by their column of the incidence (no hashing).
 
     A household has at most M non-zero cells (one per person at most), so its column is encoded as
-    a fixed-length key of ≤ M sorted ``cell·(M+1)+count`` codes padded with −1; the keys are
-    grouped exactly by successive 1-D ``np.unique`` on (group so far, next code).
+    a fixed-length key of ≤ M sorted ``cell·(B+1)+value`` codes padded with −1 (B the largest
+    entry: M for counts, :data:`NORM_SCALE` normalised); the keys are grouped exactly by
+    successive 1-D ``np.unique`` on (group so far, next code).
     """
     if A is None:
         A = incidence_matrix(data, w)
@@ -306,8 +376,8 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     At.sort_indices()
     nnz = np.diff(At.indptr)
     width = max(int(nnz.max(initial=0)), 1)
-    M1 = data.domain.max_size + 1
-    codes = At.indices.astype(np.int64) * M1 + At.data.astype(np.int64)
+    B1 = max(data.domain.max_size, int(At.data.max(initial=0))) + 1
+    codes = At.indices.astype(np.int64) * B1 + np.rint(At.data).astype(np.int64)
     row = np.repeat(np.arange(n, dtype=np.int64), nnz)
     slot = np.arange(codes.size, dtype=np.int64) - np.repeat(At.indptr[:-1].astype(np.int64), nnz)
     keys = np.full((n, width), -1, dtype=np.int64)

@@ -44,7 +44,16 @@ from typing import Literal
 
 import numpy as np
 
-from engine.adaptive import AdaptiveRounds, CandidateAnswers, SelectFn, candidate_workloads, expected_measurement_l1, round_budget
+from engine.adaptive import (
+    AdaptiveRounds,
+    CandidateAnswers,
+    SelectFn,
+    candidate_workloads,
+    expected_measurement_l1,
+    measured_form,
+    round_budget,
+    selection_first,
+)
 from engine.hierarchical_data import HierarchicalData
 from engine.map_update import map_fit
 from engine.measurement import Measurement
@@ -172,13 +181,14 @@ def adaptive_measure(
     """The adaptive rounds of one node (:mod:`engine.adaptive`): ``plan.rounds`` times, fit the
     posterior to everything measured so far at the household total ``total`` (a DP value), choose
     the candidate workload it answers worst (``select``: the private session's exponential
-    mechanism) and measure it (``measure``). ``rho``: the node's whole ρ (split by
+    mechanism) and measure it (``measure``; in the form of the node's workloads,
+    :func:`engine.adaptive.measured_form`). ``rho``: the node's whole ρ (split by
     :func:`engine.adaptive.round_budget`). Returns the new measurements, the chosen ids and the last
     fit (to all measurements, in the order ``[*measured, *new, *extra]``, at ``total``)."""
     budget = round_budget(Fraction(rho), plan)
     domain = support.data.domain
-    first = next((w.first for w in (m.workload for m in measured) if w.level == "person"), 0)
-    candidates = candidate_workloads(domain, first=first, max_cells=plan.max_cells, max_attributes=plan.max_attributes,
+    given = [m.workload for m in measured]
+    candidates = candidate_workloads(domain, first=selection_first(given), max_cells=plan.max_cells, max_attributes=plan.max_attributes,
                                      exclude=[m.workload for m in measured] + [m.workload for m in extra])
     if not candidates:
         raise ValueError("adaptive rounds: no candidate workload is left to measure")
@@ -195,7 +205,7 @@ def adaptive_measure(
         # the model's expected counts of every candidate (answers of the weighted support, no incidences)
         model = G * model_answers.answers(candidates, res.weights)
         i = select(candidates, model, penalty, budget.epsilon0, f"round-{r}")
-        w = candidates.pop(i)
+        w = measured_form(candidates.pop(i), given)
         penalty = np.delete(penalty, i)
         noisy, sigma = measure(w, budget.measure)
         m = Measurement(w, np.asarray(noisy, dtype=np.float64), float(sigma), budget.measure)

@@ -215,6 +215,7 @@ def select_workloads(
     puma_pairs: int = 2,
     puma_pair_max_cells: int = 16,
     person_first: int = 0,
+    normalise: bool = False,
 ) -> WorkloadSelection:
     """State- and PUMA-level workloads from the public data (Tao et al. §4.2, see module doc).
 
@@ -232,7 +233,9 @@ def select_workloads(
     at most ``puma_pair_max_cells`` cells.
     ``person_first``: person-level workloads count only the first ``person_first`` persons of each
     household (``Workload.first``: sensitivity ``person_first`` instead of M under the household
-    unit); 0 counts every person.
+    unit); 0 counts every person. ``normalise``: every workload but the partitions is measured
+    with each household's contribution normalised to one household's worth in L2
+    (``Workload.normalised``).
     """
     d = public.domain
     info = mutual_information(public)
@@ -324,9 +327,11 @@ def select_workloads(
         puma.append(w)
         puma_pairs_used.append((i, j))
     puma = list(dict.fromkeys(puma))
-    if person_first:
-        cap = lambda w: Workload(w.level, w.group_attrs, w.person_attrs, person_first) if w.level == "person" else w  # noqa: E731
-        state, puma = [cap(w) for w in state], [cap(w) for w in puma]
+    if person_first or normalise:
+        def form(w: Workload) -> Workload:
+            return w if w.is_partition() else Workload(w.level, w.group_attrs, w.person_attrs,
+                                                       person_first if w.level == "person" else 0, normalise)
+        state, puma = [form(w) for w in state], [form(w) for w in puma]
 
     pair_name = lambda e: f"{names[e[0]]}~{names[e[1]]}"  # noqa: E731
     explanation = {
@@ -344,6 +349,7 @@ def select_workloads(
             "strong_edge_threshold_nats": round(thr, 6), "puma_redundancy_nmi": puma_redundancy_nmi,
             "puma_max_attributes": puma_max_attributes, "puma_pairs": puma_pairs,
             "puma_pair_max_cells": puma_pair_max_cells, "person_first": person_first,
+            "normalise": normalise,
         },
         "spanning_tree_edges": [pair_name(e) for e in tree],
         "strong_edges": [pair_name((i, j)) for i, j in itertools.combinations(range(k), 2) if strong[i, j]],

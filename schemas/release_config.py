@@ -181,9 +181,12 @@ class SynthesisSpec(_Strict):
     prior_strength: float = Field(default=0.1, gt=0,
                                   description="MAP rule and H-GEM: α as a fraction of the node's households")
     sweeps: int = Field(default=3, ge=1, le=100, description="IDE rule: sweeps over the workloads")
-    person_first: int = Field(default=2, ge=0, description="person-level workloads count the first this many "
+    person_first: int = Field(default=0, ge=0, description="person-level workloads count the first this many "
                               "persons of each household (sensitivity person_first instead of M under the "
-                              "household unit); 0: every person")
+                              "household unit, without normalise); 0: every person")
+    normalise: bool = Field(default=True, description="every synthesis workload but the partitions measures each "
+                            "household's contribution rescaled to one household's worth in L2 (engine.queries.Workload."
+                            "normalised): L2 sensitivity one household, every person counted; false: plain counts")
     prior_strength_rule: Literal["empirical_bayes", "fixed"] = Field(
         default="empirical_bayes", description="the state update's prior strength: empirical_bayes (chosen among "
         "prior_strength_candidates from the state's own noisy measurements, engine.prior_strength) or fixed (prior_strength)")
@@ -301,6 +304,9 @@ class ReleaseConfig(_Strict):
                 if st.get(stage, 0) <= 0 or self.allocation.levels.get(stage, {}).get(level, 0) <= 0:
                     raise ValueError(f"synthesizer prior_update needs a positive allocation for {stage}.{level}")
         if self.synthesizer == "hgem":
+            if self.synthesis.person_first:
+                raise ValueError("synthesizer hgem: H-GEM's mixture answers count every person of a household; "
+                                 "set synthesis.person_first: 0 (its workloads are never normalised either)")
             for stage, level in (("hgem", "state"), ("puma_synthesis", "puma")):
                 if st.get(stage, 0) <= 0 or self.allocation.levels.get(stage, {}).get(level, 0) <= 0:
                     raise ValueError(f"synthesizer hgem needs a positive allocation for {stage}.{level} (H-GEM per state, then the prior update per PUMA)")

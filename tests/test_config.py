@@ -48,6 +48,10 @@ def test_default_config_loads_and_inputs_exist(data_root):
         (lambda r: r.setdefault("synthesis", {}).update(prior_strength_candidates=[0.1, 0.0]), "prior_strength_candidates"),
         (lambda r: r.setdefault("synthesis", {}).update(prior_strength_rule="guess"), "prior_strength_rule"),
         (lambda r: (r["allocation"].update(synthesis_split="public_simulation"), r.update(synthesizer="hgem")), "models the prior update"),
+        (lambda r: (r["allocation"].update(synthesis_split="fixed"), r["allocation"]["stages"].update(state_synthesis=0, hgem=0.7),
+                    r["allocation"]["levels"].update(hgem={"state": 1.0}), r.update(synthesizer="hgem"),
+                    r.setdefault("synthesis", {}).update(person_first=2)), "H-GEM's mixture answers count every person"),
+        (lambda r: r.setdefault("synthesis", {}).update(normalise="sometimes"), "normalise"),
         (lambda r: (r["allocation"].update(synthesis_split="public_simulation"),
                     r["allocation"]["levels"]["state_synthesis"].update(state=0.5, nation=0.5)), "state_synthesis {state: 1.0}"),
     ],
@@ -59,6 +63,7 @@ def test_bad_configs_get_clear_errors(tmp_path, mutate, expected):
 
 
 def test_households_are_drawn_balanced_by_default_and_systematic_on_request(tmp_path):
+    assert load_config(DEFAULT).synthesis.normalise is True and load_config(DEFAULT).synthesis.person_first == 0
     assert load_config(DEFAULT).synthesis.sampling == "balanced"
     assert load_config(DEFAULT).synthesis.level_consistency == "rake"
     assert load_config(DEFAULT).synthesis.prior_strength_rule == "empirical_bayes"

@@ -82,6 +82,9 @@ class AnswerPlan:
         self.workloads = list(workloads)
         self.device = resolve_device(device)
         self.max_elements = int(max_elements)
+        plain = [w.id for w in self.workloads if w.first or w.normalised]
+        if plain:
+            raise ValueError(f"H-GEM answers plain counts of every person: no `first` or normalised workloads ({', '.join(plain[:3])})")
         sizes = [w.n_cells(domain) for w in self.workloads]
         self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
         self.n_cells = int(self.offsets[-1])

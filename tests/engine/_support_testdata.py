@@ -7,12 +7,13 @@ only by the tests as an independent check of the vectorised code in ``engine.que
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
 from engine.domain import Attribute, Domain
 from engine.hierarchical_data import HierarchicalData
-from engine.queries import Workload
+from engine.queries import NORM_SCALE, Workload
 
 
 def attr(name: str, k: int) -> Attribute:
@@ -79,19 +80,22 @@ def brute_force_answer(data: HierarchicalData, w: Workload, weights=None) -> np.
         wt = 1.0 if weights is None else float(weights[h])
         yg = tuple(int(data.group[h, j]) for j in gi)
         persons = range(int(data.person_offsets[h]), int(data.person_offsets[h + 1]))
+        column: dict[tuple, float] = {}  # this household's entries, cell -> count
         if w.level == "group":
             if not pi:
                 out[yg] += wt
                 continue
-            seen = set()
             for r in persons:
-                seen.add(tuple(int(data.person[r, j]) for j in pi))
-            for yi in seen:
-                out[yg + yi] += wt
+                column[yg + tuple(int(data.person[r, j]) for j in pi)] = 1.0
         else:
             for slot, r in enumerate(persons):
                 if w.first and slot >= w.first:  # only the household's first w.first persons
                     break
-                yi = tuple(int(data.person[r, j]) for j in pi)
-                out[yg + yi] += wt
+                cell = yg + tuple(int(data.person[r, j]) for j in pi)
+                column[cell] = column.get(cell, 0.0) + 1.0
+        if w.normalised:  # each entry rescaled to ⌊S·k/‖k‖₂⌋ (Workload.normalised), in exact integers
+            norm2 = sum(int(k) ** 2 for k in column.values())
+            column = {c: float(math.isqrt(NORM_SCALE**2 * int(k) ** 2 // norm2)) for c, k in column.items()}
+        for cell, k in column.items():
+            out[cell] += wt * k
     return out.reshape(-1)

@@ -12,19 +12,22 @@ import numpy as np
 import pytest
 
 from engine.adaptive import (
+    SELECT_FIRST,
     AdaptiveRounds,
     CandidateAnswers,
     candidate_workloads,
     exact_answers,
     expected_measurement_l1,
+    measured_form,
     round_budget,
+    selection_first,
 )
 from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementStore
 from engine.privacy.session import PrivateSession, l1_error_scores
-from engine.queries import Workload, answer
+from engine.queries import NORM_SCALE, Workload, answer
 from engine.state_release import session_measure, session_select
 from engine.support import Support
 from engine.synthesis import synthesize_node
@@ -198,3 +201,59 @@ def test_a_node_with_adaptive_rounds_spends_its_budget_once_and_replays(tmp_path
     np.testing.assert_array_equal(again.weights, first.weights)
     assert again.diagnostics["adaptive"] == first.diagnostics["adaptive"]
     assert PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(5, PLAN["stages"], PLAN["levels"])).spent() == spent
+
+
+def test_candidates_exclude_measured_attribute_sets_in_any_form():
+    """A measured workload removes the candidate of its level and attributes whatever persons it
+    counts and however normalised; a "contains" workload does not remove the person-level one."""
+    d = small_domain()
+    p0, p1 = d.person[0].name, d.person[1].name
+    measured = [Workload("person", (), (p0, p1), 0, True), Workload("group", ("TEN",), (p0,), 0, True)]
+    got = candidate_workloads(d, first=2, max_cells=10**6, exclude=measured)
+    assert Workload("person", (), (p0, p1), 2) not in got
+    assert Workload("person", ("TEN",), (p0,), 2) in got
+    assert len(got) == len(candidate_workloads(d, first=2, max_cells=10**6)) - 1
+
+
+def test_the_measured_form_follows_the_nodes_workloads():
+    """Normalised nodes score candidates on the first two persons' counts and measure the chosen
+    one normalised, counting the persons their normalised workloads count; plain nodes keep the
+    candidate and their ``first``."""
+    chosen = Workload("person", ("TEN",), ("SEX",), SELECT_FIRST)
+    norm = [Workload("group", ("TEN",)), Workload("person", (), ("AGE",), 0, True)]
+    assert selection_first(norm) == SELECT_FIRST == 2
+    assert measured_form(chosen, norm) == Workload("person", ("TEN",), ("SEX",), 0, True)
+    assert measured_form(chosen, [Workload("person", (), ("AGE",), 3, True)]) == Workload("person", ("TEN",), ("SEX",), 3, True)
+    assert selection_first([Workload("person", (), ("AGE",), 3, True)]) == 3
+    assert measured_form(Workload("group", ("TEN", "NP")), norm) == Workload("group", ("TEN", "NP"))  # a partition stays
+    plain = [Workload("person", (), ("AGE",), 2)]
+    assert selection_first(plain) == 2 and measured_form(chosen, plain) == chosen
+    assert selection_first([Workload("person", (), ("AGE",))]) == 0
+    assert selection_first([Workload("group", ("TEN",), ("AGE",), 0, True)]) == SELECT_FIRST
+
+
+def test_a_normalised_node_measures_its_rounds_normalised(tmp_path):
+    """End to end through the private session: the rounds' workloads are normalised, charged at
+    the normalised sensitivity, and the fit reproduces on a replay."""
+    d = small_domain()
+    public = random_data(d, 300, seed=11)
+    private = random_data(d, 400, seed=12, dependence=0.2).with_geo(np.tile([10, 1], (400, 1)))
+    support = Support.from_data(public)
+    rho = Fraction(3, 10) * 5
+    workloads = [Workload("group", ("TEN",)), Workload("person", (), ("AGE",), 0, True)]
+
+    def run(s):
+        return synthesize_node(support, support.weights, workloads, rho, session_measure(s, "s", "state", (10,)), 400.0,
+                               total_sd=5.0, adaptive=AdaptiveRounds(3, Fraction(1, 2)), select=session_select(s, "s", "state", (10,)),
+                               unit="household")
+
+    first = run(session(tmp_path, private, rho=5))
+    chosen = [Workload.from_id(w) for w in first.diagnostics["adaptive"]]
+    assert len(chosen) == 3 and all(w.normalised or w.is_partition() for w in chosen)
+    stored = {m.workload_id: m for m in MeasurementStore(tmp_path / "m").all()}
+    for w in chosen:  # σ of the normalised sensitivity (S households' worth) at the round's ρ
+        m = stored[w.id]
+        assert m.sensitivity == w.sensitivity(d, "household")[1] and (w.is_partition() or m.sensitivity == NORM_SCALE)
+        assert m.scale == pytest.approx(w.sensitivity(d, "household")[1] / math.sqrt(2 * float(m.rho)), rel=1e-6)
+    again = run(session(tmp_path, private, rho=5))
+    np.testing.assert_array_equal(again.weights, first.weights)

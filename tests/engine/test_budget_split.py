@@ -138,3 +138,21 @@ def test_split_task_resolves_the_plan_and_is_reused_on_resume(tmp_path):
     assert choose_split_task.fn(ctx, ids)["state_fraction"] == "1/2"
     resolved = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(got["state_fraction"]))})
     assert RunContext(resolved, ctx.paths).plan.total_rho == ctx.plan.total_rho
+
+
+def test_a_normalised_workload_weighs_like_counts_where_every_household_has_one_person():
+    """With one person per household a normalised column is S·(the count column) and its
+    sensitivity S, where counting the first person has sensitivity 1: the simulation, in
+    households' units, gives the plain workload's errors."""
+    rng = np.random.default_rng(3)
+    data = public_data(rng)
+    single = data.take(np.flatnonzero(data.sizes == 1))
+    plain = [Workload("person", ("TEN",), ("SEX",)), Workload("person", (), ("SEX", "AGE"))]
+    normalised = [Workload(w.level, w.group_attrs, w.person_attrs, 0, True) for w in plain]
+    first = [Workload(w.level, w.group_attrs, w.person_attrs, 1) for w in plain]
+    got = expected_errors(single, normalised, "household", 0.02, 0.05)
+    assert got == pytest.approx(expected_errors(single, first, "household", 0.02, 0.05), rel=1e-12)
+    # with larger households the normalised measurement is cheaper per household (sensitivity 1, not M)
+    mixed_plain = expected_errors(data, plain, "household", 0.02, 0.05)
+    mixed_norm = expected_errors(data, normalised, "household", 0.02, 0.05)
+    assert mixed_norm[0] < mixed_plain[0] and mixed_norm[1] < mixed_plain[1]

@@ -11,11 +11,13 @@ import scipy.sparse as sp
 
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import (
+    NORM_SCALE,
     IncidenceCache,
     Workload,
     answer,
     incidence_matrix,
     incidence_patterns,
+    normalise_columns,
     normalised_answer,
 )
 from engine.support import Support
@@ -76,6 +78,47 @@ def test_first_persons_workloads_match_brute_force(w: Workload):
     assert Workload.from_id(w.id) == w and w.id.endswith(f";first={w.first}")
     P = incidence_patterns(DATA, w)
     assert (P.matrix[P.pattern_of].T != incidence_matrix(DATA, w)).nnz == 0
+
+
+NORMALISED = [Workload(w.level, w.group_attrs, w.person_attrs, k, True) for w in WORKLOADS if not w.is_partition() and len(w.attrs) <= 2
+              for k in ((0, 2) if w.level == "person" else (0,))]
+
+
+@pytest.mark.parametrize("w", NORMALISED, ids=lambda w: w.id)
+def test_normalised_workloads_match_brute_force(w: Workload):
+    """Every household's column rescaled to ⌊S·k/‖k‖₂⌋ (the pure-Python reference computes it per
+    household with math.isqrt): answers, weighted answers, the incidence and its patterns; every
+    column's norm is at most S and a household with one counted cell has exactly S there."""
+    weights = np.random.default_rng(zlib.crc32(w.id.encode())).random(DATA.n_households)
+    np.testing.assert_array_equal(answer(DATA, w), brute_force_answer(DATA, w))
+    np.testing.assert_allclose(Support(DATA, weights).answer(w), brute_force_answer(DATA, w, weights))
+    A = incidence_matrix(DATA, w)
+    norms = np.sqrt(np.asarray(A.multiply(A).sum(axis=0)).ravel())
+    assert norms.max() <= NORM_SCALE and np.all(A.data == np.round(A.data))
+    single = np.diff(A.tocsc().indptr) == 1
+    assert single.any() and np.all(norms[single] == NORM_SCALE)
+    P = incidence_patterns(DATA, w)
+    assert (P.matrix[P.pattern_of].T != A).nnz == 0
+    assert Workload.from_id(w.id) == w and w.id.endswith(";norm") and w.counted() == Workload(w.level, w.group_attrs, w.person_attrs, w.first)
+
+
+def test_normalise_columns_is_exact_at_integer_boundaries():
+    """⌊S·k/‖k‖₂⌋ where S·k/‖k‖₂ is an integer (counts 3 and 4: ‖k‖ = 5, 64·3/5 is not, but scale
+    5 gives 3 and 4 exactly) and where floating point would round just above one (‖(1, 1)‖ = √2)."""
+    h = np.array([0, 0, 1, 1, 2])
+    k = np.array([3, 4, 1, 1, 2])
+    np.testing.assert_array_equal(normalise_columns(h, k, 3, scale=5), [3, 4, 3, 3, 5])
+    np.testing.assert_array_equal(normalise_columns(h, k, 3, scale=64), [38, 51, 45, 45, 64])
+    big = np.arange(1, 9)
+    v = normalise_columns(np.zeros(8, dtype=int), big, 1, scale=1 << 20)
+    assert int((v * v).sum()) <= (1 << 20) ** 2
+    np.testing.assert_array_equal(v, [math.isqrt((1 << 40) * int(x) ** 2 // int((big**2).sum())) for x in big])
+
+
+def test_from_id_rejects_unknown_options():
+    with pytest.raises(ValueError, match="unknown workload option"):
+        Workload.from_id("person:|SEX;half")
+    assert Workload.from_id("person:NP|SEX;first=2;norm") == Workload("person", ("NP",), ("SEX",), 2, True)
 
 
 def test_first_persons_is_validated():

@@ -163,3 +163,14 @@ def test_geographic_information_matches_brute_force_and_ranks_the_puma_workloads
     flat = HierarchicalData.from_arrays(DOMAIN, np.column_stack([geo[:, 0], np.full(len(geo), 100)]), group, person,
                                         DATA.person_offsets)
     assert np.all(geographic_information(flat) == 0)
+
+
+def test_normalise_and_first_give_every_non_partition_workload_its_form():
+    plain = select_workloads(DATA, state_max_cells=48, n_triangles=2)
+    sel = select_workloads(DATA, state_max_cells=48, n_triangles=2, person_first=2, normalise=True)
+    for a, b in ((plain.state, sel.state), (plain.puma, sel.puma)):
+        assert [(w.level, w.attrs) for w in a] == [(w.level, w.attrs) for w in b]  # the same attribute sets
+        for w in b:
+            assert w.normalised == (not w.is_partition())
+            assert w.first == (2 if w.level == "person" else 0)
+    assert sel.explanation["params"]["normalise"] is True

@@ -169,3 +169,13 @@ def test_weighted_components_answers_and_sampling(domain):
     syn = sample_households(mix, 60_000, seed=5)
     ex = exact_normalised_answers(syn, ws)
     assert max(float(np.abs(a.numpy() - b).max()) for a, b in zip(f, ex)) < 0.012
+
+
+def test_the_answer_plan_refuses_first_persons_and_normalised_workloads(domain):
+    """The mixture's answers count every person plainly: a workload measured otherwise would be
+    fitted to answers of another statistic."""
+    person = domain.person[0].name
+    for w in (Workload("person", (), (person,), 2), Workload("person", (), (person,), 0, True),
+              Workload("group", (domain.group[1].name,), (person,), 0, True)):
+        with pytest.raises(ValueError, match="plain counts of every person"):
+            AnswerPlan(domain, [w], device="cpu")

@@ -13,7 +13,7 @@ import pytest
 
 from engine.domain import Attribute, Domain
 from engine.hierarchical_data import HierarchicalData
-from engine.queries import Workload, answer
+from engine.queries import NORM_SCALE, Workload, answer
 from tests.sensitivity_harness import check_sensitivity, neighbour_pairs, random_household
 
 M = 4
@@ -189,3 +189,48 @@ def test_harness_builds_its_own_pairs():
     obs = check_sensitivity(lambda d: answer(d, Workload("group", ("TEN",), ())), d0, "household", 1, 1,
                             trials=20, rng=rng)
     assert obs == (1.0, 1.0)
+
+
+NORMALISED = [Workload(w.level, w.group_attrs, w.person_attrs, k, True)
+              for w in WORKLOADS if not w.is_partition() for k in ((0, 2) if w.level == "person" else (0,))]
+
+
+def test_normalised_workloads_cover_every_non_partition_type():
+    kinds = {(w.level, bool(w.group_attrs), bool(w.person_attrs)) for w in NORMALISED}
+    assert kinds == {("group", True, True), ("group", False, True), ("person", True, True), ("person", False, True),
+                     ("person", True, False)}
+    with pytest.raises(ValueError, match="partition"):
+        Workload("group", ("NP",), (), 0, True)
+
+
+@pytest.mark.parametrize("w", NORMALISED, ids=lambda w: w.id)
+def test_normalised_household_unit(w, pairs):
+    """One household's rescaled column: L2 ≤ S, attained by a one-person household (its column is
+    S·e_c exactly); L1 ≤ S·√c, within a rounding of each of the c entries of it when c persons
+    fall in c different cells."""
+    S = NORM_SCALE
+    l1, l2 = w.sensitivity(DOMAIN, "household")
+    c = min(w.counted_persons(M), dom_i(w))
+    assert (l1, l2) == pytest.approx((S * math.sqrt(c), S))
+    obs = check_sensitivity(lambda d: answer(d, w), DATA, "household", l1, l2, pairs=pairs["household"])
+    assert obs[1] == pytest.approx(S)
+    assert obs[0] >= l1 - c  # the all-different households of the harness reach S·√c up to the floors
+
+
+@pytest.mark.parametrize("w", NORMALISED, ids=lambda w: w.id)
+def test_normalised_person_unit(w, pairs):
+    l1, l2 = w.sensitivity(DOMAIN, "person")
+    obs = check_sensitivity(lambda d: answer(d, w), DATA, "person", l1, l2, pairs=pairs["person"])
+    assert obs[1] <= 2 * NORM_SCALE + 1e-9
+
+
+def test_harness_catches_a_normalised_bound_of_the_wrong_size(pairs):
+    """A bound of one household's rescaled norm less one unit is broken by a one-person household,
+    and so is the person unit's bound taken from the household unit (a household changes column)."""
+    w = Workload("person", ("TEN",), ("AGEB", "REL"), 0, True)
+    with pytest.raises(AssertionError, match="violated"):
+        check_sensitivity(lambda d: answer(d, w), DATA, "household", w.sensitivity(DOMAIN, "household")[0], NORM_SCALE - 1,
+                          pairs=pairs["household"])
+    w = Workload("group", ("NP",), ("REL",), 0, True)
+    with pytest.raises(AssertionError, match="violated"):
+        check_sensitivity(lambda d: answer(d, w), DATA, "person", *w.sensitivity(DOMAIN, "household"), pairs=pairs["person"])
