@@ -101,11 +101,6 @@ class Workload:
         # the level is parsed text here; __post_init__ rejects anything but "group" / "person"
         return cls(cast(Level, level), tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a), first, normalised)
 
-    def counted(self) -> Workload:
-        """The same cells with plain counts (not normalised): what a released table of this
-        workload's attributes reports."""
-        return Workload(self.level, self.group_attrs, self.person_attrs, self.first)
-
     def counted_persons(self, max_size: int) -> int:
         """The most persons of one household this workload counts: M, or ``first`` when smaller."""
         return min(max_size, self.first) if self.first else max_size
@@ -171,13 +166,17 @@ class Workload:
         integer vector of L2 norm ≤ S on at most c = min(counted persons, |dom S_I|) cells (its
         persons' cells; the group cell is one), so of L1 norm ≤ S·√c (Cauchy–Schwarz).
         household unit: one column appears or disappears: L1 S·√c, L2 S.
-        person unit: one household's column a is replaced by another b (or appears: a = 0), both
-        of norm ≤ S: ‖a − b‖₂ ≤ 2S, ‖a − b‖₁ ≤ 2S·√c (triangle inequality)."""
+        person unit: one household's column a = ⌊S·u⌋ is replaced by another b = ⌊S·u'⌋ (u, u'
+        non-negative unit vectors, so u·u' ≥ 0 and ‖u − u'‖₂ ≤ √2; each floor is off by less
+        than one in each of at most c entries): ‖a − b‖₂ ≤ √2·S + 2√c; a household that appears
+        (a = 0) moves it by ‖b‖₂ ≤ S. L1: ‖a − b‖₁ ≤ ‖a‖₁ + ‖b‖₁ ≤ 2S·√c."""
         S = NORM_SCALE
         dom_i = int(np.prod([domain.person_attribute(a).size for a in self.person_attrs])) if self.person_attrs else 1
         c = min(self.counted_persons(domain.max_size), dom_i)
         l1 = S * math.sqrt(c)
-        return (l1, float(S)) if unit == "household" else (2.0 * l1, 2.0 * S)
+        if unit == "household":
+            return l1, float(S)
+        return 2.0 * l1, (math.sqrt(2.0) * S + 2.0 * math.sqrt(c)) * (1.0 + 1e-12)  # the floors' strict < 1 leaves room; 1e-12 covers rounding
 
 
 NORM_SCALE = 64  # a normalised workload's household column: an integer vector of L2 norm ≤ 64 (Workload)
