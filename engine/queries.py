@@ -49,11 +49,11 @@ class Workload:
     ("contains") households' worth: every household's column carries signal energy ‖column‖²
     = S² against noise variance ∝ S², where counting the first two persons (sensitivity 2)
     gives a one-person household ¼ of that, two persons in different cells ½ and a third person
-    nothing. The synthesis models whole households,
-    so the rescaled count is as linear a query on its support as the plain one (the incidence
-    holds the rescaled integers): nothing is biased; the measurement is a different, better
-    conditioned statistic of the same households (contribution bounding per privacy unit in
-    L2, as in user-level DP, e.g. Amin et al. 2019, "Bounding user contributions")."""
+    nothing. The synthesis models whole households, so the rescaled count is as linear a query
+    on its support as the plain one (the incidence holds the rescaled integers): nothing is
+    biased; the measurement is a different, better conditioned statistic of the same households
+    (contribution bounding per privacy unit in L2, as in user-level DP, e.g. Amin et al. 2019,
+    "Bounding user contributions")."""
 
     level: Level
     group_attrs: tuple[str, ...] = ()
@@ -284,9 +284,10 @@ def incidence_matrix(data: HierarchicalData, w: Workload) -> sp.csr_matrix:
 
     ``A[c, h]`` is 1 when household h is counted in cell c of a group-level workload (a partition
     when S_I = ∅, a "contains" query otherwise) and the number of h's persons in cell c for a
-    person-level workload (a normalised workload: those entries rescaled per household). For any household weights x, ``A @ x`` is ``answer(data, w, x)``: this
-    is the matrix W of Tao et al. (§2, "a workload W of M linear queries ... y = Wx") restricted to
-    the support, and the query matrix of PMW-Pub over the public domain.
+    person-level workload (a normalised workload: those entries rescaled per household). For
+    any household weights x, ``A @ x`` is ``answer(data, w, x)``: this is the matrix W of Tao et
+    al. (§2, "a workload W of M linear queries ... y = Wx") restricted to the support, and the
+    query matrix of PMW-Pub over the public domain.
     """
     h, c, k = household_cell_pairs(data, w)
     return sp.csr_matrix(
