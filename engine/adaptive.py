@@ -30,8 +30,8 @@ workload is measured in that form too (:func:`measured_form`), and the candidate
 the plain counts of each household's first :data:`SELECT_FIRST` persons: the scores need the
 model's answers of every candidate, which plain counts give from one grouping of the support's
 persons (:class:`CandidateAnswers`), and their L1 sensitivity is 2 where every person's counts
-have M. On the peer benchmark's state fits (New Mexico, ε = 1 / 2, 2 noise draws) scoring the
-first two persons gave 0.098 / 0.083 mean L1 against 0.107 / 0.091 scoring every person.
+have M (an in-memory probe of New Mexico's state fit, ``benchmarks/results/HISTORY.md``, found
+scoring every person 9–10 % worse).
 """
 
 from __future__ import annotations
