@@ -32,7 +32,7 @@ import numpy as np
 
 from engine.hierarchical_data import HierarchicalData
 from engine.metrics import counts_by_node
-from engine.queries import NORM_SCALE, PrivacyUnit, Workload
+from engine.queries import PrivacyUnit, Workload
 
 __all__ = ["STATE_FRACTIONS", "SplitChoice", "choose_state_fraction", "expected_errors"]
 
@@ -84,9 +84,9 @@ def _public_cells(public: HierarchicalData, workloads: Sequence[Workload], unit:
     for w in workloads:
         c_s, d_s = counts_by_node(public, w, geo_state, states)
         c_p, d_p = counts_by_node(public, w, geo_puma, pumas)
-        # a normalised workload's cells are in units of NORM_SCALE per household (and so is its
-        # sensitivity): back to households, so that its cells weigh like a count workload's
-        unit_scale = float(NORM_SCALE) if w.normalised else 1.0
+        # a normalised workload's cells (and its sensitivity) back in households, so that they
+        # weigh like a count workload's
+        unit_scale = w.household_unit
         c_s, c_p = c_s / unit_scale, c_p / unit_scale
         played = []
         for s in play:

@@ -34,7 +34,6 @@ import scipy.sparse as sp
 from scipy.optimize import minimize
 
 from engine.measurement import Measurement
-from engine.queries import NORM_SCALE
 from engine.support import Support
 
 
@@ -102,7 +101,7 @@ def map_fit(
     # and its noise divided by its unit (the same problem, the dual rescaled), so that every row
     # speaks in households and L-BFGS, which is not invariant to a diagonal rescaling, sees one
     # scale (unscaled, a normalised node took four times the iterations)
-    unit = np.concatenate([np.full(m.noisy_answer.size, float(NORM_SCALE) if m.workload.normalised else 1.0) for m in measurements])
+    unit = np.concatenate([np.full(m.noisy_answer.size, m.workload.household_unit) for m in measurements])
     if np.any(unit != 1.0):
         A = sp.diags(1.0 / unit) @ A
         y = y / unit

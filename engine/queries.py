@@ -101,6 +101,12 @@ class Workload:
         # the level is parsed text here; __post_init__ rejects anything but "group" / "person"
         return cls(cast(Level, level), tuple(a for a in g.split(",") if a), tuple(a for a in p.split(",") if a), first, normalised)
 
+    @property
+    def household_unit(self) -> float:
+        """What one household's worth is in this workload's cells: :data:`NORM_SCALE` for a
+        normalised workload (its rows divided by it speak in households, like a count's), 1 else."""
+        return float(NORM_SCALE) if self.normalised else 1.0
+
     def counted_persons(self, max_size: int) -> int:
         """The most persons of one household this workload counts: M, or ``first`` when smaller."""
         return min(max_size, self.first) if self.first else max_size
