@@ -103,13 +103,13 @@ class StateRelease:
 
 
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,
-                     person_first: int = 0, normalise: bool = True, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
+                     person_first: int = 0, normalise: bool = True, puma_attributes: int = 4, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
                      prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
-    ``person_first``, ``normalise``, ``update_rule``, ``prior_strength``: as the release config's ``synthesis``;
+    ``person_first``, ``normalise``, ``puma_attributes``, ``update_rule``, ``prior_strength``: as the release config's ``synthesis``;
     ``adaptive``: adaptive rounds at the state level (``synthesis.adaptive``); ``sampling``: how
     each PUMA's households are drawn (``synthesis.sampling``); ``prior_strength_candidates``: the
     state posterior's prior strength chosen among them by empirical Bayes (``()``: ``prior_strength``)."""
@@ -120,7 +120,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     count = {n: session.measure_household_count("group_counts", "puma", n, plan.allocation("group_counts", "puma")) for n in pumas}
     sd = {n: float(m.scale) for n, m in count.items()}
     G = {n: max(float(m.noisy_answer[0]), 0.0) for n, m in count.items()}
-    sel = select_workloads(public, person_first=person_first, normalise=normalise)
+    sel = select_workloads(public, person_first=person_first, normalise=normalise, puma_max_attributes=puma_attributes)
     support = Support.from_data(public)
     node = (int(state),)
     state_res = synthesize_node(

@@ -165,8 +165,8 @@ def merged_inputs(paths: RunPaths, reports: list[dict]) -> tuple[str, str]:
 
 
 @flow(name="select-workload")
-def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0, normalise: bool = False) -> dict:
-    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first, normalise)
+def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = 4) -> dict:
+    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first, normalise, puma_attributes)
     get_run_logger().info(f"workload: {len(sel['state'])} state-level and {len(sel['puma'])} PUMA-level marginal workloads (from public data)")
     return sel
 
@@ -399,7 +399,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             # H-GEM's mixture answers (engine.hgem.answers) are plain counts: its workloads are never normalised
             normalise = cfg.synthesis.normalise and cfg.synthesizer == "prior_update"
             workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, cfg.synthesis.person_first, normalise,
-                             charges=False)
+                             cfg.synthesis.puma_attributes, charges=False)
         if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
             split = stage("choose_synthesis_split", choose_split_stage, ctx, workload, charges=False)
             cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(split["state_fraction"]))})

@@ -187,6 +187,9 @@ class SynthesisSpec(_Strict):
     normalise: bool = Field(default=True, description="every synthesis workload but the partitions measures each "
                             "household's contribution rescaled to one household's worth in L2 (engine.queries.Workload."
                             "normalised): L2 sensitivity one household, every person counted; false: plain counts")
+    puma_attributes: int = Field(default=4, ge=1, le=32, description="PUMA level: the one-way marginals of at most this many "
+                                 "attributes, those that vary most between the PUMAs of a public state "
+                                 "(engine.workload_selection.select_workloads' puma_max_attributes)")
     prior_strength_rule: Literal["empirical_bayes", "fixed"] = Field(
         default="empirical_bayes", description="the state update's prior strength: empirical_bayes (chosen among "
         "prior_strength_candidates from the state's own noisy measurements, engine.prior_strength) or fixed (prior_strength)")

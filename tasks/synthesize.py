@@ -68,12 +68,13 @@ def cached_balance(public_npz: str) -> BalanceTargets:
 
 
 @task(name="select-workload")
-def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False) -> dict:
+def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = 4) -> dict:
     """Mutual information on the public data only: no privacy cost."""
     out = Path(out_path)
     if out.exists():
         return json.loads(out.read_text())
-    sel = select_workloads(HierarchicalData.from_npz(public_npz), person_first=person_first, normalise=normalise)
+    sel = select_workloads(HierarchicalData.from_npz(public_npz), person_first=person_first, normalise=normalise,
+                           puma_max_attributes=puma_attributes)
     record = {"state": [w.id for w in sel.state], "puma": [w.id for w in sel.puma], "explanation": sel.explanation}
     write_json_atomic(out, record)
     return record
