@@ -1,6 +1,7 @@
 import json
 import multiprocessing as mp
 import os
+import traceback
 from fractions import Fraction
 
 import pytest
@@ -160,19 +161,23 @@ def test_summary_json(tmp_path):
 
 
 def _worker(path, start_evt, idx, n_try, rho, out_q):
-    L = PrivacyLedger(path, PLAN)
-    start_evt.wait()
-    ok = 0
-    for i in range(n_try):
-        try:
-            L.charge(key=f"w{idx}-{i}", stage="synth", level="state", node=(6,), mechanism="m",
-                     sensitivity=1.0, noise_scale=1.0, rho=rho)
-            ok += 1
-        except BudgetExceededError:
-            pass
-        # a shared key charged by both processes: must be spent once
-        L.charge(key="shared", stage="synth", level="puma", node=(6, 1), mechanism="m",
-                 sensitivity=1.0, noise_scale=1.0, rho=Fraction(1, 10))
+    try:
+        L = PrivacyLedger(path, PLAN)
+        start_evt.wait()
+        ok = 0
+        for i in range(n_try):
+            try:
+                L.charge(key=f"w{idx}-{i}", stage="synth", level="state", node=(6,), mechanism="m",
+                         sensitivity=1.0, noise_scale=1.0, rho=rho)
+                ok += 1
+            except BudgetExceededError:
+                pass
+            # a shared key charged by both processes: must be spent once
+            L.charge(key="shared", stage="synth", level="puma", node=(6, 1), mechanism="m",
+                     sensitivity=1.0, noise_scale=1.0, rho=Fraction(1, 10))
+    except BaseException:  # the parent asserts on it: a child's traceback is otherwise lost
+        out_q.put(traceback.format_exc())
+        raise
     out_q.put(ok)
 
 
@@ -187,10 +192,12 @@ def test_two_processes_never_exceed(tmp_path):
     for p in procs:
         p.start()
     evt.set()
+    oks = [q.get(timeout=120), q.get(timeout=120)]
     for p in procs:
         p.join(30)
-        assert p.exitcode == 0
-    oks = [q.get(timeout=5), q.get(timeout=5)]
+    errors = [x for x in oks if isinstance(x, str)]
+    assert not errors, "a worker failed:\n" + "\n".join(errors)
+    assert [p.exitcode for p in procs] == [0, 0]
     assert sum(oks) == 40 and min(oks) > 0
     L = PrivacyLedger(path, PLAN)
     assert L.spent("synth", "state", (6,)) == a
