@@ -86,3 +86,24 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
     again = puma_batch_task.fn(ctx, jobs, posterior, puma_ids, 7, None, state_ids)
     assert again == files and {f: digest(f) for f in files} == before
     assert len(ctx.ledger.charges()) == charges  # nothing measured or charged again
+
+
+def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_selection(tmp_path):
+    """``synthesis.puma_attributes`` → ``select_workload_task`` → ``select_workloads(puma_max_attributes)``:
+    at most that many one-way PUMA marginals, the strongest first (a smaller cap keeps a prefix of the
+    larger cap's order), recorded in the run's workload file."""
+    from engine.queries import Workload
+    from tasks.synthesize import select_workload_task
+    from tests.engine._support_testdata import random_data, small_domain
+
+    npz = tmp_path / "public.npz"
+    random_data(small_domain(M=4), 400, seed=21, dependence=0.8).to_npz(npz)
+    got = {}
+    for cap in (1, 2, 3):
+        rec = select_workload_task.fn(str(npz), str(tmp_path / f"workload{cap}.json"), 0, True, cap)
+        one_way = [w for w in rec["puma"] if len(Workload.from_id(w).attrs) == 1]
+        assert len(one_way) == len(rec["explanation"]["puma_attributes"]) == cap
+        assert rec["explanation"]["params"]["puma_max_attributes"] == cap
+        assert json.loads((tmp_path / f"workload{cap}.json").read_text())["puma"] == rec["puma"]
+        got[cap] = set(rec["explanation"]["puma_attributes"])
+    assert got[1] < got[2] < got[3]

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from engine.hierarchical_data import HierarchicalData
-from engine.queries import Workload
 from engine.workload_selection import geographic_information, maximum_spanning_tree, mutual_information, normalised_mi, select_workloads
 from tests.engine._support_testdata import random_data, small_domain
 
@@ -176,20 +175,3 @@ def test_normalise_and_first_give_every_non_partition_workload_its_form():
             assert w.first == (2 if w.level == "person" else 0)
     assert sel.explanation["params"]["normalise"] is True
 
-
-def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_selection(tmp_path):
-    """``synthesis.puma_attributes`` → ``select_workload_task`` → ``select_workloads(puma_max_attributes)``:
-    at most that many one-way PUMA marginals, the strongest first (a smaller cap keeps a prefix of the
-    larger cap's order), recorded in the run's workload file."""
-    from tasks.synthesize import select_workload_task
-
-    npz = tmp_path / "public.npz"
-    DATA.to_npz(npz)
-    got = {}
-    for cap in (1, 2, 3):
-        rec = select_workload_task(str(npz), str(tmp_path / f"workload{cap}.json"), 0, True, cap)
-        one_way = [w for w in rec["puma"] if len(Workload.from_id(w).attrs) == 1]
-        assert len(one_way) == min(cap, len(rec["explanation"]["puma_attributes"])) and rec["explanation"]["params"]["puma_max_attributes"] == cap
-        assert json.loads((tmp_path / f"workload{cap}.json").read_text())["puma"] == rec["puma"]
-        got[cap] = set(rec["explanation"]["puma_attributes"])
-    assert got[1] < got[2] < got[3]

@@ -186,7 +186,11 @@ def test_two_processes_never_exceed(tmp_path):
     PrivacyLedger(path, PLAN)
     a = PLAN.allocation("synth", "state")
     rho = a / 40  # 40 fit; the two workers try 2 x 30
-    ctx = mp.get_context("fork")
+    # spawned, not forked: a forked child inherits the exit handlers of whatever earlier tests left
+    # in this process (a Prefect task called outside a flow starts a temporary server; forked
+    # workers then exited with status 1 after their work); the pipeline's workers are separate
+    # processes too
+    ctx = mp.get_context("spawn")
     evt, q = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(path, evt, i, 30, rho, q)) for i in range(2)]
     for p in procs:
