@@ -38,7 +38,7 @@ from engine.privacy.session import PrivateSession
 from engine.queries import Workload
 from engine.support import Support
 from engine.synthesis import MeasureFn, UpdateRule, synthesize_node
-from engine.workload_selection import select_workloads
+from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
 
 __all__ = ["STATE_SHARES", "StateRelease", "node_rng", "session_measure", "session_select", "state_plan", "synthesize_state"]
 
@@ -103,7 +103,7 @@ class StateRelease:
 
 
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,
-                     person_first: int = 0, normalise: bool = True, puma_attributes: int = 4, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
+                     person_first: int = 0, normalise: bool = True, puma_attributes: int = PUMA_ATTRIBUTES, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
                      prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's

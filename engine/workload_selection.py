@@ -44,6 +44,8 @@ from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload
 
+PUMA_ATTRIBUTES = 4  # the PUMA level's one-way marginals by default (module docstring; six: benchmarks/results/HISTORY.md)
+
 # ---------------------------------------------------------------------------- mutual information
 
 
@@ -211,7 +213,7 @@ def select_workloads(
     max_contains: int = 4,
     edge_quantile: float = 0.75,
     puma_redundancy_nmi: float = 0.5,
-    puma_max_attributes: int = 4,
+    puma_max_attributes: int = PUMA_ATTRIBUTES,
     puma_pairs: int = 2,
     puma_pair_max_cells: int = 16,
     person_first: int = 0,

@@ -24,6 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
 from engine.hierarchical_data import HierarchicalData
+from engine.workload_selection import PUMA_ATTRIBUTES
 from flows.plan import invariants_statement
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
@@ -165,7 +166,7 @@ def merged_inputs(paths: RunPaths, reports: list[dict]) -> tuple[str, str]:
 
 
 @flow(name="select-workload")
-def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = 4) -> dict:
+def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES) -> dict:
     sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first, normalise, puma_attributes)
     get_run_logger().info(f"workload: {len(sel['state'])} state-level and {len(sel['puma'])} PUMA-level marginal workloads (from public data)")
     return sel

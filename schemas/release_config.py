@@ -23,6 +23,7 @@ from engine.errors import DPReleaseError
 from engine.geography import LEVELS
 from engine.hgem.settings import HGEMSettings
 from engine.prior_strength import DEFAULT_CANDIDATES
+from engine.workload_selection import PUMA_ATTRIBUTES
 from schemas.domain_spec import domain_spec_path
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
@@ -187,7 +188,7 @@ class SynthesisSpec(_Strict):
     normalise: bool = Field(default=True, description="every synthesis workload but the partitions measures each "
                             "household's contribution rescaled to one household's worth in L2 (engine.queries.Workload."
                             "normalised): L2 sensitivity one household, every person counted; false: plain counts")
-    puma_attributes: int = Field(default=4, ge=1, le=32, description="PUMA level: the one-way marginals of at most this many "
+    puma_attributes: int = Field(default=PUMA_ATTRIBUTES, ge=1, le=32, description="PUMA level: the one-way marginals of at most this many "
                                  "attributes, those that vary most between the PUMAs of a public state "
                                  "(engine.workload_selection.select_workloads' puma_max_attributes)")
     prior_strength_rule: Literal["empirical_bayes", "fixed"] = Field(

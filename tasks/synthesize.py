@@ -43,7 +43,7 @@ from engine.state_release import node_rng, session_measure, session_select
 from engine.support import Support
 from engine.synthesis import NodeResult, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
-from engine.workload_selection import select_workloads
+from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
@@ -68,7 +68,7 @@ def cached_balance(public_npz: str) -> BalanceTargets:
 
 
 @task(name="select-workload")
-def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = 4) -> dict:
+def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES) -> dict:
     """Mutual information on the public data only: no privacy cost."""
     out = Path(out_path)
     if out.exists():

@@ -90,8 +90,8 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
 
 def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_selection(tmp_path):
     """``synthesis.puma_attributes`` → ``select_workload_task`` → ``select_workloads(puma_max_attributes)``:
-    at most that many one-way PUMA marginals, the strongest first (a smaller cap keeps a prefix of the
-    larger cap's order), recorded in the run's workload file."""
+    exactly that many one-way PUMA marginals here, a smaller cap's attributes among a larger cap's,
+    recorded in the run's workload file."""
     from engine.queries import Workload
     from tasks.synthesize import select_workload_task
     from tests.engine._support_testdata import random_data, small_domain

@@ -174,4 +174,3 @@ def test_normalise_and_first_give_every_non_partition_workload_its_form():
             assert w.normalised == (not w.is_partition())
             assert w.first == (2 if w.level == "person" else 0)
     assert sel.explanation["params"]["normalise"] is True
-
