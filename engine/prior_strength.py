@@ -45,15 +45,18 @@ DEFAULT_CANDIDATES: tuple[float, ...] = (0.03, 0.05, 0.1)  # the range the bench
 
 @dataclass(frozen=True)
 class PriorStrengthChoice:
-    """The chosen relative strength ``strength`` (α = strength · G) and the log-likelihood of every
-    candidate (``loglik``, same order as ``candidates``)."""
+    """The chosen relative strength ``strength`` (α = strength · G), the log-likelihood of every
+    candidate (``loglik``, same order as ``candidates``) and the floor the choice was held to
+    (``floor``, :mod:`engine.strength_floor`; 0: none)."""
 
     strength: float
     candidates: tuple[float, ...]
     loglik: tuple[float, ...]
+    floor: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"strength": self.strength, "candidates": list(self.candidates), "loglik": [round(v, 3) for v in self.loglik]}
+        return {"strength": self.strength, "candidates": list(self.candidates), "loglik": [round(v, 3) for v in self.loglik],
+                "floor": self.floor}
 
 
 def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: Sequence[Measurement], total: float,
@@ -86,13 +89,15 @@ MIN_GAIN = 2.0  # log-likelihood: a weaker prior is taken only at a likelihood r
 
 
 def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Sequence[Measurement], total: float,
-                          candidates: Sequence[float], min_gain: float = MIN_GAIN) -> PriorStrengthChoice:
+                          candidates: Sequence[float], min_gain: float = MIN_GAIN, floor: float = 0.0) -> PriorStrengthChoice:
     """The candidate relative strength of largest marginal likelihood — but the strongest candidate
     unless the best beats it by ``min_gain`` in log-likelihood: where the measurements carry little
     information (tiny budgets, small states) the likelihood is nearly flat, and a weak prior would
     let their noise in for nothing (Delaware at ε = 0.1: log-likelihoods within 1.3 of each other,
     mean L1 0.244 with the weakest candidate against 0.235 with the strongest;
-    ``benchmarks/results/HISTORY.md``)."""
+    ``benchmarks/results/HISTORY.md``). ``floor``: the choice is raised to the smallest candidate
+    of at least ``floor`` (the public simulation's weakest useful prior, :mod:`engine.strength_floor`;
+    the largest candidate if none is that strong)."""
     cands = tuple(float(c) for c in candidates)
     if not cands or any(c <= 0 for c in cands):
         raise ValueError("candidate prior strengths must be positive")
@@ -101,4 +106,7 @@ def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Seq
     best = max(range(len(cands)), key=lambda i: (ll[i], cands[i]))
     if ll[best] - ll[strongest] < min_gain:
         best = strongest
-    return PriorStrengthChoice(cands[best], cands, tuple(float(v) for v in ll))
+    if cands[best] < floor:
+        allowed = [i for i in range(len(cands)) if cands[i] >= floor]
+        best = min(allowed, key=lambda i: cands[i]) if allowed else strongest
+    return PriorStrengthChoice(cands[best], cands, tuple(float(v) for v in ll), float(floor))

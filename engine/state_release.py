@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from engine.adaptive import AdaptiveRounds, SelectFn
+from engine.adaptive import AdaptiveRounds, SelectFn, round_budget
 from engine.balanced_sampling import BalanceTargets
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
@@ -36,6 +36,7 @@ from engine.prior_strength import DEFAULT_CANDIDATES
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
 from engine.queries import Workload
+from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
 from engine.synthesis import MeasureFn, UpdateRule, synthesize_node
 from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
@@ -105,14 +106,16 @@ class StateRelease:
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,
                      person_first: int = 0, normalise: bool = True, puma_attributes: int = PUMA_ATTRIBUTES, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
-                     prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES) -> StateRelease:
+                     prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES, strength_floor: bool = True) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
     ``person_first``, ``normalise``, ``puma_attributes``, ``update_rule``, ``prior_strength``: as the release config's ``synthesis``;
     ``adaptive``: adaptive rounds at the state level (``synthesis.adaptive``); ``sampling``: how
     each PUMA's households are drawn (``synthesis.sampling``); ``prior_strength_candidates``: the
-    state posterior's prior strength chosen among them by empirical Bayes (``()``: ``prior_strength``)."""
+    state posterior's prior strength chosen among them by empirical Bayes (``()``: ``prior_strength``),
+    held at or above the public simulation's floor (:mod:`engine.strength_floor`) unless
+    ``strength_floor`` is false."""
     plan = session.ledger.plan
     pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
     if not pumas:
@@ -123,12 +126,18 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     sel = select_workloads(public, person_first=person_first, normalise=normalise, puma_max_attributes=puma_attributes)
     support = Support.from_data(public)
     node = (int(state),)
+    eb = prior_strength_candidates if update_rule == "map" else ()
+    rho_state = plan.allocation("state_synthesis", "state")
+    floor = 0.0
+    if strength_floor and len(eb) > 1 and rho_state > 0:
+        measured = rho_state if adaptive is None else round_budget(rho_state, adaptive).initial
+        floor = simulate_strength_floor(public, sel.state, session.unit, float(measured), eb).floor
     state_res = synthesize_node(
         support, support.weights, sel.state, plan.allocation("state_synthesis", "state"),
         session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),
         rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))),
         adaptive=adaptive, select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
-        strengths=prior_strength_candidates if update_rule == "map" else (),
+        strengths=eb, strength_floor=floor,
     )
     diagnostics = {node_key(node): state_res.diagnostics}
     order = household_order(public)

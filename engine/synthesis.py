@@ -235,6 +235,7 @@ def synthesize_node(
     select: SelectFn | None = None,
     unit: PrivacyUnit = "household",
     strengths: Sequence[float] = (),
+    strength_floor: float = 0.0,
 ) -> NodeResult:
     """PRIOR_UPDATE of one node: measure, normalise, update. ``extra``: measurements made
     elsewhere (the count-of-counts size marginal, :func:`size_measurement`) fitted jointly with
@@ -244,8 +245,8 @@ def synthesize_node(
     privacy unit of the selection's sensitivity): part of ρ goes to adaptive rounds after the
     given workloads (:func:`adaptive_measure`). ``strengths`` (two or more, MAP rule): the prior
     strength is chosen among them from the given workloads' measurements by empirical Bayes
-    (:func:`engine.prior_strength.choose_prior_strength`) instead of ``prior_strength``; the
-    choice is in the diagnostics. With nothing to fit the prior is returned unchanged."""
+    (:func:`engine.prior_strength.choose_prior_strength`) instead of ``prior_strength``, at least
+    ``strength_floor`` (:mod:`engine.strength_floor`); the choice is in the diagnostics. With nothing to fit the prior is returned unchanged."""
     p = np.asarray(prior, dtype=np.float64)
     if rho > 0 and workloads and measure is None:
         raise ValueError("workloads to measure at rho > 0 need a measure callable")
@@ -265,7 +266,7 @@ def synthesize_node(
     G0 = float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)
     strength_choice = None
     if len(strengths) > 1 and rule == "map" and measured:
-        strength_choice = choose_prior_strength(support, p, [*measured, *extra], G0, strengths)
+        strength_choice = choose_prior_strength(support, p, [*measured, *extra], G0, strengths, floor=strength_floor)
         prior_strength = strength_choice.strength
     if rounds and adaptive is not None and measure is not None and select is not None:
         more, chosen, last = adaptive_measure(support, p, measured, extra, G0, adaptive, Fraction(rho), measure, select, unit, rule,

@@ -50,7 +50,15 @@ from tasks.publish import code_version, input_identity, library_versions, sha256
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
-from tasks.synthesize import PumaJob, choose_split_task, public_only_baseline, puma_batch_task, select_workload_task, state_update_task
+from tasks.synthesize import (
+    PumaJob,
+    choose_split_task,
+    choose_strength_floor_task,
+    public_only_baseline,
+    puma_batch_task,
+    select_workload_task,
+    state_update_task,
+)
 
 
 class Progress:
@@ -181,6 +189,15 @@ def choose_split_stage(ctx: RunContext, workload: dict) -> dict:
     return choice
 
 
+@flow(name="choose-prior-strength-floor")
+def choose_strength_floor_stage(ctx: RunContext, workload: dict) -> dict:
+    """The floor of the state prior strength from public data only (before any measurement)."""
+    choice = choose_strength_floor_task(ctx, workload["state"])
+    get_run_logger().info(f"state prior strength: at least {choice['floor']:g} of the households "
+                          "(held-out error simulated on the public data)")
+    return choice
+
+
 @flow(name="count-of-counts")
 def count_of_counts_stage(ctx: RunContext) -> str:
     return count_of_counts_task.submit(ctx).result()
@@ -293,7 +310,8 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "epsilon_delta": {"epsilon": summary["total"]["epsilon_spent_cks"], "delta": summary["total"]["delta"], "conversion": "Canonne-Kamath-Steinke 2020"},
             "samplers": "OpenDP contrib samplers (dp.enable_features('contrib')): discrete Gaussian / discrete Laplace on counts, drawing from OS entropy",
         },
-        "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": synthesizer_settings(cfg)},
+        "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": synthesizer_settings(cfg),
+                        **({"prior_strength_floor": strength_floor_entry(paths)} if cfg.synthesizer == "prior_update" else {})},
         "workload": workload,
         "count_of_counts": None if coc_path is None else {
             "method": "Hc (isotonic L1), consistent top-down; its state and PUMA size histograms are fitted by the synthesis as noisy measurements",
@@ -318,6 +336,18 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
+
+
+def uses_strength_floor(cfg) -> bool:
+    """Whether the state's empirical-Bayes prior strength is held to the public simulation's floor."""
+    s = cfg.synthesis
+    return s.update_rule == "map" and s.prior_strength_rule == "empirical_bayes" and s.prior_strength_floor == "public_simulation"
+
+
+def strength_floor_entry(paths: RunPaths) -> dict:
+    """The floor of the state prior strength: the public simulation's choice with its table, or none."""
+    chosen = paths.strength_floor_path
+    return json.loads(chosen.read_text()) if chosen.exists() else {"method": "none (synthesis.prior_strength_floor or a fixed rule)"}
 
 
 def synthesis_split_entry(paths: RunPaths) -> dict:
@@ -405,6 +435,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             split = stage("choose_synthesis_split", choose_split_stage, ctx, workload, charges=False)
             cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(split["state_fraction"]))})
             ctx = replace(ctx, cfg=cfg)
+        if cfg.synthesizer == "prior_update" and uses_strength_floor(cfg):
+            stage("choose_prior_strength_floor", choose_strength_floor_stage, ctx, workload, charges=False)
         if cfg.allocation.stages.get("count_of_counts", 0) > 0:
             counts_path = coc_path = stage("count_of_counts", count_of_counts_stage, ctx)
         else:

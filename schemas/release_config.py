@@ -196,6 +196,10 @@ class SynthesisSpec(_Strict):
         "prior_strength_candidates from the state's own noisy measurements, engine.prior_strength) or fixed (prior_strength)")
     prior_strength_candidates: list[float] = Field(default_factory=lambda: list(DEFAULT_CANDIDATES), min_length=2,
                                                    description="empirical_bayes: the relative prior strengths to choose from")
+    prior_strength_floor: Literal["public_simulation", "none"] = Field(
+        default="public_simulation", description="empirical_bayes: public_simulation holds the choice at or above the weakest "
+        "candidate any public state, played as the private one at the run's budget, is best with on held-out marginals "
+        "(engine.strength_floor; no privacy cost, recorded in the manifest's synthesizer.prior_strength_floor); none: no floor")
 
     @field_validator("prior_strength_candidates")
     @classmethod

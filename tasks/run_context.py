@@ -71,6 +71,11 @@ class RunPaths:
         return self.run_dir / "synthesis_split.json"
 
     @property
+    def strength_floor_path(self) -> Path:
+        """The public simulation's floor of the state prior strength (``synthesis.prior_strength_floor``)."""
+        return self.run_dir / "prior_strength_floor.json"
+
+    @property
     def lock_path(self) -> Path:
         return self.run_dir / "lock"
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
+from engine.adaptive import round_budget
 from engine.balanced_sampling import BalanceTargets
 from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
@@ -40,6 +41,7 @@ from engine.level_consistency import rake_to_parent
 from engine.measurement import Measurement
 from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_select
+from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
 from engine.synthesis import NodeResult, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
@@ -97,6 +99,30 @@ def choose_split_task(ctx: RunContext, workload_ids: list[str]) -> dict:
     return choice
 
 
+@task(name="choose-prior-strength-floor")
+def choose_strength_floor_task(ctx: RunContext, workload_ids: list[str]) -> dict:
+    """``synthesis.prior_strength_floor: public_simulation``: the weakest state prior strength
+    any public state, played as the private one with the state's workloads at the run's ρ, is best
+    with on held-out marginals (``engine.strength_floor``; public data only, no privacy cost). Kept
+    in the work directory: a resumed run reuses it."""
+    out = ctx.paths.strength_floor_path
+    if out.exists():
+        return json.loads(out.read_text())
+    rho = ctx.allocation("state_synthesis", "state")
+    adaptive = ctx.cfg.synthesis.adaptive.plan("state")
+    measured = rho if adaptive is None else round_budget(rho, adaptive).initial
+    choice = simulate_strength_floor(ctx.public(), [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit, float(measured),
+                                     ctx.cfg.synthesis.prior_strength_candidates).to_dict()
+    write_json_atomic(out, choice)
+    return choice
+
+
+def strength_floor(ctx: RunContext) -> float:
+    """The run's floor of the state prior strength (0 when none was simulated)."""
+    path = ctx.paths.strength_floor_path
+    return float(json.loads(path.read_text())["floor"]) if path.exists() else 0.0
+
+
 SizeEstimate = tuple[list[float], float]  # (noisy households of size 1..K, noise sd of one entry)
 
 
@@ -141,7 +167,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
         extra=size_extra(support, size_estimate), total_sd=households_sd,
         adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
-        strengths=s.prior_strength_candidates if s.prior_strength_rule == "empirical_bayes" else (),
+        strengths=s.prior_strength_candidates if s.prior_strength_rule == "empirical_bayes" else (), strength_floor=strength_floor(ctx),
     )
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": record.sigmas,
