@@ -62,7 +62,11 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
     rel = tmp_path / "releases" / "e2e"
     manifest = json.loads((rel / "manifest.json").read_text())
     assert manifest["synthesizer"]["name"] == "prior_update"
-    assert manifest["stages"] == ["ingest", "select_workload", "count_of_counts", "state_synthesis", "puma_synthesis", "publish"]
+    assert manifest["stages"] == ["ingest", "select_workload", "choose_prior_strength_floor", "count_of_counts", "state_synthesis",
+                                  "puma_synthesis", "publish"]
+    # one public state cannot be played against others: the simulation runs, records no floor
+    floor = manifest["synthesizer"]["prior_strength_floor"]
+    assert floor["floor"] == 0.0 and floor["played"] == [] and floor["candidates"] == manifest["config"]["synthesis"]["prior_strength_candidates"]
     assert manifest["workload"]["state"] and manifest["workload"]["puma"]
     # the ledger: every stage spent, never beyond the plan
     led = manifest["privacy"]["ledger"]

@@ -1,0 +1,103 @@
+"""engine.strength_floor: the simulated held-out errors against a direct recomputation (the same
+noise, fits and marginals written out plainly), the floor's rule (the smallest best), its
+reproducibility and its bad inputs; the floor reaching the empirical-Bayes choice."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from engine.map_update import map_fit
+from engine.measurement import Measurement
+from engine.metrics import k_way_workloads
+from engine.prior_strength import choose_prior_strength
+from engine.queries import Workload, answer
+from engine.strength_floor import SEED, simulate_strength_floor
+from engine.support import Support
+from tests.engine._support_testdata import random_data, small_domain
+
+DOMAIN = small_domain(M=4)
+WORKLOADS = [Workload("group", ("TEN", "NP")), Workload("person", ("R18",), ("AGE",)), Workload("person", (), ("SEX", "RAC"), 0, True)]
+CANDIDATES = (0.03, 0.1, 0.3)
+
+
+def three_states(seed=0, n=300):
+    """Three public states whose households differ (each drawn with its own dependence)."""
+    parts = []
+    for i, dep in enumerate((0.3, 0.6, 0.9)):
+        d = random_data(DOMAIN, n, seed=seed + i, dependence=dep)
+        parts.append(d.with_geo(np.stack([np.full(d.n_households, i + 1), np.full(d.n_households, 100)], axis=1)))
+    return parts[0].concat(parts)
+
+
+def test_the_held_out_errors_equal_a_direct_recomputation():
+    public = three_states()
+    rho = 0.05
+    got = simulate_strength_floor(public, WORKLOADS, "household", rho, CANDIDATES, held_out=10)
+    rng = np.random.default_rng(SEED)
+    held_out = k_way_workloads(DOMAIN, 3, "person", limit=10, rng=np.random.default_rng(SEED))
+    assert len(held_out) == 10
+    rho_w = Fraction(rho) / len(WORKLOADS)
+    expected = []
+    for s in (1, 2, 3):
+        truth, prior = public.select(public.geo[:, 0] == s), public.select(public.geo[:, 0] != s)
+        support = Support.from_data(prior)
+        measured = []
+        for w in WORKLOADS:
+            sd = w.sensitivity(DOMAIN, "household")[1] / np.sqrt(2 * float(rho_w))
+            measured.append(Measurement(w, answer(truth, w) + rng.normal(0, sd, w.n_cells(DOMAIN)), sd, rho_w))
+        errs = []
+        for c in CANDIDATES:
+            q = map_fit(support, support.weights, measured, truth.n_households, prior_strength=c * truth.n_households).weights
+            l1 = []
+            for w in held_out:
+                a, b = answer(truth, w), answer(prior, w, q)
+                l1.append(np.abs(a / a.sum() - b / b.sum()).sum())
+            errs.append(np.mean(l1))
+        expected.append((s, errs))
+    assert [s for s, _ in got.table] == [1, 2, 3]
+    for (s, e), (s2, e2) in zip(got.table, expected, strict=True):
+        np.testing.assert_allclose(e, e2, rtol=1e-9)
+    bests = [CANDIDATES[int(np.argmin(e))] for _, e in expected]
+    assert got.floor == min(bests)
+    record = got.to_dict()
+    assert record["floor"] == got.floor and [p["best"] for p in record["played"]] == bests
+    # reproducible: a function of the public data, the workloads and rho
+    assert simulate_strength_floor(public, WORKLOADS, "household", rho, CANDIDATES, held_out=10) == got
+
+
+def test_one_public_state_gives_no_floor_and_bad_inputs_are_refused():
+    one = random_data(DOMAIN, 100, seed=1)
+    one = one.with_geo(np.stack([np.ones(one.n_households, int), np.full(one.n_households, 100)], axis=1))
+    assert simulate_strength_floor(one, WORKLOADS, "household", 1.0, CANDIDATES).floor == 0.0
+    public = three_states()
+    with pytest.raises(ValueError, match="positive"):
+        simulate_strength_floor(public, WORKLOADS, "household", 1.0, (0.0, 0.1))
+    with pytest.raises(ValueError, match="rho > 0"):
+        simulate_strength_floor(public, WORKLOADS, "household", 0.0, CANDIDATES)
+    with pytest.raises(ValueError, match="rho > 0"):
+        simulate_strength_floor(public, [], "household", 1.0, CANDIDATES)
+
+
+def test_the_floor_raises_the_empirical_bayes_choice():
+    """Sharp measurements of a node far from the prior: empirical Bayes picks the weakest candidate;
+    a floor between candidates lifts it to the next one at or above, a floor above all to the
+    strongest, and a floor below the choice changes nothing."""
+    data = random_data(DOMAIN, 300, seed=7)
+    s = Support.from_data(data)
+    rng = np.random.default_rng(8)
+    p = rng.dirichlet(np.full(s.n_support, 5.0))
+    G = 2000
+    q = rng.dirichlet(0.002 * G * p + 1e-9)
+    counts = rng.multinomial(G, q / q.sum())
+    ms = [Measurement(w, answer(data, w, counts) + rng.normal(0, 3.0, w.n_cells(DOMAIN)), 3.0) for w in WORKLOADS]
+    cands = [0.002, 0.02, 0.2]
+    free = choose_prior_strength(s, p, ms, G, cands)
+    assert free.strength == 0.002 and free.floor == 0.0
+    assert choose_prior_strength(s, p, ms, G, cands, floor=0.001).strength == 0.002
+    lifted = choose_prior_strength(s, p, ms, G, cands, floor=0.01)
+    assert lifted.strength == 0.02 and lifted.floor == 0.01 and lifted.loglik == free.loglik
+    assert lifted.to_dict()["floor"] == 0.01
+    assert choose_prior_strength(s, p, ms, G, cands, floor=5.0).strength == 0.2
