@@ -133,7 +133,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
         measured = rho_state if adaptive is None else round_budget(rho_state, adaptive).initial
         floor = simulate_strength_floor(public, sel.state, session.unit, float(measured), eb).floor
     state_res = synthesize_node(
-        support, support.weights, sel.state, plan.allocation("state_synthesis", "state"),
+        support, support.weights, sel.state, rho_state,
         session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),
         rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))),
         adaptive=adaptive, select=session_select(session, "state_synthesis", "state", node), unit=session.unit,

@@ -41,6 +41,7 @@ from engine.support import Support
 __all__ = ["HELD_OUT", "StrengthFloor", "simulate_strength_floor"]
 
 HELD_OUT = 120  # held-out 3-way marginals per played state (a fixed random sample when the domain has more)
+MAX_PLAYED = 12  # played states (a fixed random sample of the public states when there are more): the cost is one support per played state
 SEED = 20261125  # the simulated noise's seed: the floor is a function of the public data and ρ
 
 
@@ -89,10 +90,12 @@ class _HeldOut:
 
 
 def simulate_strength_floor(public: HierarchicalData, workloads: Sequence[Workload], unit: PrivacyUnit, rho: float,
-                            candidates: Sequence[float], *, held_out: int = HELD_OUT, seed: int = SEED) -> StrengthFloor:
+                            candidates: Sequence[float], *, held_out: int = HELD_OUT, max_played: int = MAX_PLAYED,
+                            seed: int = SEED) -> StrengthFloor:
     """The floor of the state's prior strength (module docstring) for the state's ``workloads``
     measured with ``rho`` per state (the part of its ρ they get) under ``unit``; ``candidates``:
-    the relative strengths empirical Bayes chooses among."""
+    the relative strengths empirical Bayes chooses among; at most ``max_played`` public states
+    play the private one (each against all the others)."""
     cands = tuple(sorted(float(c) for c in candidates))
     if not cands or any(c <= 0 for c in cands):
         raise ValueError("candidate prior strengths must be positive")
@@ -104,10 +107,11 @@ def simulate_strength_floor(public: HierarchicalData, workloads: Sequence[Worklo
         return StrengthFloor(0.0, cands, float(rho), ())
     evaluation = k_way_workloads(d, 3, "person", limit=held_out, rng=np.random.default_rng(seed))
     rng = np.random.default_rng(seed)
+    played = states if len(states) <= max_played else np.sort(rng.choice(states, max_played, replace=False))
     rho_w = Fraction(rho) / len(workloads)
     sigma = [w.sensitivity(d, unit)[1] / np.sqrt(2.0 * float(rho_w)) for w in workloads]
     table = []
-    for s in states:
+    for s in played:
         mine = public.geo[:, 0] == s
         truth, prior_data = public.select(mine), public.select(~mine)
         support = Support.from_data(prior_data)

@@ -59,6 +59,7 @@ def test_the_held_out_errors_equal_a_direct_recomputation():
         expected.append((s, errs))
     assert [s for s, _ in got.table] == [1, 2, 3]
     for (s, e), (s2, e2) in zip(got.table, expected, strict=True):
+        assert s == s2
         np.testing.assert_allclose(e, e2, rtol=1e-9)
     bests = [CANDIDATES[int(np.argmin(e))] for _, e in expected]
     assert got.floor == min(bests)
@@ -66,6 +67,10 @@ def test_the_held_out_errors_equal_a_direct_recomputation():
     assert record["floor"] == got.floor and [p["best"] for p in record["played"]] == bests
     # reproducible: a function of the public data, the workloads and rho
     assert simulate_strength_floor(public, WORKLOADS, "household", rho, CANDIDATES, held_out=10) == got
+    # more public states than max_played: a fixed sample of them plays, each against all the others
+    two = simulate_strength_floor(public, WORKLOADS, "household", rho, CANDIDATES, held_out=10, max_played=2)
+    assert len(two.table) == 2 and {s for s, _ in two.table} < {1, 2, 3}
+    assert two == simulate_strength_floor(public, WORKLOADS, "household", rho, CANDIDATES, held_out=10, max_played=2)
 
 
 def test_one_public_state_gives_no_floor_and_bad_inputs_are_refused():
