@@ -1,6 +1,7 @@
 """Empirical-Bayes prior strength (engine.prior_strength): the eigen form of the marginal
 likelihood against the dense Gaussian log-density, the choice recovering the strength that
-generated the data (statistical test), and the choice reaching synthesize_node's fit."""
+generated the data (statistical test), the choice reaching synthesize_node's fit, and the floor
+lifting it."""
 
 from __future__ import annotations
 
@@ -62,16 +63,22 @@ def test_the_choice_recovers_the_strength_that_generated_the_data(true_strength)
     assert hits >= 14
 
 
+def node_from_prior(strength: float, seed: int = 7):
+    """A node of G = 2000 households drawn as q ~ Dirichlet(strength·G·p) around a random prior p on
+    a random support: (data, support, p, G, household counts, the generator for the noise)."""
+    data = random_data(DOMAIN, 300, seed=seed)
+    s = Support.from_data(data)
+    rng = np.random.default_rng(seed + 1)
+    p = rng.dirichlet(np.full(s.n_support, 5.0))
+    G = 2000
+    q = rng.dirichlet(strength * G * p + 1e-9)
+    return data, s, p, G, rng.multinomial(G, q / q.sum()), rng
+
+
 def test_a_nearly_flat_likelihood_keeps_the_strongest_prior():
     """Few, very noisy measurements: the likelihood cannot tell the candidates apart, and the
     strongest prior is kept; the same data with small noise pick the generating strength."""
-    data = random_data(DOMAIN, 300, seed=7)
-    s = Support.from_data(data)
-    rng = np.random.default_rng(8)
-    p = rng.dirichlet(np.full(s.n_support, 5.0))
-    G = 2000
-    q = rng.dirichlet(0.02 * G * p + 1e-9)
-    counts = rng.multinomial(G, q / q.sum())
+    data, s, p, G, counts, rng = node_from_prior(0.02)
     w = WORKLOADS[0]
     noisy = [Measurement(w, answer(data, w, counts) + rng.normal(0, 2000.0, w.n_cells(DOMAIN)), 2000.0)]
     choice = choose_prior_strength(s, p, noisy, G, [0.002, 0.02, 0.2])
@@ -96,3 +103,20 @@ def test_synthesize_node_fits_with_the_chosen_strength():
     assert res.diagnostics["prior_strength"] == pytest.approx(choice["strength"] * truth.n_households)
     with pytest.raises(ValueError, match="positive"):
         choose_prior_strength(s, s.weights, [Measurement(WORKLOADS[0], np.zeros(6), 1.0)], 10, [0.0, 1.0])
+
+
+def test_the_floor_raises_the_empirical_bayes_choice():
+    """The public simulation's floor (engine.strength_floor): sharp measurements of a node far from
+    the prior make empirical Bayes pick the weakest candidate; a floor between candidates lifts it to
+    the next one at or above, a floor above all to the strongest, and a floor below the choice changes
+    nothing."""
+    data, s, p, G, counts, rng = node_from_prior(0.002)
+    ms = [Measurement(w, answer(data, w, counts) + rng.normal(0, 3.0, w.n_cells(DOMAIN)), 3.0) for w in WORKLOADS]
+    cands = [0.002, 0.02, 0.2]
+    free = choose_prior_strength(s, p, ms, G, cands)
+    assert free.strength == 0.002 and free.floor == 0.0
+    assert choose_prior_strength(s, p, ms, G, cands, floor=0.001).strength == 0.002
+    lifted = choose_prior_strength(s, p, ms, G, cands, floor=0.01)
+    assert lifted.strength == 0.02 and lifted.floor == 0.01 and lifted.loglik == free.loglik
+    assert lifted.to_dict()["floor"] == 0.01
+    assert choose_prior_strength(s, p, ms, G, cands, floor=5.0).strength == 0.2

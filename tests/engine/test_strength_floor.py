@@ -1,6 +1,6 @@
 """engine.strength_floor: the simulated held-out errors against a direct recomputation (the same
 noise, fits and marginals written out plainly), the floor's rule (the smallest best), its
-reproducibility and its bad inputs; the floor reaching the empirical-Bayes choice."""
+reproducibility and its bad inputs (the floor's effect on the choice: tests/engine/test_prior_strength.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from engine.map_update import map_fit
 from engine.measurement import Measurement
 from engine.metrics import k_way_workloads
-from engine.prior_strength import choose_prior_strength
 from engine.queries import Workload, answer
 from engine.strength_floor import SEED, simulate_strength_floor
 from engine.support import Support
@@ -84,25 +83,3 @@ def test_one_public_state_gives_no_floor_and_bad_inputs_are_refused():
         simulate_strength_floor(public, WORKLOADS, "household", 0.0, CANDIDATES)
     with pytest.raises(ValueError, match="rho > 0"):
         simulate_strength_floor(public, [], "household", 1.0, CANDIDATES)
-
-
-def test_the_floor_raises_the_empirical_bayes_choice():
-    """Sharp measurements of a node far from the prior: empirical Bayes picks the weakest candidate;
-    a floor between candidates lifts it to the next one at or above, a floor above all to the
-    strongest, and a floor below the choice changes nothing."""
-    data = random_data(DOMAIN, 300, seed=7)
-    s = Support.from_data(data)
-    rng = np.random.default_rng(8)
-    p = rng.dirichlet(np.full(s.n_support, 5.0))
-    G = 2000
-    q = rng.dirichlet(0.002 * G * p + 1e-9)
-    counts = rng.multinomial(G, q / q.sum())
-    ms = [Measurement(w, answer(data, w, counts) + rng.normal(0, 3.0, w.n_cells(DOMAIN)), 3.0) for w in WORKLOADS]
-    cands = [0.002, 0.02, 0.2]
-    free = choose_prior_strength(s, p, ms, G, cands)
-    assert free.strength == 0.002 and free.floor == 0.0
-    assert choose_prior_strength(s, p, ms, G, cands, floor=0.001).strength == 0.002
-    lifted = choose_prior_strength(s, p, ms, G, cands, floor=0.01)
-    assert lifted.strength == 0.02 and lifted.floor == 0.01 and lifted.loglik == free.loglik
-    assert lifted.to_dict()["floor"] == 0.01
-    assert choose_prior_strength(s, p, ms, G, cands, floor=5.0).strength == 0.2
