@@ -54,7 +54,7 @@ from engine.queries import PrivacyUnit, Workload, answer, group_rows
 SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], int]
 
 __all__ = ["SELECT_FIRST", "AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "exact_answers",
-           "expected_measurement_l1", "measured_form", "round_budget", "selection_first"]
+           "expected_measurement_l1", "initial_rho", "measured_form", "round_budget", "selection_first"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,13 @@ class RoundBudget:
 
     def total(self) -> Fraction:
         return self.initial + self.rounds * (self.select + self.measure)
+
+
+def initial_rho(rho: Fraction, plan: AdaptiveRounds | None) -> Fraction:
+    """The part of a node's ``rho`` its given workloads get before any adaptive round (all of it
+    without rounds, or at ρ = 0)."""
+    rho = Fraction(rho)
+    return rho if plan is None or not plan.active or rho <= 0 else round_budget(rho, plan).initial
 
 
 def round_budget(rho: Fraction, plan: AdaptiveRounds) -> RoundBudget:

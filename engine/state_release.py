@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from engine.adaptive import AdaptiveRounds, SelectFn, round_budget
+from engine.adaptive import AdaptiveRounds, SelectFn, initial_rho
 from engine.balanced_sampling import BalanceTargets
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
@@ -130,8 +130,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     rho_state = plan.allocation("state_synthesis", "state")
     floor = 0.0
     if strength_floor and len(eb) > 1 and rho_state > 0:
-        measured = rho_state if adaptive is None else round_budget(rho_state, adaptive).initial
-        floor = simulate_strength_floor(public, sel.state, session.unit, float(measured), eb).floor
+        floor = simulate_strength_floor(public, sel.state, session.unit, float(initial_rho(rho_state, adaptive)), eb).floor
     state_res = synthesize_node(
         support, support.weights, sel.state, rho_state,
         session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),

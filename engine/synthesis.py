@@ -50,6 +50,7 @@ from engine.adaptive import (
     SelectFn,
     candidate_workloads,
     expected_measurement_l1,
+    initial_rho,
     measured_form,
     round_budget,
     selection_first,
@@ -255,7 +256,7 @@ def synthesize_node(
     rounds = adaptive is not None and adaptive.active and rho > 0 and measure is not None
     if rounds and select is None:
         raise ValueError("adaptive rounds need a select callable")
-    rho_given = round_budget(Fraction(rho), adaptive).initial if rounds and adaptive is not None else Fraction(rho)
+    rho_given = initial_rho(rho, adaptive)
     measured = measure_node(workloads, rho_given, measure) if rho > 0 and workloads and measure is not None else []  # None raised above
     joint = total_sd > 0 and bool(measured)
     # a trust region of three of the count's sd: where the workloads pin G only weakly ("contains"

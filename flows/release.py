@@ -339,9 +339,10 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
 
 
 def uses_strength_floor(cfg) -> bool:
-    """Whether the state's empirical-Bayes prior strength is held to the public simulation's floor."""
+    """Whether the prior update's state strength (empirical Bayes) is held to the public simulation's floor."""
     s = cfg.synthesis
-    return s.update_rule == "map" and s.prior_strength_rule == "empirical_bayes" and s.prior_strength_floor == "public_simulation"
+    return (cfg.synthesizer == "prior_update" and s.update_rule == "map" and s.prior_strength_rule == "empirical_bayes"
+            and s.prior_strength_floor == "public_simulation")
 
 
 def strength_floor_entry(paths: RunPaths) -> dict:
@@ -435,7 +436,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             split = stage("choose_synthesis_split", choose_split_stage, ctx, workload, charges=False)
             cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(split["state_fraction"]))})
             ctx = replace(ctx, cfg=cfg)
-        if cfg.synthesizer == "prior_update" and uses_strength_floor(cfg):
+        if uses_strength_floor(cfg):
             stage("choose_prior_strength_floor", choose_strength_floor_stage, ctx, workload, charges=False)
         if cfg.allocation.stages.get("count_of_counts", 0) > 0:
             counts_path = coc_path = stage("count_of_counts", count_of_counts_stage, ctx)

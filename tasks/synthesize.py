@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from engine.adaptive import round_budget
+from engine.adaptive import initial_rho
 from engine.balanced_sampling import BalanceTargets
 from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
@@ -108,10 +108,8 @@ def choose_strength_floor_task(ctx: RunContext, workload_ids: list[str]) -> dict
     out = ctx.paths.strength_floor_path
     if out.exists():
         return json.loads(out.read_text())
-    rho = ctx.allocation("state_synthesis", "state")
-    adaptive = ctx.cfg.synthesis.adaptive.plan("state")
-    measured = rho if adaptive is None else round_budget(rho, adaptive).initial
-    choice = simulate_strength_floor(ctx.public(), [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit, float(measured),
+    rho = initial_rho(ctx.allocation("state_synthesis", "state"), ctx.cfg.synthesis.adaptive.plan("state"))
+    choice = simulate_strength_floor(ctx.public(), [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit, float(rho),
                                      ctx.cfg.synthesis.prior_strength_candidates).to_dict()
     write_json_atomic(out, choice)
     return choice

@@ -18,6 +18,7 @@ from engine.adaptive import (
     candidate_workloads,
     exact_answers,
     expected_measurement_l1,
+    initial_rho,
     measured_form,
     round_budget,
     selection_first,
@@ -45,6 +46,7 @@ def test_the_round_budget_is_exact_and_never_exceeds_the_node(rho, rounds, share
     assert b.measure == share * rho / rounds * Fraction(9, 10)
     assert b.total() <= rho and float(rho - b.total()) < 1e-12 * float(rho) + 1e-300
     assert epsilon_for_exponential_rho(b.select) == b.epsilon0  # the largest float ε₀ with ε₀²/8 ≤ ρ_select
+    assert initial_rho(rho, AdaptiveRounds(rounds, share)) == b.initial  # what the given workloads get
 
 
 def test_the_plan_is_validated():
@@ -55,6 +57,8 @@ def test_the_plan_is_validated():
     with pytest.raises(ValueError):
         AdaptiveRounds(4, 1)
     assert round_budget(Fraction(1, 3), AdaptiveRounds()).initial == Fraction(1, 3)  # no rounds: all to the given workloads
+    assert initial_rho(Fraction(1, 3), None) == initial_rho(Fraction(1, 3), AdaptiveRounds()) == Fraction(1, 3)
+    assert initial_rho(Fraction(0), AdaptiveRounds(4, Fraction(1, 2))) == 0  # nothing to split
 
 
 def test_candidates_against_brute_force():
