@@ -6,8 +6,14 @@ import os
 import tempfile
 from pathlib import Path
 
-# Prefect settings must be in place before prefect is imported anywhere.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="dprelease-prefect-"))
+# Prefect settings must be in place before prefect is imported anywhere. Under pytest-xdist each
+# worker process gets its own Prefect home (its own SQLite database and ephemeral server) below
+# the run's, so parallel end-to-end tests never share one database.
+_prefect_home = os.environ.get("PREFECT_HOME") or tempfile.mkdtemp(prefix="dprelease-prefect-")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _prefect_home = os.path.join(_prefect_home, os.environ["PYTEST_XDIST_WORKER"])
+    os.makedirs(_prefect_home, exist_ok=True)
+os.environ["PREFECT_HOME"] = _prefect_home
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
