@@ -27,7 +27,8 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 
 # the suite in parallel worker processes (pytest-xdist; tests/conftest.py gives each its own Prefect
-# home): 10-12 minutes on 2 cores against 15.5 serially. TEST_ARGS="-n 0" runs it in one process.
+# home, one Prefect server for the session, one Dask cluster per worker): about 11 minutes on 2 cores.
+# TEST_ARGS="-n 0" runs it in one process.
 TEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
 
 test: $(BIN)/.installed lint

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a release from a config", description="Run the release flow (Prefect, on a local Dask cluster by default) for a release config.")
     r.add_argument("config", type=Path, help="release config YAML (e.g. deploy/releases/acs2018_default.yaml)")
-    r.add_argument("--dask-address", default=None, help="address of an existing Dask scheduler (default: start a LocalCluster)")
+    r.add_argument("--dask-address", default=None, help="address of an existing Dask scheduler (default: DASK_SCHEDULER_ADDRESS if set, else start a LocalCluster)")
     r.add_argument("--name", default=None, help="release name overriding the config's (a finished release is never overwritten)")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="validate PUMS person files", description="Validate PUMS person files (zip or CSV) against the domain spec; one line per problem; exit 1 if any file is invalid.")

@@ -1,6 +1,6 @@
 """Deploying the release flow: a scheduled Prefect deployment, served or on a ``process`` work pool.
 
-Three ways to run ``flows/release.py:release_flow`` on a schedule (see ``deploy/README.md``):
+Three ways to run ``flows.release.release_flow`` on a schedule (see ``deploy/README.md``):
 
 * ``deploy/prefect.yaml`` + ``prefect deploy`` (the reference: a ``process`` work pool, no Docker);
 * :func:`register_release_deployment` — the same deployment registered from Python;
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, cast
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ENTRYPOINT = "flows/release.py:release_flow"
+ENTRYPOINT = "flows.release.release_flow"
 FLOW_NAME = "dprelease-release"
 DEPLOYMENT_NAME = "acs-annual-release"
 SERVED_DEPLOYMENT_NAME = "acs-annual-release-served"

@@ -2,7 +2,8 @@
 or H-GEM) → PUMA synthesis → publish → internal QA.
 
 Stages that touch confidential data fan out geography nodes on Dask through prefect-dask
-(a ``LocalCluster`` sized to the machine by default, or an existing cluster via ``dask_address``).
+(a ``LocalCluster`` sized to the machine by default, or an existing cluster via ``dask_address`` or
+Dask's ``DASK_SCHEDULER_ADDRESS``).
 A stage runs only when the config asks for it (synthesizer, a positive budget share); the
 manifest lists the stages that ran.
 """
@@ -108,7 +109,11 @@ def share_ephemeral_prefect_api() -> None:
 
 @contextlib.contextmanager
 def dask_scheduler(address: str | None):
-    """Yield a Dask scheduler address: the given one, or a LocalCluster sized to the machine."""
+    """Yield a Dask scheduler address: the given one, else Dask's own configured
+    ``scheduler-address`` (the ``DASK_SCHEDULER_ADDRESS`` environment variable), else a
+    LocalCluster sized to the machine."""
+    if not address:
+        address = dask.config.get("scheduler-address", None)
     if address:
         yield address
         return

@@ -10,6 +10,7 @@ that loads the private :class:`HierarchicalData` itself.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import cached_property, lru_cache
@@ -45,10 +46,26 @@ def _store(path: str) -> MeasurementStore:
     return MeasurementStore(path)
 
 
+FileKey = tuple[str, int, int, int]
+
+
+def file_key(path: str) -> FileKey:
+    """A file's path with its identity (inode, modification time, size): the key of a per-process
+    cache of what the file holds. A worker of a long-lived Dask cluster outlives the runs it serves;
+    when a run's work directory is deleted and the release rerun under the same name, its encoded
+    inputs are new files at the same paths, which a cache keyed by the path alone would not see."""
+    st = os.stat(path)
+    return (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 @lru_cache(maxsize=4)
+def _cached_data(key: FileKey) -> HierarchicalData:
+    return HierarchicalData.from_npz(key[0])
+
+
 def cached_data(npz: str) -> HierarchicalData:
-    """An encoded input, loaded once per worker process."""
-    return HierarchicalData.from_npz(npz)
+    """An encoded input, loaded once per worker process (and again when the file is replaced)."""
+    return _cached_data(file_key(npz))
 
 
 @dataclass(frozen=True)
@@ -83,10 +100,10 @@ class RunContext:
         """The private input behind charged measurements (one per worker process and input)."""
         if not self.private_npz:
             raise RuntimeError("the run context has no private input yet (ingest first)")
-        return _session(self.private_npz, self.cfg.privacy_unit, str(self.paths.ledger_path), str(self.paths.measurements_dir),
+        return _session(file_key(self.private_npz), self.cfg.privacy_unit, str(self.paths.ledger_path), str(self.paths.measurements_dir),
                         tuple(self.cfg.invariants), self.cfg.model_dump_json())
 
 
 @lru_cache(maxsize=4)
-def _session(private_npz: str, unit: PrivacyUnit, ledger_path: str, store_dir: str, invariants: tuple[str, ...], cfg_json: str) -> PrivateSession:
-    return PrivateSession(HierarchicalData.from_npz(private_npz), unit, _ledger(ledger_path, cfg_json), _store(store_dir), invariants)
+def _session(private: FileKey, unit: PrivacyUnit, ledger_path: str, store_dir: str, invariants: tuple[str, ...], cfg_json: str) -> PrivateSession:
+    return PrivateSession(HierarchicalData.from_npz(private[0]), unit, _ledger(ledger_path, cfg_json), _store(store_dir), invariants)

@@ -46,7 +46,7 @@ from engine.support import Support
 from engine.synthesis import NodeResult, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
 from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
-from tasks.context import RunContext
+from tasks.context import FileKey, RunContext, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
 __all__ = ["PumaJob", "fit_puma", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task",
@@ -58,15 +58,24 @@ def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
 
 
 @lru_cache(maxsize=16)
+def _cached_support(key: FileKey) -> Support:
+    return Support.from_data(HierarchicalData.from_npz(key[0]))
+
+
 def cached_support(public_npz: str) -> Support:
-    """The public support, built once per worker process (incidences are cached on it)."""
-    return Support.from_data(HierarchicalData.from_npz(public_npz))
+    """The public support, built once per worker process and file (incidences are cached on it;
+    :func:`tasks.context.file_key`)."""
+    return _cached_support(file_key(public_npz))
 
 
 @lru_cache(maxsize=4)
+def _cached_balance(key: FileKey) -> BalanceTargets:
+    return BalanceTargets.for_data(_cached_support(key).data)
+
+
 def cached_balance(public_npz: str) -> BalanceTargets:
-    """The support's balance marginals (``engine.balanced_sampling``), built once per worker process."""
-    return BalanceTargets.for_data(cached_support(public_npz).data)
+    """The support's balance marginals (``engine.balanced_sampling``), built once per worker process and file."""
+    return _cached_balance(file_key(public_npz))
 
 
 @task(name="select-workload")

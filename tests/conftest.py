@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 # Prefect settings must be in place before prefect is imported anywhere. Under pytest-xdist each
-# worker process gets its own Prefect home (its own SQLite database and ephemeral server) below
-# the run's, so parallel end-to-end tests never share one database.
+# worker process gets its own Prefect home below the run's (its local storage, and its own SQLite
+# database should it start a temporary server: two servers never share one database).
 _prefect_home = os.environ.get("PREFECT_HOME") or tempfile.mkdtemp(prefix="dprelease-prefect-")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     _prefect_home = os.path.join(_prefect_home, os.environ["PYTEST_XDIST_WORKER"])
@@ -21,10 +27,117 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 import pytest  # noqa: E402
 
+# One Prefect server for the whole test session (the suite's time on 2 cores). Without it every
+# process that runs a flow — each pytest worker and each ``dprelease run`` subprocess a test starts —
+# starts its own temporary server (9-20 s each on 2 cores, most of it the server's imports and
+# database migrations). The main pytest process starts ``prefect server start`` in the background
+# before the workers are spawned, so they inherit ``PREFECT_API_URL``; a process waits for the
+# server's health check once, before its first test. ``DPRELEASE_TEST_SHARED_PREFECT=0`` (or a
+# ``PREFECT_API_URL`` already set) keeps the previous behaviour. ``flows.release``'s own temporary
+# server is still exercised: the resume test's first run drops ``PREFECT_API_URL``.
+_SHARED_SERVER_ENV = "DPRELEASE_TEST_PREFECT_SERVER"  # set to the API URL of the server this session started
+_server: subprocess.Popen | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pytest_configure(config):
+    global _server
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("PREFECT_API_URL") or os.environ.get("DPRELEASE_TEST_SHARED_PREFECT") == "0":
+        return
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = dict(os.environ, PREFECT_UI_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING")
+    prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
+    with open(os.path.join(_prefect_home, "shared-server.log"), "w") as log:
+        _server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    os.environ["PREFECT_API_URL"] = api
+    os.environ[_SHARED_SERVER_ENV] = api
+
+
+def pytest_unconfigure(config):
+    if _server is None or _server.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(_server.pid, sig)
+            _server.wait(wait)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_prefect_server_is_up():
+    """Block until the session's Prefect server answers (once per process; no-op without one)."""
+    api = os.environ.get(_SHARED_SERVER_ENV)
+    if not api or os.environ.get("PREFECT_API_URL") != api:
+        return
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if _server is not None and _server.poll() is not None:
+            pytest.fail(f"the session's Prefect server exited; its log is in {_prefect_home}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the session's Prefect server at {api} did not answer within 180 s")
+        time.sleep(0.25)
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATA_ROOT = Path(os.environ.get("DPRELEASE_DATA", PROJECT_ROOT.parent / "shared" / "data")).resolve()
 ACS2018 = DATA_ROOT / "acs2018_1yr"
 ACS2013_DE = DATA_ROOT / "acs2013_1yr_de"
+
+
+@pytest.fixture(scope="session")
+def _session_dask_cluster():
+    """One Dask ``LocalCluster`` per test process for the end-to-end tests (marked ``flow``),
+    sized as a run's own, whose address the runs read from ``DASK_SCHEDULER_ADDRESS`` (in-process
+    ones through ``dask.config``, subprocesses through the environment). A run's own LocalCluster
+    costs it the cluster's start and every worker's imports (5-10 s on 2 cores); the tests of the
+    default path (``test_release_end_to_end``, the resume test's first run) drop the address and
+    start their own. ``DPRELEASE_TEST_SHARED_DASK=0`` turns it off."""
+    if os.environ.get("DPRELEASE_TEST_SHARED_DASK") == "0" or os.environ.get("DASK_SCHEDULER_ADDRESS"):
+        yield None
+        return
+    import logging
+
+    import dask
+    from distributed import LocalCluster
+
+    n = max(1, min(os.cpu_count() or 1, 8))
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.WARNING) as cluster:
+        os.environ["DASK_SCHEDULER_ADDRESS"] = cluster.scheduler_address
+        try:
+            with dask.config.set({"scheduler-address": cluster.scheduler_address}):
+                yield cluster.scheduler_address
+        finally:
+            os.environ.pop("DASK_SCHEDULER_ADDRESS", None)
+
+
+@pytest.fixture(autouse=True)
+def _flow_tests_share_a_dask_cluster(request):
+    if request.node.get_closest_marker("flow"):
+        request.getfixturevalue("_session_dask_cluster")
+
+
+@pytest.fixture
+def own_local_cluster(monkeypatch):
+    """For a test of the default path: the run starts its own LocalCluster."""
+    import dask
+
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    with dask.config.set({"scheduler-address": None}):
+        yield
 
 
 @pytest.fixture(scope="session")

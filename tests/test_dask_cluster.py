@@ -73,7 +73,7 @@ def structure(release: Path) -> dict:
             "workload": manifest["workload"], "plan": manifest["privacy"]["ledger"]["total"]["allocated"]}
 
 
-def test_a_release_on_an_external_cluster_has_the_structure_of_a_local_one(tmp_path, data_root, cluster, monkeypatch):
+def test_a_release_on_an_external_cluster_has_the_structure_of_a_local_one(tmp_path, data_root, cluster, monkeypatch, own_local_cluster):
     from flows.cli import main
 
     local_dir, remote_dir = tmp_path / "local", tmp_path / "remote"

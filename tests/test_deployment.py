@@ -96,17 +96,23 @@ def _tail(path: Path, n: int = 4000) -> str:
 
 
 @pytest.mark.flow
-def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root):
+def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root, _session_dask_cluster):
+    """The documented commands deploy the flow; a process worker runs it — on an existing Dask
+    cluster (the test session's, passed as the run's ``dask_address``: the tasks are unpickled by
+    a scheduler that never loaded the flow's file, which a file-path entrypoint broke), or on its
+    own LocalCluster when the session has none (``DPRELEASE_TEST_SHARED_DASK=0``)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     t0 = time.monotonic()
     cfg = small_config(tmp_path, data_root, name="deployed")
+    # the test session's Prefect server when there is one (tests/conftest.py), else one of its own
+    shared = os.environ.get("DPRELEASE_TEST_PREFECT_SERVER")
     port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
+    api = shared or f"http://127.0.0.1:{port}/api"
     home = tmp_path / "prefect-home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "DASK_SCHEDULER_ADDRESS"}
     env.update(
         PREFECT_HOME=str(home),
         PREFECT_API_URL=api,
@@ -124,10 +130,11 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root):
         return r.stdout
 
     try:
-        with server_log.open("w") as log:
-            server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        if not shared:
+            with server_log.open("w") as log:
+                server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
-        while True:
+        while server is not None:
             assert server.poll() is None, f"prefect server exited:\n{_tail(server_log)}"
             try:
                 with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
@@ -149,7 +156,7 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root):
             assert d.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
             assert d.parameters["config_path"] == dep.DEFAULT_CONFIG
             assert client.read_work_pool(dep.WORK_POOL).type == "process"
-            run = client.create_flow_run_from_deployment(d.id, parameters={"config_path": str(cfg)})
+            run = client.create_flow_run_from_deployment(d.id, parameters={"config_path": str(cfg), "dask_address": _session_dask_cluster})
 
         # one process worker, polling once; it waits for the run it picked up to finish. The wait is a
         # hang guard, not a timing check: the run takes 40-100 s alone and longer beside the other

@@ -4,6 +4,7 @@ import json
 import os
 import stat
 import zipfile
+from datetime import UTC, datetime
 from fractions import Fraction
 
 import numpy as np
@@ -38,26 +39,38 @@ def small_config(tmp_path, data_root, **over):
     return p
 
 
-def artifact_texts() -> list[str]:
-    """Every Prefect artifact's data (tables and markdown) as text."""
+def _flow_runs_since(client, since):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+
+    return client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)))
+
+
+def artifact_texts(since) -> list[str]:
+    """The data (tables and markdown) of every Prefect artifact of the flow runs started after
+    ``since`` (the test session's Prefect server also holds the other tests' runs), as text."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        ids = [r.id for r in _flow_runs_since(client, since)]
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=ids)))
+        return [f"{a.key}\n{a.description}\n{a.data if isinstance(a.data, str) else json.dumps(a.data)}" for a in arts]
+
+
+def flow_run_parameters(since) -> list[str]:
+    """The parameters of every flow run started after ``since``, as stored by Prefect (its
+    database is not confidential storage)."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        return [f"{a.key}\n{a.description}\n{a.data if isinstance(a.data, str) else json.dumps(a.data)}" for a in client.read_artifacts()]
+        return [json.dumps(r.parameters, default=str) for r in _flow_runs_since(client, since)]
 
 
-def flow_run_parameters() -> list[str]:
-    """Every flow run's parameters as stored by Prefect (its database is not confidential storage)."""
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return [json.dumps(r.parameters, default=str) for r in client.read_flow_runs()]
-
-
-def test_release_end_to_end(tmp_path, data_root, capsys):
+def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
     from flows.cli import main
 
     cfg = small_config(tmp_path, data_root)
+    started = datetime.now(UTC)
     assert main(["run", str(cfg)]) == 0
     rel = tmp_path / "releases" / "e2e"
     manifest = json.loads((rel / "manifest.json").read_text())
@@ -146,13 +159,13 @@ def test_release_end_to_end(tmp_path, data_root, capsys):
     serials = {line.split(",")[1] for line in raw_lines}
     records = [line.encode() for line in raw_lines]
     blob = b"".join(p.read_bytes() for p in rel.rglob("*") if p.is_file())
-    artifacts = artifact_texts()
+    artifacts = artifact_texts(started)
     assert any(a.startswith("e2e-ledger") for a in artifacts), artifacts
     assert any(a.startswith("e2e-summary") for a in artifacts), artifacts
     blob_artifacts = "\n".join(artifacts).encode()
     # exact confidential statistics (the exclusion report) stay in the work directory, never in
     # Prefect's database through flow-run parameters
-    params = "\n".join(flow_run_parameters())
+    params = "\n".join(flow_run_parameters(started))
     assert "dprelease-release" in params or "config_path" in params
     private_report = json.loads((work / "run_summary.json").read_text())["inputs"][0]
     assert private_report["persons_read"] > 0

@@ -23,8 +23,14 @@ def snapshot(work):
     return ledger, meas
 
 
-def run_cli(cfg, **kw):
+def run_cli(cfg, *, own_server=False, **kw):
+    """``dprelease run cfg`` in a subprocess; ``own_server``: without the test session's Prefect
+    server and Dask cluster, so that the run starts its own temporary server and LocalCluster (a
+    user's default run)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if own_server:
+        env.pop("PREFECT_API_URL", None)
+        env.pop("DASK_SCHEDULER_ADDRESS", None)
     return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(cfg)], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **kw)
 
 
@@ -32,7 +38,7 @@ def run_cli(cfg, **kw):
 def test_kill_9_mid_stage_then_rerun_completes_with_unchanged_ledger(tmp_path, data_root):
     cfg = small_config(tmp_path, data_root)
     work = tmp_path / "work" / "e2e"
-    proc = run_cli(cfg)
+    proc = run_cli(cfg, own_server=True)
     deadline = time.time() + 240
     killed_at = None
     try:

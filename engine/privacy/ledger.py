@@ -10,6 +10,12 @@ last look. Several worker processes on one machine (and threads of one process) 
 charge the same ledger without ever exceeding the plan. (``flock`` is not reliable on network file
 systems; keep the ledger on a local disk.)
 
+Replacement: the plan line carries a random ``ledger_id``, so every ledger file has a first line of
+its own. An instance that outlives its file — a worker of a long-lived Dask cluster, when a run's
+work directory is deleted and the release rerun under the same name — sees a different first line
+(or a file shorter than what it had read) and reads the new file from its start, instead of
+answering from the deleted file's charges.
+
 Crash safety: a process killed in the middle of an append leaves a torn last line without a
 newline; it was never acknowledged (and the caller draws noise only after ``charge`` returned), so
 the next writer truncates it.
@@ -33,6 +39,7 @@ import math
 import os
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -133,6 +140,7 @@ class PrivacyLedger:
         self._lock_path = None if self.path is None else self.path.with_name(self.path.name + ".lock")
         self._tlock = threading.RLock()
         self._offset = 0
+        self._head: bytes | None = None  # the first line of the file read so far (its plan, with its ledger_id)
         self._charges: dict[str, Charge] = {}
         self._order: list[str] = []
         # (stage, level) -> {node -> exact sequential sum}; (stage, level) -> max over its nodes
@@ -143,7 +151,7 @@ class PrivacyLedger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._locked():
             if not self.path.exists() or self.path.stat().st_size == 0:
-                self._append({"type": "plan", "plan": plan.to_dict()})
+                self._append({"type": "plan", "plan": plan.to_dict(), "ledger_id": uuid.uuid4().hex})
             self._refresh(writer=True)
 
     # -- file handling ------------------------------------------------------------------------
@@ -175,8 +183,14 @@ class PrivacyLedger:
         if self.path is None:
             return
         with open(self.path, "rb") as f:
+            head = f.readline()
+            size = f.seek(0, os.SEEK_END)
+            if self._offset and (head != self._head or size < self._offset):
+                self._forget()  # another file lives at this path now (module docstring: replacement)
             f.seek(self._offset)
             data = f.read()
+        if self._offset == 0 and head.endswith(b"\n"):
+            self._head = head
         end = data.rfind(b"\n") + 1
         complete, torn = data[:end], data[end:]
         for raw in complete.splitlines():
@@ -189,6 +203,12 @@ class PrivacyLedger:
                 f.truncate(self._offset)
                 f.flush()
                 os.fsync(f.fileno())
+
+    def _forget(self) -> None:
+        """Drop everything read from the file (the caller reads it again from its start)."""
+        self._offset, self._head = 0, None
+        self._charges, self._order = {}, []
+        self._nodes, self._level_max = defaultdict(dict), defaultdict(Fraction)
 
     def _ingest(self, rec: dict) -> None:
         kind = rec.get("type")

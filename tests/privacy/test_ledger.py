@@ -131,6 +131,30 @@ def test_reload_from_disk(tmp_path):
     assert L.spent("synth", "puma") == Fraction(1, 100)
 
 
+def test_a_ledger_file_replaced_under_a_long_lived_instance_is_reread(tmp_path):
+    """A worker of a long-lived Dask cluster keeps its ledger instance between runs. When the run's
+    work directory is deleted and the release rerun under the same name, a new ledger file lives at
+    the same path: the old instance must read it afresh, not answer from the deleted file's charges
+    (it would return "already charged" and the new file would never record the spend)."""
+    p = tmp_path / "run" / "l.jsonl"
+    stale = PrivacyLedger(p, PLAN)
+    _c(stale, "a", Fraction(1, 7))
+    _c(stale, "b", Fraction(1, 20), node=(1,))
+    p.unlink()
+    fresh = PrivacyLedger(p, PLAN)
+    for i in range(5):  # the new file grows past the old one's length
+        _c(fresh, f"other-{i}", Fraction(1, 1000), level="puma", node=(6, i))
+    assert p.stat().st_size > 0
+    _c(stale, "a", Fraction(1, 7))  # the stale instance's charge reaches the new file
+    assert [c.key for c in PrivacyLedger(p, PLAN).charges()] == [f"other-{i}" for i in range(5)] + ["a"]
+    assert stale.spent() == fresh.spent() == Fraction(1, 7) + Fraction(1, 1000)
+    # the same when the new file is still shorter than the old one
+    p.unlink()
+    shorter = PrivacyLedger(p, PLAN)
+    assert stale.spent() == shorter.spent() == 0
+    assert not stale.charges()
+
+
 def test_torn_last_line_is_dropped(tmp_path):
     p = tmp_path / "l.jsonl"
     L = PrivacyLedger(p, PLAN)

@@ -1,0 +1,32 @@
+"""Per-process caches of a worker (tasks/context.py, tasks/synthesize.py) follow the files they
+cache: a long-lived Dask worker serves run after run, and a run's work directory may be deleted
+and the release rerun under the same name with other inputs at the same paths."""
+
+import numpy as np
+
+from tasks.context import cached_data, file_key
+from tasks.synthesize import cached_balance, cached_support
+
+
+def _save(data, path):
+    """Replace the file as a rerun would: a new file at the same path."""
+    path.unlink(missing_ok=True)
+    data.to_npz(path)
+
+
+def test_an_input_replaced_at_the_same_path_is_read_again(tmp_path, vermont):
+    vermont = vermont[0]
+    path = tmp_path / "inputs" / "public-merged.npz"
+    path.parent.mkdir()
+    first, second = vermont.take(np.arange(300)), vermont.take(np.arange(300, 800))
+    _save(first, path)
+    key = file_key(str(path))
+    assert cached_data(str(path)).n_households == 300
+    assert cached_support(str(path)).n_support == first.n_households
+    assert cached_balance(str(path)).n_households == first.n_households
+    assert cached_data(str(path)) is cached_data(str(path))  # cached while the file stays
+    _save(second, path)
+    assert file_key(str(path)) != key
+    assert cached_data(str(path)).n_households == 500
+    assert cached_support(str(path)).n_support == 500
+    assert cached_balance(str(path)).n_households == 500
