@@ -39,23 +39,45 @@ _SHARED_SERVER_ENV = "DPRELEASE_TEST_PREFECT_SERVER"  # set to the API URL of th
 _server: subprocess.Popen | None = None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_prefect_server(port: int, env: dict[str, str], log_path: str | Path, cwd: str | Path | None = None) -> subprocess.Popen:
+    """``prefect server start`` on 127.0.0.1:``port`` in its own session, its output in ``log_path``."""
+    prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
+    with open(log_path, "w") as log:
+        return subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], cwd=cwd, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for_prefect_server(api: str, proc: subprocess.Popen | None, timeout: float) -> str | None:
+    """Poll ``api``/health until it answers; None then, else why not ("exited" or "timed out")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
+                if r.status == 200:
+                    return None
+        except OSError:
+            pass
+        if proc is not None and proc.poll() is not None:
+            return "exited"
+        if time.monotonic() > deadline:
+            return "timed out"
+        time.sleep(0.25)
 
 
 def pytest_configure(config):
     global _server
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("PREFECT_API_URL") or os.environ.get("DPRELEASE_TEST_SHARED_PREFECT") == "0":
         return
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_UI_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING")
-    prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
-    with open(os.path.join(_prefect_home, "shared-server.log"), "w") as log:
-        _server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _server = start_prefect_server(port, env, os.path.join(_prefect_home, "shared-server.log"))
     os.environ["PREFECT_API_URL"] = api
     os.environ[_SHARED_SERVER_ENV] = api
 
@@ -78,19 +100,10 @@ def _shared_prefect_server_is_up():
     api = os.environ.get(_SHARED_SERVER_ENV)
     if not api or os.environ.get("PREFECT_API_URL") != api:
         return
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if _server is not None and _server.poll() is not None:
-            pytest.fail(f"the session's Prefect server exited; its log is in {_prefect_home}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"the session's Prefect server at {api} did not answer within 180 s")
-        time.sleep(0.25)
+    why = wait_for_prefect_server(api, _server, 180)
+    if why is not None:
+        pytest.fail(f"the session's Prefect server at {api} {why} (its log is in {_prefect_home})")
+
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATA_ROOT = Path(os.environ.get("DPRELEASE_DATA", PROJECT_ROOT.parent / "shared" / "data")).resolve()

@@ -6,17 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from flows import deployment as dep
+from tests.conftest import free_port, start_prefect_server, wait_for_prefect_server
 from tests.test_release_flow import small_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,12 +68,6 @@ def test_bad_dask_spec_is_refused(tmp_path):
 
 
 # -- end to end: local Prefect server, prefect deploy, process worker ------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(proc: subprocess.Popen | None) -> None:
     """Stop a process started in its own session, with everything it started (flow run, Dask)."""
     if proc is None or proc.poll() is not None:
@@ -108,7 +101,7 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root, _
     cfg = small_config(tmp_path, data_root, name="deployed")
     # the test session's Prefect server when there is one (tests/conftest.py), else one of its own
     shared = os.environ.get("DPRELEASE_TEST_PREFECT_SERVER")
-    port = _free_port()
+    port = free_port()
     api = shared or f"http://127.0.0.1:{port}/api"
     home = tmp_path / "prefect-home"
     home.mkdir()
@@ -131,19 +124,9 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root, _
 
     try:
         if not shared:
-            with server_log.open("w") as log:
-                server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while server is not None:
-            assert server.poll() is None, f"prefect server exited:\n{_tail(server_log)}"
-            try:
-                with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"prefect server did not start:\n{_tail(server_log)}"
-            time.sleep(0.5)
+            server = start_prefect_server(port, env, server_log, cwd=tmp_path)
+            why = wait_for_prefect_server(api, server, 60)
+            assert why is None, f"prefect server {why}:\n{_tail(server_log)}"
 
         # the documented commands (deploy/README.md), from the repository root
         cli("work-pool", "create", dep.WORK_POOL, "--type", "process")
