@@ -13,8 +13,8 @@ systems; keep the ledger on a local disk.)
 Replacement: the plan line carries a random ``ledger_id``, so every ledger file has a first line of
 its own. An instance that outlives its file — a worker of a long-lived Dask cluster, when a run's
 work directory is deleted and the release rerun under the same name — sees a different first line
-(or a file shorter than what it had read) and reads the new file from its start, instead of
-answering from the deleted file's charges.
+(or a file shorter than what it had read, or none: then it starts the file anew) and reads the new
+file from its start, instead of answering from the deleted file's charges.
 
 Crash safety: a process killed in the middle of an append leaves a torn last line without a
 newline; it was never acknowledged (and the caller draws noise only after ``charge`` returned), so
@@ -148,10 +148,7 @@ class PrivacyLedger:
         self._level_max: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._locked():
-            if not self.path.exists() or self.path.stat().st_size == 0:
-                self._append({"type": "plan", "plan": plan.to_dict(), "ledger_id": uuid.uuid4().hex})
             self._refresh(writer=True)
 
     # -- file handling ------------------------------------------------------------------------
@@ -161,6 +158,7 @@ class PrivacyLedger:
             with self._tlock:
                 yield
             return
+        self._lock_path.parent.mkdir(parents=True, exist_ok=True)  # the run directory may have been deleted and remade
         with self._tlock, exclusive_lock(self._lock_path):
             yield
 
@@ -182,6 +180,9 @@ class PrivacyLedger:
         """Read the lines appended since the last look (caller holds the lock)."""
         if self.path is None:
             return
+        if not self.path.exists() or self.path.stat().st_size == 0:  # a new ledger, or this one's file was deleted
+            self._forget()
+            self._append({"type": "plan", "plan": self.plan.to_dict(), "ledger_id": uuid.uuid4().hex})
         with open(self.path, "rb") as f:
             head = f.readline()
             size = f.seek(0, os.SEEK_END)

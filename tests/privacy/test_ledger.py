@@ -153,6 +153,11 @@ def test_a_ledger_file_replaced_under_a_long_lived_instance_is_reread(tmp_path):
     shorter = PrivacyLedger(p, PLAN)
     assert stale.spent() == shorter.spent() == 0
     assert not stale.charges()
+    # and when the stale instance is the first to charge after the deletion: it starts the file
+    p.unlink()
+    _c(stale, "b", Fraction(1, 20), node=(1,))
+    assert [c.key for c in PrivacyLedger(p, PLAN).charges()] == ["b"]
+    assert json.loads(p.read_text().splitlines()[0])["type"] == "plan"
 
 
 def test_torn_last_line_is_dropped(tmp_path):
