@@ -32,9 +32,10 @@ import pytest  # noqa: E402
 # starts its own temporary server (9-20 s each on 2 cores, most of it the server's imports and
 # database migrations). The main pytest process starts ``prefect server start`` in the background
 # before the workers are spawned, so they inherit ``PREFECT_API_URL``; a process waits for the
-# server's health check once, before its first test. ``DPRELEASE_TEST_SHARED_PREFECT=0`` (or a
-# ``PREFECT_API_URL`` already set) keeps the previous behaviour. ``flows.release``'s own temporary
-# server is still exercised: the resume test's first run drops ``PREFECT_API_URL``.
+# server's health check once, before its first test marked ``flow`` (the tests that run flows).
+# ``DPRELEASE_TEST_SHARED_PREFECT=0`` (or a ``PREFECT_API_URL`` already set) keeps the previous
+# behaviour. ``flows.release``'s own temporary server is still exercised: the resume test's first
+# run drops ``PREFECT_API_URL``.
 _SHARED_SERVER_ENV = "DPRELEASE_TEST_PREFECT_SERVER"  # set to the API URL of the server this session started
 _server: subprocess.Popen | None = None
 
@@ -94,9 +95,11 @@ def pytest_unconfigure(config):
             continue
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def _shared_prefect_server_is_up():
-    """Block until the session's Prefect server answers (once per process; no-op without one)."""
+    """Block until the session's Prefect server answers (once per process, before its first test
+    marked ``flow``: the other tests never call Prefect's API — checked by running them against a
+    dead API address — so they start while the server does; no-op without a shared server)."""
     api = os.environ.get(_SHARED_SERVER_ENV)
     if not api or os.environ.get("PREFECT_API_URL") != api:
         return
@@ -138,8 +141,9 @@ def _session_dask_cluster():
 
 
 @pytest.fixture(autouse=True)
-def _flow_tests_share_a_dask_cluster(request):
+def _flow_tests_share_prefect_and_dask(request):
     if request.node.get_closest_marker("flow"):
+        request.getfixturevalue("_shared_prefect_server_is_up")
         request.getfixturevalue("_session_dask_cluster")
 
 
