@@ -117,7 +117,7 @@ ACS2013_DE = DATA_ROOT / "acs2013_1yr_de"
 @pytest.fixture(scope="session")
 def _session_dask_cluster():
     """One Dask ``LocalCluster`` per test process for the end-to-end tests (marked ``flow``),
-    sized as a run's own, whose address the runs read from ``DASK_SCHEDULER_ADDRESS`` (in-process
+    the one a run would start (``flows.release.dask_scheduler``), whose address the runs read from ``DASK_SCHEDULER_ADDRESS`` (in-process
     ones through ``dask.config``, subprocesses through the environment). A run's own LocalCluster
     costs it the cluster's start and every worker's imports (5-10 s on 2 cores); the tests of the
     default path (``test_release_end_to_end``, the resume test's first run) drop the address and
@@ -125,17 +125,15 @@ def _session_dask_cluster():
     if os.environ.get("DPRELEASE_TEST_SHARED_DASK") == "0" or os.environ.get("DASK_SCHEDULER_ADDRESS"):
         yield None
         return
-    import logging
-
     import dask
-    from distributed import LocalCluster
 
-    n = max(1, min(os.cpu_count() or 1, 8))
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.WARNING) as cluster:
-        os.environ["DASK_SCHEDULER_ADDRESS"] = cluster.scheduler_address
+    from flows.release import dask_scheduler
+
+    with dask_scheduler(None) as address:  # the run's own LocalCluster, started once
+        os.environ["DASK_SCHEDULER_ADDRESS"] = address
         try:
-            with dask.config.set({"scheduler-address": cluster.scheduler_address}):
-                yield cluster.scheduler_address
+            with dask.config.set({"scheduler-address": address}):
+                yield address
         finally:
             os.environ.pop("DASK_SCHEDULER_ADDRESS", None)
 

@@ -101,7 +101,7 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root, _
     cfg = small_config(tmp_path, data_root, name="deployed")
     # the test session's Prefect server when there is one (tests/conftest.py), else one of its own
     shared = os.environ.get("DPRELEASE_TEST_PREFECT_SERVER")
-    port = free_port()
+    port = None if shared else free_port()
     api = shared or f"http://127.0.0.1:{port}/api"
     home = tmp_path / "prefect-home"
     home.mkdir()
@@ -123,7 +123,7 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root, _
         return r.stdout
 
     try:
-        if not shared:
+        if port is not None:
             server = start_prefect_server(port, env, server_log, cwd=tmp_path)
             why = wait_for_prefect_server(api, server, 60)
             assert why is None, f"prefect server {why}:\n{_tail(server_log)}"

@@ -180,7 +180,7 @@ class PrivacyLedger:
         """Read the lines appended since the last look (caller holds the lock)."""
         if self.path is None:
             return
-        if not self.path.exists() or self.path.stat().st_size == 0:  # a new ledger, or this one's file was deleted
+        if not self.path.exists() or self.path.stat().st_size == 0:  # a new ledger, or its file was deleted: start it
             self._forget()
             self._append({"type": "plan", "plan": self.plan.to_dict(), "ledger_id": uuid.uuid4().hex})
         with open(self.path, "rb") as f:
