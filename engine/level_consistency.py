@@ -20,6 +20,12 @@ as strong as the parent's evidence):
 A common factor keeps what tells the children apart (their ratios q_c / q_c' are equal) and their
 totals; only the part of the children's deviations that adds up in the parent's tables is removed.
 Post-processing of DP posteriors: no privacy cost.
+
+The other direction, :func:`children_sum`: a workload measured at every child of a node is also a
+measurement of the node itself — the sum of the children's noisy answers, with the sum of their
+noise variances — so the parent's own fit takes its children's measurements in beside its own
+(issue 15 item 5: "measure state and PUMA levels so that PUMA measurements also inform their
+state"). Post-processing of measurements already charged at the children's level: no privacy cost.
 """
 
 from __future__ import annotations
@@ -33,7 +39,30 @@ from engine.measurement import Measurement
 from engine.queries import Workload
 from engine.support import Support
 
-__all__ = ["rake_to_parent"]
+__all__ = ["children_sum", "rake_to_parent"]
+
+
+def children_sum(children: Sequence[Sequence[Measurement]]) -> list[Measurement]:
+    """The measurements of a parent node implied by its children's: for every workload measured at
+    each of the ``children`` (one list of measurements per child, together covering the parent's
+    households exactly once), the sum of the children's noisy answers, whose noise variance is the
+    sum of theirs (independent noise). Workloads missing at some child are left out; the order is
+    the first child's. ρ 0: the children's measurements were charged where they were made."""
+    if not children:
+        return []
+    by_id = [{m.workload.id: m for m in ms} for ms in children]
+    out = []
+    for m in children[0]:
+        parts = [c.get(m.workload.id) for c in by_id]
+        if any(x is None for x in parts):
+            continue
+        shapes = {x.noisy_answer.shape for x in parts if x is not None}
+        if len(shapes) != 1:
+            raise ValueError(f"{m.workload.id}: the children's answers have different shapes {sorted(shapes)}")
+        noisy = np.sum([x.noisy_answer for x in parts if x is not None], axis=0)
+        sigma = float(np.sqrt(sum(x.variance for x in parts if x is not None)))
+        out.append(Measurement(m.workload, noisy, sigma))
+    return out
 
 
 def rake_to_parent(

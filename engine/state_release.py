@@ -5,8 +5,9 @@
 1. every PUMA's household count, measured through the session (discrete Gaussian, sensitivity
    1 under both privacy units), the state's count their sum;
 2. workloads chosen from the **public** data by mutual information (no privacy cost);
-3. the state posterior: the public households reweighted by the state's measured workloads
-   (:func:`engine.synthesis.synthesize_node`, household total estimated jointly with it);
+3. the state posterior: the public households reweighted by the state's measured workloads and
+   the sums of its PUMAs' (:func:`engine.synthesis.synthesize_node`, household total estimated
+   jointly with it; :func:`engine.level_consistency.children_sum`);
 4. per PUMA, the state posterior updated with the PUMA's workloads, and its households drawn from
    it, balanced on the domain's one- and two-attribute marginals (:mod:`engine.balanced_sampling`;
    ``sampling="systematic"``: systematically along the households sorted by their attributes).
@@ -38,7 +39,8 @@ from engine.privacy.session import PrivateSession
 from engine.queries import Workload
 from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
-from engine.synthesis import MeasureFn, UpdateRule, synthesize_node
+from engine.level_consistency import children_sum
+from engine.synthesis import MeasureFn, UpdateRule, initial_measurements, synthesize_node
 from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
 
 __all__ = ["STATE_SHARES", "StateRelease", "node_rng", "session_measure", "session_select", "state_plan", "synthesize_state"]
@@ -106,7 +108,8 @@ class StateRelease:
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,
                      person_first: int = 0, normalise: bool = True, puma_attributes: int = PUMA_ATTRIBUTES, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
-                     prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES, strength_floor: bool = True) -> StateRelease:
+                     prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES, strength_floor: bool = True,
+                     pumas_inform_state: bool = True) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
@@ -115,7 +118,8 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     each PUMA's households are drawn (``synthesis.sampling``); ``prior_strength_candidates``: the
     state posterior's prior strength chosen among them by empirical Bayes (``()``: ``prior_strength``),
     held at or above the public simulation's floor (:mod:`engine.strength_floor`) unless
-    ``strength_floor`` is false."""
+    ``strength_floor`` is false; ``pumas_inform_state``: the state's fit also takes in the sums of
+    its PUMAs' measurements (:func:`engine.level_consistency.children_sum`), made before it."""
     plan = session.ledger.plan
     pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
     if not pumas:
@@ -131,10 +135,14 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     floor = 0.0
     if strength_floor and len(eb) > 1 and rho_state > 0:
         floor = simulate_strength_floor(public, sel.state, session.unit, float(initial_rho(rho_state, adaptive)), eb).floor
+    rho_puma = plan.allocation("puma_synthesis", "puma")
+    # the PUMA fits below measure the same workloads at the same ρ: the session hands them back
+    sums = children_sum([initial_measurements(sel.puma, rho_puma, session_measure(session, "puma_synthesis", "puma", n))
+                         for n in pumas]) if pumas_inform_state else []
     state_res = synthesize_node(
         support, support.weights, sel.state, rho_state,
         session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),
-        rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))),
+        rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))), extra=sums,
         adaptive=adaptive, select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
         strengths=eb, strength_floor=floor,
     )
@@ -144,7 +152,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     parts, released = [], {}
     for n in pumas:
         res = synthesize_node(
-            support, state_res.weights, sel.puma, plan.allocation("puma_synthesis", "puma"),
+            support, state_res.weights, sel.puma, rho_puma,
             session_measure(session, "puma_synthesis", "puma", n), max(G[n], 1.0),
             rule=update_rule, prior_strength=prior_strength, total_sd=sd[n],
         )

@@ -93,6 +93,18 @@ def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureF
     return out
 
 
+def initial_measurements(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn | None,
+                         adaptive: AdaptiveRounds | None = None) -> list[Measurement]:
+    """The measurements :func:`synthesize_node` makes of a node's given ``workloads`` before any
+    adaptive round: ρ less the rounds' share (:func:`engine.adaptive.initial_rho`), split evenly
+    (:func:`measure_node`). A node's parent takes them in too (:func:`engine.level_consistency.children_sum`)
+    by calling this with the node's own arguments: the same workloads at the same ρ, so the
+    session's measurements are the ones the node's fit reads back (charged once)."""
+    if not (rho > 0 and workloads and measure is not None):
+        return []
+    return measure_node(workloads, initial_rho(rho, adaptive), measure)
+
+
 def fit_total(support: Support, q: np.ndarray, measured: Sequence[Measurement], total: float, total_sd: float) -> float:
     """The household total G that maximises the Gaussian likelihood of the noisy counts given the
     per-household answers a_w = A_w q of the posterior q, with the given ``total`` ~ N(G, total_sd²)
@@ -256,8 +268,7 @@ def synthesize_node(
     rounds = adaptive is not None and adaptive.active and rho > 0 and measure is not None
     if rounds and select is None:
         raise ValueError("adaptive rounds need a select callable")
-    rho_given = initial_rho(rho, adaptive)
-    measured = measure_node(workloads, rho_given, measure) if rho > 0 and workloads and measure is not None else []  # None raised above
+    measured = initial_measurements(workloads, Fraction(rho), measure, adaptive)
     joint = total_sd > 0 and bool(measured)
     # a trust region of three of the count's sd: where the workloads pin G only weakly ("contains"
     # and person counts can be met by other household sizes) the alternation may not run off

@@ -57,6 +57,7 @@ import scipy.sparse as sp
 from scipy.linalg import cholesky, solve_triangular
 
 from engine.count_of_counts.hierarchy import Hierarchy
+from engine.measurement import Measurement
 from engine.queries import Workload
 from engine.support import Support
 from engine.synthesis import MeasureFn
@@ -336,7 +337,8 @@ def prior_residual(support: Support, prior: np.ndarray, workloads: Sequence[Work
 
 def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequence[Workload], record: Recording,
                   *, rule: str, prior_strength: float, total_sd: float = 0.0, size: tuple[np.ndarray, float] | None = None,
-                  queries: Sequence[Workload] = (), prior: np.ndarray | None = None) -> FitErrors:
+                  queries: Sequence[Workload] = (), prior: np.ndarray | None = None,
+                  extra: Sequence[Measurement] = ()) -> FitErrors:
     """The error estimates of one node's synthesis fit (``engine.synthesis.synthesize_node``):
     the measured ``workloads`` with their σ and noisy answers as recorded by
     :func:`recording_measure`, and the count-of-counts size marginal (``group:NP|``; ``size``:
@@ -348,7 +350,8 @@ def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequ
     a_c² Var(G) is left to the caller (:func:`combine_total`): a released state answer sums its
     PUMAs', whose totals were fitted separately. ``queries``: workloads on which the fit's
     response to its noise is kept (a PUMA fit's on its state's workloads). Empty when nothing
-    was measured."""
+    was measured. ``extra``: further measurements the fit took in (a state's PUMA sums,
+    :func:`engine.level_consistency.children_sum`), in its precision but not in the result."""
     measured = [(w, float(record.sigmas[w.id])) for w in workloads if w.id in record.sigmas]
     if not measured:
         return FitErrors({}, 0.0, {})
@@ -357,13 +360,16 @@ def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequ
     if size is not None:
         fitted.append((Workload("group", (support.data.domain.size_attribute,), ()), float(size[1])))
         noisy.append(np.asarray(size[0], dtype=np.float64))
+    n_reported = len(fitted)
+    fitted += [(m.workload, float(m.sigma)) for m in extra]
+    noisy += [m.noisy_answer for m in extra]
     alpha = max(prior_strength * float(total), 1e-6)
     residual = None
     if rule == "map" and prior is not None:
         residual = prior_residual(support, prior, [w for w, _ in fitted], noisy, total)
     sds = posterior_count_sd(support, q, fitted, total, alpha, rule, residual=residual)
     response = response_count_sd(support, q, fitted, total, alpha, queries) if rule == "map" else []
-    return FitErrors({w.id: sd.tolist() for (w, _), sd in zip(fitted, sds)}, total_variance(support, q, measured, total_sd),
+    return FitErrors({w.id: sd.tolist() for (w, _), sd in zip(fitted[:n_reported], sds)}, total_variance(support, q, measured, total_sd),
                      {w.id: sd.tolist() for w, sd in zip(queries, response)})
 
 

@@ -237,10 +237,16 @@ def count_sd_at(counts_path: str, level: str) -> dict[tuple[int, ...], float]:
 
 @flow(name="synthesize-states")
 def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, str]:
+    """Per state in parallel, its posterior from its own measurements, its count-of-counts size
+    histogram when that stage ran and (``synthesis.pumas_inform_state``) its PUMAs' measurements."""
     states = nodes_at(counts_path, "state")
     sizes = size_measurements(counts_path, "state") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "state")
-    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st]) for st, g in states.items()]
+    pumas: dict[int, list[tuple[int, int]]] = {}
+    for node in nodes_at(counts_path, "puma"):  # a PUMA node is (ST, PUMA)
+        pumas.setdefault(node[0], []).append((node[0], node[1]))
+    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st], pumas.get(st[0], []), workload["puma"])
+               for st, g in states.items()]
     return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "state posteriors")))
 
 

@@ -213,6 +213,10 @@ class SynthesisSpec(_Strict):
     level_consistency: Literal["rake", "none"] = Field(
         default="rake", description="rake: a state's PUMA posteriors tilted together so that their sum holds to the state posterior "
         "on the state's measured workloads (engine.level_consistency); none: each PUMA as its own fit left it")
+    pumas_inform_state: bool = Field(
+        default=True, description="the state's fit also takes in its PUMAs' measurements, each PUMA workload's noisy answers summed "
+        "over the state's PUMAs with their variances summed (engine.level_consistency.children_sum; post-processing, no privacy "
+        "cost); false: the state posterior from the state's own measurements only")
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
 
 

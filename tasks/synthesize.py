@@ -2,7 +2,8 @@
 
 - ``select_workload_task``: workloads from mutual information on the PUBLIC data (no privacy cost).
 - ``state_update_task``: per state, measure the state workload through the private session
-  (discrete Gaussian, charged and persisted) and update the public prior into the state posterior;
+  (discrete Gaussian, charged and persisted) and update the public prior into the state posterior,
+  its PUMAs' measurements (made there, read back by the PUMA task) taken in as their sums;
   answers are normalised by the state's DP household count; the σ of everything it measured is
   kept beside the posterior.
 - ``puma_batch_task``: per state, every PUMA (``fit_puma`` each) measures the PUMA workload and
@@ -37,13 +38,13 @@ from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
-from engine.level_consistency import rake_to_parent
+from engine.level_consistency import children_sum, rake_to_parent
 from engine.measurement import Measurement
 from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_select
 from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
-from engine.synthesis import NodeResult, size_measurement, synthesize_node
+from engine.synthesis import NodeResult, initial_measurements, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
 from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
 from tasks.context import FileKey, RunContext, file_key
@@ -138,29 +139,46 @@ def size_extra(support: Support, size_estimate: SizeEstimate | None) -> list[Mea
 
 
 def answer_sd(support: Support, res, prior: np.ndarray, workloads: list[Workload], record: Recording, s, total_sd: float,
-              size_estimate: SizeEstimate | None, queries: list[Workload] | None = None) -> dict:
+              size_estimate: SizeEstimate | None, queries: list[Workload] | None = None, extra: list[Measurement] | None = None) -> dict:
     """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads — the
     given ``workloads`` and those its adaptive rounds chose, every measurement the fit used — at a
     fixed total, the error of the fit's ``prior`` estimated from the noisy answers), ``total_var``
     (the variance of the fitted total) and ``response_sd`` (how much the fit's noise moves the
     ``queries``: a PUMA's on its state's workloads), by
     ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
-    ``intervals.parquet``."""
+    ``intervals.parquet``. ``extra``: further measurements the fit took in (a state's PUMA sums)."""
     workloads = [*workloads, *(Workload.from_id(w) for w in res.diagnostics.get("adaptive", []))]
     strength = (res.diagnostics.get("prior_strength_choice") or {}).get("strength", s.prior_strength)  # the fit's own
     e = fit_answer_sd(support, res.weights, res.total, workloads, record, rule=s.update_rule, prior_strength=strength,
                       total_sd=total_sd, size=None if size_estimate is None else (np.asarray(size_estimate[0]), size_estimate[1]),
-                      queries=queries or [], prior=prior)
+                      queries=queries or [], prior=prior, extra=extra or [])
     return {"answer_sd": e.answer_sd, "total_var": e.total_var, "response_sd": e.response_sd}
+
+
+def puma_sums(ctx: RunContext, pumas: list[tuple[int, int]], workload_ids: list[str]) -> list[Measurement]:
+    """``synthesis.pumas_inform_state``: the state's measurements implied by its PUMAs' — every PUMA
+    workload's noisy answers summed over the state's ``pumas`` (all of them), their variances
+    summed (``engine.level_consistency.children_sum``). Each PUMA's measurements are made here
+    through the session with the PUMA fit's own arguments (``engine.synthesis.initial_measurements``),
+    charged once at the PUMA level; the PUMA task reads the same stored answers back."""
+    if not ctx.cfg.synthesis.pumas_inform_state or not pumas or not workload_ids:
+        return []
+    rho, plan = ctx.allocation("puma_synthesis", "puma"), ctx.cfg.synthesis.adaptive.plan("puma")
+    workloads = [Workload.from_id(w) for w in workload_ids]
+    session = ctx.session()
+    return children_sum([initial_measurements(workloads, rho, session_measure(session, "puma_synthesis", "puma", tuple(n)), plan)
+                         for n in pumas])
 
 
 @task(name="synthesize-state")
 def state_update_task(ctx: RunContext, state: int, households: int, workload_ids: list[str],
-                      size_estimate: SizeEstimate | None = None, households_sd: float = 0.0) -> str:
+                      size_estimate: SizeEstimate | None = None, households_sd: float = 0.0,
+                      pumas: list[tuple[int, int]] | None = None, puma_workload_ids: list[str] | None = None) -> str:
     """``households``: the state's DP household count (the normaliser of its answers), with its
     noise sd ``households_sd`` (> 0: the state total is estimated jointly with the posterior,
     ``engine.synthesis``); ``size_estimate``: the count-of-counts size histogram of the state,
-    when that stage ran."""
+    when that stage ran; ``pumas`` (every PUMA of the state) and ``puma_workload_ids``: the PUMA
+    level's measurements, whose sums the state's fit takes in (:func:`puma_sums`)."""
     node = (int(state),)
     out = ctx.paths.node_path("state_posterior", node_key(node))
     if out.exists():
@@ -168,18 +186,21 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     support = cached_support(ctx.public_npz)
     s = ctx.cfg.synthesis
     workloads = [Workload.from_id(w) for w in workload_ids]
+    sums = puma_sums(ctx, pumas or [], puma_workload_ids or [])
     measure, record = recording_measure(session_measure(ctx.session(), "state_synthesis", "state", node))
     res = synthesize_node(
         support, support.weights, workloads, ctx.allocation("state_synthesis", "state"), measure, total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        extra=size_extra(support, size_estimate), total_sd=households_sd,
+        extra=[*size_extra(support, size_estimate), *sums], total_sd=households_sd,
         adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
         strengths=s.prior_strength_candidates if s.prior_strength_rule == "empirical_bayes" else (), strength_floor=strength_floor(ctx),
     )
+    if sums:
+        res.diagnostics["puma_sums"] = {"pumas": len(pumas or []), "workloads": [m.workload.id for m in sums]}
     save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": record.sigmas,
                                                  **answer_sd(support, res, support.weights, workloads, record, s,
-                                                             households_sd, size_estimate)})
+                                                             households_sd, size_estimate, extra=sums)})
     return str(out)
 
 

@@ -53,8 +53,11 @@ def run_state(tmp, inputs, level_consistency="rake"):
     sel = select_workloads(HierarchicalData.from_npz(inputs["public"]), person_first=2)
     state_ids, puma_ids = [w.id for w in sel.state], [w.id for w in sel.puma]
     pumas, counts = np.unique(private.geo[:, 1], return_counts=True)
-    posterior = state_update_task.fn(ctx, STATE, int(counts.sum()), state_ids)
-    jobs = [PumaJob((STATE, int(p)), int(g)) for p, g in zip(pumas, counts)]
+    nodes = [(STATE, int(p)) for p in pumas]
+    posterior = state_update_task.fn(ctx, STATE, int(counts.sum()), state_ids, None, 0.0, nodes, puma_ids)
+    # the state task made every PUMA's measurements (their sums are in the state's fit)
+    assert len([c for c in ctx.ledger.charges() if c.stage == "puma_synthesis"]) == len(nodes) * len(puma_ids)
+    jobs = [PumaJob(n, int(g)) for n, g in zip(nodes, counts)]
     files = puma_batch_task.fn(ctx, jobs, posterior, puma_ids, 7, None, state_ids)
     return ctx, jobs, posterior, puma_ids, state_ids, files
 
@@ -70,8 +73,13 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
 
     ctx, jobs, posterior, puma_ids, state_ids, files = run_state(tmp_path, inputs)
     assert len(files) == len(jobs) >= 2
-    sigmas = json.loads(open(posterior.replace(".npz", ".json")).read())["sigmas"]
+    state_meta = json.loads(open(posterior.replace(".npz", ".json")).read())
+    sigmas = state_meta["sigmas"]
     assert set(state_ids) <= set(sigmas) and all(s > 0 for s in sigmas.values())
+    assert state_meta["diagnostics"]["puma_sums"] == {"pumas": len(jobs), "workloads": puma_ids}
+    # the PUMA fits read the state task's measurements back: each PUMA workload charged once
+    puma_keys = [c.key for c in ctx.ledger.charges() if c.stage == "puma_synthesis"]
+    assert len(puma_keys) == len(set(puma_keys)) == len(jobs) * len(puma_ids)
     for job, f in zip(jobs, files):
         meta = json.loads(open(f.replace(".npz", ".json")).read())
         drawn = HierarchicalData.from_npz(f)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.level_consistency import rake_to_parent
+from engine.level_consistency import children_sum, rake_to_parent
+from engine.queries import answer
 from engine.map_update import map_fit
 from engine.measurement import Measurement
 from engine.queries import Workload
@@ -92,6 +93,66 @@ def test_the_sum_of_noisy_child_fits_gets_closer_to_the_truth():
         err_plain.append(err(fits))
         err_raked.append(err(raked))
     assert np.mean(err_raked) < 0.9 * np.mean(err_plain)
+
+
+def test_children_sum_is_the_parents_answer_with_the_summed_variance():
+    """Brute force on a partition of a dataset into children: noiseless children's answers add up
+    to the parent's exactly, the σ is √Σσ²; a workload missing at one child is left out."""
+    data = random_data(DOMAIN, 300, seed=8)
+    part = np.random.default_rng(9).integers(0, 3, data.n_households)
+    kids = [data.take(np.flatnonzero(part == k)) for k in range(3)]
+    ws = [Workload("group", ("TEN", "NP")), Workload("person", ("R18",), ("AGE",)), Workload("person", (), ("SEX",), normalised=True)]
+    sigmas = [1.0, 2.0, 3.0]
+    children = [[Measurement(w, answer(kid, w), sd) for w in ws] for kid, sd in zip(kids, sigmas)]
+    children[2] = children[2][:2]  # the normalised one was not measured at the third child
+    got = children_sum(children)
+    assert [m.workload for m in got] == ws[:2]
+    for m in got:
+        np.testing.assert_allclose(m.noisy_answer, answer(data, m.workload), atol=1e-9)
+        assert m.sigma == pytest.approx(np.sqrt(1 + 4 + 9)) and m.rho == 0
+    assert children_sum([]) == []
+
+
+def test_the_noise_of_children_sum_has_the_stated_sd():
+    """Statistical: over many noise draws the summed measurement's error has the stated σ
+    (chi-square bound on the variance ratio) and mean 0."""
+    rng = np.random.default_rng(10)
+    w = Workload("group", ("NP",))
+    truth = [np.array([5.0, 3.0, 2.0, 1.0]), np.array([1.0, 4.0, 0.0, 2.0])]
+    sds = [2.0, 5.0]
+    errs = []
+    for _ in range(2000):
+        kids = [[Measurement(w, t + rng.normal(0, sd, t.size), sd)] for t, sd in zip(truth, sds)]
+        (m,) = children_sum(kids)
+        errs.append((m.noisy_answer - sum(truth)) / m.sigma)
+    e = np.concatenate(errs)
+    assert abs(e.mean()) < 4 / np.sqrt(e.size)
+    assert abs(e.var() - 1) < 4 * np.sqrt(2 / e.size)
+
+
+def test_the_parent_fit_with_its_childrens_sums_errs_less():
+    """Simulation: a parent measured with its own workloads, its children measured with others;
+    the parent's MAP fit errs less on the children's workloads (in the parent's tables) with the
+    children's sums taken in than from its own measurements alone, averaged over noise draws, and
+    no worse on its own workloads."""
+    data = random_data(DOMAIN, 600, seed=11)
+    s = Support.from_data(data)
+    rng = np.random.default_rng(12)
+    truth = [rng.dirichlet(np.full(s.n_support, 0.8)) for _ in range(4)]
+    G = np.array([400.0, 600.0, 500.0, 300.0])
+    parent_truth = sum(g * t for g, t in zip(G, truth)) / G.sum()
+    child_w = [Workload("person", (), ("AGE",)), Workload("group", ("NP",)), Workload("person", (), ("SEX", "RAC"))]
+    own = {"own": [], "with": []}
+    theirs = {"own": [], "with": []}
+    for _ in range(10):
+        pm = [Measurement(w, G.sum() * s.answer(w, parent_truth) + rng.normal(0, 20.0, w.n_cells(DOMAIN)), 20.0) for w in PARENT_WORKLOADS]
+        cm = [[Measurement(w, g * s.answer(w, t) + rng.normal(0, 8.0, w.n_cells(DOMAIN)), 8.0) for w in child_w] for g, t in zip(G, truth)]
+        for name, extra in (("own", []), ("with", children_sum(cm))):
+            q = map_fit(s, s.weights, pm + extra, G.sum(), prior_strength=0.1 * G.sum()).weights
+            own[name].append(sum(np.abs(G.sum() * s.answer(w, q - parent_truth)).sum() for w in PARENT_WORKLOADS))
+            theirs[name].append(sum(np.abs(G.sum() * s.answer(w, q - parent_truth)).sum() for w in child_w))
+    assert np.mean(theirs["with"]) < 0.8 * np.mean(theirs["own"])
+    assert np.mean(own["with"]) < 1.05 * np.mean(own["own"])
 
 
 def test_bad_inputs_are_refused():
