@@ -33,13 +33,13 @@ from engine.balanced_sampling import BalanceTargets
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
+from engine.level_consistency import children_sum
 from engine.prior_strength import DEFAULT_CANDIDATES
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
 from engine.queries import Workload
 from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
-from engine.level_consistency import children_sum
 from engine.synthesis import MeasureFn, UpdateRule, initial_measurements, synthesize_node
 from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
 

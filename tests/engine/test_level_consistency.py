@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from engine.level_consistency import children_sum, rake_to_parent
-from engine.queries import answer
 from engine.map_update import map_fit
 from engine.measurement import Measurement
-from engine.queries import Workload
+from engine.queries import Workload, answer
 from engine.support import Support
 from tests.engine._support_testdata import random_data, small_domain
 
