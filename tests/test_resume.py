@@ -43,12 +43,13 @@ def test_kill_9_mid_stage_then_rerun_completes_with_unchanged_ledger(tmp_path, d
     killed_at = None
     try:
         while time.time() < deadline and proc.poll() is None:
-            audit = work / "audit.jsonl"
-            if audit.exists():
-                events = [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]
-                if any(e["event"] == "stage_start" and e.get("stage") == "puma_synthesis" for e in events):
-                    time.sleep(0.3)  # let some PUMA nodes finish, then kill in the middle of the stage
-                    killed_at = "puma_synthesis"
+            # kill in the middle of the state's synthesis task, once it has made its first measurements
+            # (its PUMAs', whose sums its fit takes in) and before its own and its adaptive rounds'
+            ledger = work / "ledger.jsonl"
+            if ledger.exists():
+                records = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+                if any(r.get("stage") == "puma_synthesis" for r in records if "key" in r):
+                    killed_at = "synthesis"
                     os.killpg(proc.pid, signal.SIGKILL)
                     break
             time.sleep(0.05)
@@ -56,7 +57,7 @@ def test_kill_9_mid_stage_then_rerun_completes_with_unchanged_ledger(tmp_path, d
         if proc.poll() is None and killed_at is None:
             os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    assert killed_at == "puma_synthesis", proc.stdout.read().decode()[-3000:]
+    assert killed_at == "synthesis", proc.stdout.read().decode()[-3000:]
     assert not (tmp_path / "releases" / "e2e").exists()
     ledger_before, meas_before = snapshot(work)
     assert ledger_before and meas_before
