@@ -390,7 +390,7 @@ SYNTHESIZER_DESCRIPTIONS = {
     },
     "prior_update": {
         "name": "prior_update",
-        "description": "prior update (Tao et al.): public prior -> per-state posterior -> per-PUMA posterior from DP-measured marginal workloads; households sampled from each PUMA posterior",
+        "description": "prior update (Tao et al.): public prior -> per-state posterior -> per-PUMA posterior from DP-measured marginal workloads (a state's fit also takes in its PUMAs' measurements, summed); households sampled from each PUMA posterior",
     },
     "hgem": {
         "name": "hgem",
