@@ -53,15 +53,14 @@ def children_sum(children: Sequence[Sequence[Measurement]]) -> list[Measurement]
     by_id = [{m.workload.id: m for m in ms} for ms in children]
     out = []
     for m in children[0]:
-        parts = [c.get(m.workload.id) for c in by_id]
-        if any(x is None for x in parts):
+        parts = [x for x in (c.get(m.workload.id) for c in by_id) if x is not None]
+        if len(parts) < len(children):
             continue
-        shapes = {x.noisy_answer.shape for x in parts if x is not None}
+        shapes = {x.noisy_answer.shape for x in parts}
         if len(shapes) != 1:
             raise ValueError(f"{m.workload.id}: the children's answers have different shapes {sorted(shapes)}")
-        noisy = np.sum([x.noisy_answer for x in parts if x is not None], axis=0)
-        sigma = float(np.sqrt(sum(x.variance for x in parts if x is not None)))
-        out.append(Measurement(m.workload, noisy, sigma))
+        noisy = np.sum([x.noisy_answer for x in parts], axis=0)
+        out.append(Measurement(m.workload, noisy, float(np.sqrt(sum(x.variance for x in parts)))))
     return out
 
 

@@ -110,6 +110,8 @@ def test_children_sum_is_the_parents_answer_with_the_summed_variance():
         np.testing.assert_allclose(m.noisy_answer, answer(data, m.workload), atol=1e-9)
         assert m.sigma == pytest.approx(np.sqrt(1 + 4 + 9)) and m.rho == 0
     assert children_sum([]) == []
+    with pytest.raises(ValueError, match="different shapes"):
+        children_sum([[Measurement(ws[0], np.zeros(3), 1.0)], [Measurement(ws[0], np.zeros(4), 1.0)]])
 
 
 def test_the_noise_of_children_sum_has_the_stated_sd():
