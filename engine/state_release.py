@@ -34,6 +34,7 @@ from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
 from engine.level_consistency import children_sum
+from engine.measurement import Measurement
 from engine.prior_strength import DEFAULT_CANDIDATES
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
@@ -43,7 +44,8 @@ from engine.support import Support
 from engine.synthesis import MeasureFn, UpdateRule, initial_measurements, synthesize_node
 from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
 
-__all__ = ["STATE_SHARES", "StateRelease", "node_rng", "session_measure", "session_select", "state_plan", "synthesize_state"]
+__all__ = ["STATE_SHARES", "StateRelease", "node_rng", "session_measure", "session_puma_sums", "session_select", "state_plan",
+           "synthesize_state"]
 
 STATE_SHARES: Mapping[str, Fraction] = {
     "group_counts": Fraction(1, 10), "state_synthesis": Fraction(9, 20), "puma_synthesis": Fraction(9, 20),
@@ -93,6 +95,18 @@ def session_measure(session: PrivateSession, stage: str, level: str, node: Node)
     return measure
 
 
+def session_puma_sums(session: PrivateSession, pumas: Sequence[Node], workloads: Sequence[Workload], rho: Fraction,
+                      adaptive: AdaptiveRounds | None = None) -> list[Measurement]:
+    """A state's measurements implied by its PUMAs' (``synthesis.pumas_inform_state``): every PUMA
+    workload's noisy answers summed over the state's ``pumas`` (all of them), their variances
+    summed (:func:`engine.level_consistency.children_sum`). Each PUMA is measured through the
+    session with its fit's own arguments (``workloads`` at the PUMA level's ``rho`` less its
+    ``adaptive`` rounds' share: :func:`engine.synthesis.initial_measurements`), so each answer is
+    charged once, at the PUMA level, and the PUMA's fit reads the stored answer back."""
+    return children_sum([initial_measurements(workloads, rho, session_measure(session, "puma_synthesis", "puma", tuple(n)), adaptive)
+                         for n in pumas])
+
+
 @dataclass
 class StateRelease:
     """``data``: the synthetic households and persons of every PUMA (geography filled in);
@@ -136,9 +150,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     if strength_floor and len(eb) > 1 and rho_state > 0:
         floor = simulate_strength_floor(public, sel.state, session.unit, float(initial_rho(rho_state, adaptive)), eb).floor
     rho_puma = plan.allocation("puma_synthesis", "puma")
-    # the PUMA fits below measure the same workloads at the same ρ: the session hands them back
-    sums = children_sum([initial_measurements(sel.puma, rho_puma, session_measure(session, "puma_synthesis", "puma", n))
-                         for n in pumas]) if pumas_inform_state else []
+    sums = session_puma_sums(session, pumas, sel.puma, rho_puma) if pumas_inform_state else []
     state_res = synthesize_node(
         support, support.weights, sel.state, rho_state,
         session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),

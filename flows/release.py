@@ -226,6 +226,14 @@ def nodes_at(counts_path: str, level: str) -> dict[tuple[int, ...], int]:
     return out
 
 
+def pumas_by_state(counts_path: str) -> dict[int, dict[tuple[int, int], int]]:
+    """{state: {PUMA node (ST, PUMA): household count}} from the counts result (:func:`nodes_at`)."""
+    out: dict[int, dict[tuple[int, int], int]] = {}
+    for node, g in nodes_at(counts_path, "puma").items():
+        out.setdefault(node[0], {})[(node[0], node[1])] = g
+    return out
+
+
 def count_sd_at(counts_path: str, level: str) -> dict[tuple[int, ...], float]:
     """{node: noise sd of its household count} of one level; 0 (the count taken as given) under
     the invariant or where no measurement of the node's own level exists."""
@@ -242,10 +250,8 @@ def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, 
     states = nodes_at(counts_path, "state")
     sizes = size_measurements(counts_path, "state") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "state")
-    pumas: dict[int, list[tuple[int, int]]] = {}
-    for node in nodes_at(counts_path, "puma"):  # a PUMA node is (ST, PUMA)
-        pumas.setdefault(node[0], []).append((node[0], node[1]))
-    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st], pumas.get(st[0], []), workload["puma"])
+    pumas = pumas_by_state(counts_path)
+    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st], list(pumas.get(st[0], {})), workload["puma"])
                for st, g in states.items()]
     return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "state posteriors")))
 
@@ -270,10 +276,8 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
     the state's PUMA posteriors held to the state posterior, and the sampled households."""
     sizes = size_measurements(counts_path, "puma") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "puma")
-    by_state: dict[int, list[PumaJob]] = {}
-    for (st, puma), g in nodes_at(counts_path, "puma").items():
-        node = (st, puma)  # a PUMA node is (ST, PUMA)
-        by_state.setdefault(st, []).append(PumaJob(node, g, sizes.get(node), sd[node]))
+    by_state = {st: [PumaJob(node, g, sizes.get(node), sd[node]) for node, g in pumas.items()]
+                for st, pumas in pumas_by_state(counts_path).items()}
     # one task per state (its PUMAs are held together to the state posterior), the largest first
     futures = [
         puma_batch_task.submit(

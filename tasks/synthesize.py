@@ -38,13 +38,13 @@ from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
-from engine.level_consistency import children_sum, rake_to_parent
+from engine.level_consistency import rake_to_parent
 from engine.measurement import Measurement
 from engine.queries import Workload
-from engine.state_release import node_rng, session_measure, session_select
+from engine.state_release import node_rng, session_measure, session_puma_sums, session_select
 from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
-from engine.synthesis import NodeResult, initial_measurements, size_measurement, synthesize_node
+from engine.synthesis import NodeResult, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
 from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
 from tasks.context import FileKey, RunContext, file_key
@@ -156,18 +156,13 @@ def answer_sd(support: Support, res, prior: np.ndarray, workloads: list[Workload
 
 
 def puma_sums(ctx: RunContext, pumas: list[tuple[int, int]], workload_ids: list[str]) -> list[Measurement]:
-    """``synthesis.pumas_inform_state``: the state's measurements implied by its PUMAs' — every PUMA
-    workload's noisy answers summed over the state's ``pumas`` (all of them), their variances
-    summed (``engine.level_consistency.children_sum``). Each PUMA's measurements are made here
-    through the session with the PUMA fit's own arguments (``engine.synthesis.initial_measurements``),
-    charged once at the PUMA level; the PUMA task reads the same stored answers back."""
+    """``synthesis.pumas_inform_state``: the state's measurements implied by its PUMAs'
+    (``engine.state_release.session_puma_sums``, with the arguments :func:`fit_puma` measures with);
+    the PUMA task reads the same stored answers back."""
     if not ctx.cfg.synthesis.pumas_inform_state or not pumas or not workload_ids:
         return []
-    rho, plan = ctx.allocation("puma_synthesis", "puma"), ctx.cfg.synthesis.adaptive.plan("puma")
-    workloads = [Workload.from_id(w) for w in workload_ids]
-    session = ctx.session()
-    return children_sum([initial_measurements(workloads, rho, session_measure(session, "puma_synthesis", "puma", tuple(n)), plan)
-                         for n in pumas])
+    return session_puma_sums(ctx.session(), pumas, [Workload.from_id(w) for w in workload_ids], ctx.allocation("puma_synthesis", "puma"),
+                             ctx.cfg.synthesis.adaptive.plan("puma"))
 
 
 @task(name="synthesize-state")
