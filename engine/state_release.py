@@ -38,11 +38,12 @@ from engine.measurement import Measurement
 from engine.prior_strength import DEFAULT_CANDIDATES
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
+from engine.puma_attributes import choose_puma_attributes
 from engine.queries import Workload
 from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
 from engine.synthesis import MeasureFn, UpdateRule, initial_measurements, synthesize_node
-from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
+from engine.workload_selection import PUMA_ATTRIBUTES, PUMA_ATTRIBUTES_MAX, select_workloads
 
 __all__ = ["STATE_SHARES", "StateRelease", "node_rng", "session_measure", "session_puma_sums", "session_select", "state_plan",
            "synthesize_state"]
@@ -123,7 +124,8 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
                      person_first: int = 0, normalise: bool = True, puma_attributes: int = PUMA_ATTRIBUTES, update_rule: UpdateRule = "map", prior_strength: float = 0.1,
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
                      prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES, strength_floor: bool = True,
-                     pumas_inform_state: bool = True) -> StateRelease:
+                     pumas_inform_state: bool = True, puma_attributes_rule: Literal["signal_to_noise", "fixed"] = "signal_to_noise",
+                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
@@ -133,7 +135,10 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     state posterior's prior strength chosen among them by empirical Bayes (``()``: ``prior_strength``),
     held at or above the public simulation's floor (:mod:`engine.strength_floor`) unless
     ``strength_floor`` is false; ``pumas_inform_state``: the state's fit also takes in the sums of
-    its PUMAs' measurements (:func:`engine.level_consistency.children_sum`), made before it."""
+    its PUMAs' measurements (:func:`engine.level_consistency.children_sum`), made before it;
+    ``puma_attributes_rule``, ``puma_attributes_max``: as the config's (``signal_to_noise``: at least
+    ``puma_attributes`` PUMA attributes, more while the PUMA level's ρ carries them at the median of
+    the PUMAs' DP household counts, :mod:`engine.puma_attributes`)."""
     plan = session.ledger.plan
     pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
     if not pumas:
@@ -141,7 +146,9 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     count = {n: session.measure_household_count("group_counts", "puma", n, plan.allocation("group_counts", "puma")) for n in pumas}
     sd = {n: float(m.scale) for n, m in count.items()}
     G = {n: max(float(m.noisy_answer[0]), 0.0) for n, m in count.items()}
-    sel = select_workloads(public, person_first=person_first, normalise=normalise, puma_max_attributes=puma_attributes)
+    by_rule = puma_attributes_rule == "signal_to_noise"
+    sel = select_workloads(public, person_first=person_first, normalise=normalise,
+                           puma_max_attributes=puma_attributes_max if by_rule else puma_attributes)
     support = Support.from_data(public)
     node = (int(state),)
     eb = prior_strength_candidates if update_rule == "map" else ()
@@ -150,6 +157,11 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     if strength_floor and len(eb) > 1 and rho_state > 0:
         floor = simulate_strength_floor(public, sel.state, session.unit, float(initial_rho(rho_state, adaptive)), eb).floor
     rho_puma = plan.allocation("puma_synthesis", "puma")
+    if by_rule:
+        ranked = set(sel.puma_ranked)
+        choice = choose_puma_attributes(public, sel.puma_ranked, sum(w not in ranked for w in sel.puma), session.unit, float(rho_puma),
+                                        float(np.median(list(G.values()))), minimum=puma_attributes, maximum=puma_attributes_max)
+        sel = sel.with_puma_attributes(choice.count)
     sums = session_puma_sums(session, pumas, sel.puma, rho_puma) if pumas_inform_state else []
     state_res = synthesize_node(
         support, support.weights, sel.state, rho_state,

@@ -25,9 +25,10 @@ Hierarchical version (H-GEM Table 1 queries):
   with one already taken (normalised MI ≥ ``puma_redundancy_nmi``), plus a few small two-way
   "contains" marginals from the tree. Tao et al. took approximately independent attributes of
   highest entropy; on the ACS that picked SEX and the householder's sex, which barely vary between
-  PUMAs, and left out the householder's age and education, which do. Four attributes by default: six
-  or nine spread the PUMA budget thinner for no gain on the peer benchmark
-  (``benchmarks/results/HISTORY.md``).
+  PUMAs, and left out the householder's age and education, which do. ``puma_max_attributes`` of
+  them, ranked (:attr:`WorkloadSelection.puma_ranked`): the release takes four, or more where the
+  PUMA level's budget carries them (:mod:`engine.puma_attributes`, which keeps a prefix of the
+  ranking, :meth:`WorkloadSelection.with_puma_attributes`).
 
 Everything is a deterministic function of the public data and the parameters (ties broken by
 attribute order), and :class:`WorkloadSelection` carries a JSON-serialisable explanation.
@@ -36,7 +37,8 @@ attribute order), and :class:`WorkloadSelection` carries a JSON-serialisable exp
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -45,6 +47,7 @@ from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload
 
 PUMA_ATTRIBUTES = 4  # the PUMA level's one-way marginals by default (module docstring; six: benchmarks/results/HISTORY.md)
+PUMA_ATTRIBUTES_MAX = 8  # the most a budget-driven choice may take (engine.puma_attributes; eight lost to six at ε = 2)
 
 # ---------------------------------------------------------------------------- mutual information
 
@@ -197,12 +200,42 @@ def clique_workloads(domain: Domain, attrs: tuple[str, ...], max_cells: int, con
 
 @dataclass
 class WorkloadSelection:
+    """``state`` and ``puma``: the two levels' workloads; ``explanation``: why (JSON); ``puma_ranked``:
+    the PUMA level's one-way marginals best first (a prefix of them is in ``puma``, see
+    :meth:`with_puma_attributes`)."""
+
     state: list[Workload]
     puma: list[Workload]
     explanation: dict
+    puma_ranked: list[Workload] = field(default_factory=list)
 
     def all(self) -> list[Workload]:
         return list(dict.fromkeys(self.state + self.puma))
+
+    def with_puma_attributes(self, count: int) -> WorkloadSelection:
+        """The same selection measuring only the first ``count`` ranked PUMA one-way marginals
+        (the pairs kept): what :func:`select_workloads` gives with ``puma_max_attributes=count``."""
+        if not 1 <= count <= len(self.puma_ranked):
+            raise ValueError(f"the selection ranks {len(self.puma_ranked)} PUMA attributes; cannot keep {count}")
+        dropped = set(self.puma_ranked[count:])
+        puma = [w for w in self.puma if w not in dropped]
+        kept_ids = {w.id for w in puma}
+        e = self.explanation
+        keep = set(e["puma_attribute_ranking"][:count])
+        explanation = {**e, "params": {**e["params"], "puma_max_attributes": count},
+                       "puma_attributes": [a for a in e["puma_attributes"] if a in keep],
+                       "puma_workloads": [x for x in e["puma_workloads"] if x["id"] in kept_ids]}
+        return replace(self, puma=puma, explanation=explanation)
+
+    def to_record(self) -> dict:
+        """JSON form (workload ids), read back by :meth:`from_record`."""
+        return {"state": [w.id for w in self.state], "puma": [w.id for w in self.puma], "puma_ranked": [w.id for w in self.puma_ranked],
+                "explanation": self.explanation}
+
+    @classmethod
+    def from_record(cls, record: dict) -> WorkloadSelection:
+        ids = lambda key: [Workload.from_id(i) for i in record.get(key, [])]  # noqa: E731
+        return cls(ids("state"), ids("puma"), record["explanation"], ids("puma_ranked"))
 
 
 def select_workloads(
@@ -218,6 +251,7 @@ def select_workloads(
     puma_pair_max_cells: int = 16,
     person_first: int = 0,
     normalise: bool = False,
+    puma_exclude: Sequence[str] = (),
 ) -> WorkloadSelection:
     """State- and PUMA-level workloads from the public data (Tao et al. §4.2, see module doc).
 
@@ -232,7 +266,9 @@ def select_workloads(
     variation by entropy), skipping one whose normalised MI with an attribute already taken is
     ``puma_redundancy_nmi`` or more (it would mostly repeat that measurement), and ``puma_pairs``
     two-way group-level "contains" (or, without a mixed edge, other) workloads from tree edges with
-    at most ``puma_pair_max_cells`` cells.
+    at most ``puma_pair_max_cells`` cells; ``puma_exclude``: attributes never taken as PUMA one-way
+    marginals (the size attribute where the count-of-counts stage measures every PUMA's size
+    histogram already).
     ``person_first``: person-level workloads count only the first ``person_first`` persons of each
     household (``Workload.first``: sensitivity ``person_first`` instead of M under the household
     unit); 0 counts every person. ``normalise``: every workload but the partitions is measured
@@ -307,13 +343,15 @@ def select_workloads(
     for i in order:
         if len(indep) >= puma_max_attributes:
             break
-        if info.entropy[i] <= 0:
+        if info.entropy[i] <= 0 or names[i] in puma_exclude:
             continue
         if all(nmi[i, j] < puma_redundancy_nmi for j in indep):
             indep.append(i)
-    puma: list[Workload] = []
-    for i in sorted(indep):
-        puma.append(Workload("group", (names[i],), ()) if kinds[i] == "group" else Workload("person", (), (names[i],)))
+    def one_way(i: int) -> Workload:
+        return Workload("group", (names[i],), ()) if kinds[i] == "group" else Workload("person", (), (names[i],))
+
+    ranked = [one_way(i) for i in indep]
+    puma: list[Workload] = [one_way(i) for i in sorted(indep)]
     small_edges = sorted(
         (e for e in tree if cells2[e] <= puma_pair_max_cells), key=lambda e: (kinds[e[0]] == kinds[e[1]], -mi[e], e)
     )
@@ -333,7 +371,7 @@ def select_workloads(
         def form(w: Workload) -> Workload:
             return w if w.is_partition() else Workload(w.level, w.group_attrs, w.person_attrs,
                                                        person_first if w.level == "person" else 0, normalise)
-        state, puma = [form(w) for w in state], [form(w) for w in puma]
+        state, puma, ranked = [form(w) for w in state], [form(w) for w in puma], [form(w) for w in ranked]
 
     pair_name = lambda e: f"{names[e[0]]}~{names[e[1]]}"  # noqa: E731
     explanation = {
@@ -351,7 +389,7 @@ def select_workloads(
             "strong_edge_threshold_nats": round(thr, 6), "puma_redundancy_nmi": puma_redundancy_nmi,
             "puma_max_attributes": puma_max_attributes, "puma_pairs": puma_pairs,
             "puma_pair_max_cells": puma_pair_max_cells, "person_first": person_first,
-            "normalise": normalise,
+            "normalise": normalise, "puma_exclude": list(puma_exclude),
         },
         "spanning_tree_edges": [pair_name(e) for e in tree],
         "strong_edges": [pair_name((i, j)) for i, j in itertools.combinations(range(k), 2) if strong[i, j]],
@@ -360,8 +398,9 @@ def select_workloads(
         "forced_contains_pair": pair_name(forced_contains) if forced_contains else None,
         "geographic_information_nats": {n: round(float(v), 6) for n, v in zip(names, geo_mi)},
         "puma_attributes": [names[i] for i in sorted(indep)],
+        "puma_attribute_ranking": [names[i] for i in indep],
         "puma_pairs": [pair_name(e) for e in puma_pairs_used],
         "state_workloads": [{"id": w.id, "cells": w.n_cells(d)} for w in state],
         "puma_workloads": [{"id": w.id, "cells": w.n_cells(d)} for w in puma],
     }
-    return WorkloadSelection(state, puma, explanation)
+    return WorkloadSelection(state, puma, explanation, ranked)

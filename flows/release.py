@@ -53,6 +53,7 @@ from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
 from tasks.synthesize import (
     PumaJob,
+    choose_puma_attributes_task,
     choose_split_task,
     choose_strength_floor_task,
     public_only_baseline,
@@ -179,8 +180,9 @@ def merged_inputs(paths: RunPaths, reports: list[dict]) -> tuple[str, str]:
 
 
 @flow(name="select-workload")
-def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES) -> dict:
-    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first, normalise, puma_attributes)
+def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES,
+                          sizes_measured: bool = False) -> dict:
+    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first, normalise, puma_attributes, sizes_measured)
     get_run_logger().info(f"workload: {len(sel['state'])} state-level and {len(sel['puma'])} PUMA-level marginal workloads (from public data)")
     return sel
 
@@ -201,6 +203,15 @@ def choose_strength_floor_stage(ctx: RunContext, workload: dict) -> dict:
     get_run_logger().info(f"state prior strength: at least {choice['floor']:g} of the households "
                           "(held-out error simulated on the public data)")
     return choice
+
+
+@flow(name="choose-puma-attributes")
+def choose_puma_attributes_stage(ctx: RunContext, workload: dict, counts_path: str) -> dict:
+    """How many PUMA attributes the PUMA level's ρ carries (public data and the DP PUMA counts only)."""
+    out = choose_puma_attributes_task(ctx, workload, sorted(nodes_at(counts_path, "puma").values()))
+    get_run_logger().info(f"PUMA level: {len(out['explanation']['puma_attributes'])} one-way marginals "
+                          f"({', '.join(out['explanation']['puma_attributes'])}; signal to noise on the public data)")
+    return out
 
 
 @flow(name="count-of-counts")
@@ -326,7 +337,8 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "samplers": "OpenDP contrib samplers (dp.enable_features('contrib')): discrete Gaussian / discrete Laplace on counts, drawing from OS entropy",
         },
         "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": synthesizer_settings(cfg),
-                        **({"prior_strength_floor": strength_floor_entry(paths)} if cfg.synthesizer == "prior_update" else {})},
+                        **({"prior_strength_floor": strength_floor_entry(paths)} if cfg.synthesizer == "prior_update" else {}),
+                        **({"puma_attributes": puma_attributes_entry(paths)} if workload is not None else {})},
         "workload": workload,
         "count_of_counts": None if coc_path is None else {
             "method": "Hc (isotonic L1), consistent top-down; its state and PUMA size histograms are fitted by the synthesis as noisy measurements",
@@ -364,6 +376,12 @@ def strength_floor_entry(paths: RunPaths) -> dict:
     """The floor of the state prior strength: the public simulation's choice with its table, or none."""
     chosen = paths.strength_floor_path
     return json.loads(chosen.read_text()) if chosen.exists() else {"method": "none (synthesis.prior_strength_floor or a fixed rule)"}
+
+
+def puma_attributes_entry(paths: RunPaths) -> dict:
+    """How many PUMA attributes were measured: the signal-to-noise rule's choice with its table, or the config's number."""
+    chosen = paths.puma_attributes_path
+    return json.loads(chosen.read_text()) if chosen.exists() else {"method": "fixed by the config (synthesis.puma_attributes)"}
 
 
 def synthesis_split_entry(paths: RunPaths) -> dict:
@@ -446,7 +464,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             # H-GEM's mixture answers (engine.hgem.answers) are plain counts: its workloads are never normalised
             normalise = cfg.synthesis.normalise and cfg.synthesizer == "prior_update"
             workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, cfg.synthesis.person_first, normalise,
-                             cfg.synthesis.puma_attributes, charges=False)
+                             cfg.synthesis.puma_candidates(), cfg.allocation.stages.get("count_of_counts", 0) > 0, charges=False)
         if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
             split = stage("choose_synthesis_split", choose_split_stage, ctx, workload, charges=False)
             cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(split["state_fraction"]))})
@@ -457,6 +475,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             counts_path = coc_path = stage("count_of_counts", count_of_counts_stage, ctx)
         else:
             counts_path = stage("household_counts", household_counts_stage, ctx)
+        if workload is not None and cfg.synthesis.puma_attributes_rule == "signal_to_noise":
+            workload = stage("choose_puma_attributes", choose_puma_attributes_stage, ctx, workload, counts_path, charges=False)
         if cfg.synthesizer == "prior_update":
             posteriors = stage("state_synthesis", state_stage, ctx, counts_path, workload)
         elif cfg.synthesizer == "hgem":

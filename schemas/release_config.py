@@ -23,7 +23,7 @@ from engine.errors import DPReleaseError
 from engine.geography import LEVELS
 from engine.hgem.settings import HGEMSettings
 from engine.prior_strength import DEFAULT_CANDIDATES
-from engine.workload_selection import PUMA_ATTRIBUTES
+from engine.workload_selection import PUMA_ATTRIBUTES, PUMA_ATTRIBUTES_MAX
 from schemas.domain_spec import domain_spec_path
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
@@ -188,9 +188,16 @@ class SynthesisSpec(_Strict):
     normalise: bool = Field(default=True, description="every synthesis workload but the partitions measures each "
                             "household's contribution rescaled to one household's worth in L2 (engine.queries.Workload."
                             "normalised): L2 sensitivity one household, every person counted; false: plain counts")
-    puma_attributes: int = Field(default=PUMA_ATTRIBUTES, ge=1, le=32, description="PUMA level: the one-way marginals of at most this many "
-                                 "attributes, those that vary most between the PUMAs of a public state "
-                                 "(engine.workload_selection.select_workloads' puma_max_attributes)")
+    puma_attributes: int = Field(default=PUMA_ATTRIBUTES, ge=1, le=32, description="PUMA level: the one-way marginals of this many "
+                                 "attributes (at least this many under puma_attributes_rule signal_to_noise), those that vary most "
+                                 "between the PUMAs of a public state (engine.workload_selection.select_workloads' puma_max_attributes)")
+    puma_attributes_rule: Literal["signal_to_noise", "fixed"] = Field(
+        default="signal_to_noise", description="signal_to_noise: more ranked PUMA attributes than puma_attributes, up to "
+        "puma_attributes_max, while the added one-way marginal's expected noise at the PUMA level's rho is at most its "
+        "between-PUMA variation on the public data (engine.puma_attributes; recorded in the manifest's "
+        "synthesizer.puma_attributes); fixed: exactly puma_attributes")
+    puma_attributes_max: int = Field(default=PUMA_ATTRIBUTES_MAX, ge=1, le=32,
+                                     description="signal_to_noise: the most PUMA attributes the rule may choose")
     prior_strength_rule: Literal["empirical_bayes", "fixed"] = Field(
         default="empirical_bayes", description="the state update's prior strength: empirical_bayes (chosen among "
         "prior_strength_candidates from the state's own noisy measurements, engine.prior_strength) or fixed (prior_strength)")
@@ -200,6 +207,17 @@ class SynthesisSpec(_Strict):
         default="public_simulation", description="empirical_bayes: public_simulation holds the choice at or above the weakest "
         "candidate any public state, played as the private one at the run's budget, is best with on held-out marginals "
         "(engine.strength_floor; no privacy cost, recorded in the manifest's synthesizer.prior_strength_floor); none: no floor")
+
+    @model_validator(mode="after")
+    def _puma_attribute_bounds(self) -> SynthesisSpec:
+        if self.puma_attributes_rule == "signal_to_noise" and self.puma_attributes_max < self.puma_attributes:
+            raise ValueError(f"synthesis.puma_attributes_max ({self.puma_attributes_max}) must be at least "
+                             f"synthesis.puma_attributes ({self.puma_attributes})")
+        return self
+
+    def puma_candidates(self) -> int:
+        """How many ranked PUMA attributes the workload selection keeps: all the rule may choose from."""
+        return self.puma_attributes_max if self.puma_attributes_rule == "signal_to_noise" else self.puma_attributes
 
     @field_validator("prior_strength_candidates")
     @classmethod

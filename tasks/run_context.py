@@ -76,6 +76,11 @@ class RunPaths:
         return self.run_dir / "prior_strength_floor.json"
 
     @property
+    def puma_attributes_path(self) -> Path:
+        """How many PUMA attributes the signal-to-noise rule chose (``synthesis.puma_attributes_rule``)."""
+        return self.run_dir / "puma_attributes.json"
+
+    @property
     def lock_path(self) -> Path:
         return self.run_dir / "lock"
 

@@ -40,13 +40,14 @@ from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households
 from engine.level_consistency import rake_to_parent
 from engine.measurement import Measurement
+from engine.puma_attributes import choose_puma_attributes
 from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_puma_sums, session_select
 from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
 from engine.synthesis import NodeResult, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
-from engine.workload_selection import PUMA_ATTRIBUTES, select_workloads
+from engine.workload_selection import PUMA_ATTRIBUTES, WorkloadSelection, select_workloads
 from tasks.context import FileKey, RunContext, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
@@ -80,16 +81,42 @@ def cached_balance(public_npz: str) -> BalanceTargets:
 
 
 @task(name="select-workload")
-def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES) -> dict:
-    """Mutual information on the public data only: no privacy cost."""
+def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES,
+                         sizes_measured: bool = False) -> dict:
+    """Mutual information on the public data only: no privacy cost. ``sizes_measured``: the
+    count-of-counts stage measures every PUMA's size histogram, so the size attribute is not
+    measured again as a PUMA one-way marginal."""
     out = Path(out_path)
     if out.exists():
         return json.loads(out.read_text())
-    sel = select_workloads(HierarchicalData.from_npz(public_npz), person_first=person_first, normalise=normalise,
-                           puma_max_attributes=puma_attributes)
-    record = {"state": [w.id for w in sel.state], "puma": [w.id for w in sel.puma], "explanation": sel.explanation}
+    public = HierarchicalData.from_npz(public_npz)
+    sel = select_workloads(public, person_first=person_first, normalise=normalise, puma_max_attributes=puma_attributes,
+                           puma_exclude=(public.domain.size_attribute,) if sizes_measured else ())
+    record = sel.to_record()
     write_json_atomic(out, record)
     return record
+
+
+@task(name="choose-puma-attributes")
+def choose_puma_attributes_task(ctx: RunContext, workload: dict, puma_households: list[int]) -> dict:
+    """``synthesis.puma_attributes_rule: signal_to_noise``: how many of the ranked PUMA one-way
+    marginals to measure, from the public data's between-PUMA variation and the PUMA level's ρ at
+    the median of the PUMAs' DP household counts (``engine.puma_attributes``; post-processing, no
+    privacy cost). Returns the workload record with that many. Kept in the work directory: a
+    resumed run reuses it."""
+    out = ctx.paths.puma_attributes_path
+    if out.exists():
+        choice = json.loads(out.read_text())
+    else:
+        sel = WorkloadSelection.from_record(workload)
+        s = ctx.cfg.synthesis
+        rho = initial_rho(ctx.allocation("puma_synthesis", "puma"), s.adaptive.plan("puma"))
+        ranked = set(sel.puma_ranked)
+        choice = choose_puma_attributes(ctx.public(), sel.puma_ranked, sum(w not in ranked for w in sel.puma), ctx.cfg.privacy_unit,
+                                        float(rho), float(np.median(puma_households)) if puma_households else 0.0,
+                                        minimum=s.puma_attributes, maximum=s.puma_attributes_max).to_dict()
+        write_json_atomic(out, choice)
+    return WorkloadSelection.from_record(workload).with_puma_attributes(choice["puma_attributes"]).to_record()
 
 
 @task(name="choose-synthesis-split")

@@ -75,8 +75,19 @@ def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
     rel = tmp_path / "releases" / "e2e"
     manifest = json.loads((rel / "manifest.json").read_text())
     assert manifest["synthesizer"]["name"] == "prior_update"
-    assert manifest["stages"] == ["ingest", "select_workload", "choose_prior_strength_floor", "count_of_counts", "state_synthesis",
-                                  "puma_synthesis", "publish"]
+    assert manifest["stages"] == ["ingest", "select_workload", "choose_prior_strength_floor", "count_of_counts", "choose_puma_attributes",
+                                  "state_synthesis", "puma_synthesis", "publish"]
+    # the PUMA attributes: at least the configured number, as many one-way PUMA workloads as chosen, never the size
+    # attribute (the count-of-counts stage measures every PUMA's size histogram)
+    from engine.queries import Workload
+
+    chosen, expl = manifest["synthesizer"]["puma_attributes"], manifest["workload"]["explanation"]
+    assert chosen["puma_attributes"] >= manifest["config"]["synthesis"]["puma_attributes"]
+    assert len(expl["puma_attributes"]) == chosen["puma_attributes"]
+    assert set(expl["puma_attributes"]) == set(expl["puma_attribute_ranking"][: chosen["puma_attributes"]])
+    assert "NP" not in expl["puma_attribute_ranking"]
+    measured = [Workload.from_id(w) for w in manifest["workload"]["puma"]]
+    assert {w.attrs[0] for w in measured if len(w.attrs) == 1} == set(expl["puma_attributes"])
     # one public state cannot be played against others: the simulation runs, records no floor
     floor = manifest["synthesizer"]["prior_strength_floor"]
     assert floor["floor"] == 0.0 and floor["played"] == [] and floor["candidates"] == manifest["config"]["synthesis"]["prior_strength_candidates"]
