@@ -129,7 +129,7 @@ def choose_puma_attributes(public: HierarchicalData, ranked: Sequence[Workload],
     for w, s in zip(extra, signal):
         k = count + 1
         noise = expected_noise_l1(public, w, unit, rho_puma / (k + n_pairs), households)
-        added = not stopped and noise <= s
+        added = bool(not stopped and noise <= s)
         if added:
             count = k
         else:

@@ -115,3 +115,41 @@ def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_
         assert json.loads((tmp_path / f"workload{cap}.json").read_text())["puma"] == rec["puma"]
         got[cap] = set(rec["explanation"]["puma_attributes"])
     assert got[1] < got[2] < got[3]
+
+
+def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_leaves_the_sizes_out(tmp_path):
+    """``choose_puma_attributes_task``: the engine's rule at the plan's PUMA ρ and the median DP PUMA
+    count, a prefix of the ranking recorded in the work directory and read back by a resumed run;
+    with the count-of-counts stage measuring the sizes, the size attribute is not ranked."""
+    from engine.puma_attributes import choose_puma_attributes
+    from engine.workload_selection import WorkloadSelection
+    from tasks.context import RunContext
+    from tasks.run_context import prepare
+    from tasks.synthesize import choose_puma_attributes_task, select_workload_task
+    from tests.engine._support_testdata import random_data, small_domain
+
+    data = random_data(small_domain(M=4), 600, seed=21, dependence=0.8)
+    npz = tmp_path / "public.npz"
+    data.to_npz(npz)
+    with_sizes = select_workload_task.fn(str(npz), str(tmp_path / "w_sizes.json"), 0, True, 4, True)
+    assert "NP" not in with_sizes["explanation"]["puma_attribute_ranking"]
+    assert "NP" in select_workload_task.fn(str(npz), str(tmp_path / "w.json"), 0, True, 6, False)["explanation"]["puma_attribute_ranking"]
+    record = select_workload_task.fn(str(npz), str(tmp_path / "w4.json"), 0, True, 4, True)
+    ranked = WorkloadSelection.from_record(record).puma_ranked
+    assert len(ranked) >= 3
+    counts = [120, 150, 180]
+    got = {}
+    for rho in (1e-6, 10.0):
+        cfg = make_config().model_copy(update={"budget": make_config().budget.model_copy(update={"rho": rho})})
+        cfg = cfg.model_copy(update={"synthesis": cfg.synthesis.model_copy(update={"puma_attributes": 1, "puma_attributes_max": 4})})
+        ctx = RunContext(cfg, prepare(tmp_path / f"work{rho}", tmp_path / f"rel{rho}"), "", str(npz))
+        out = choose_puma_attributes_task.fn(ctx, record, counts)
+        want = choose_puma_attributes(data, ranked, sum(w not in set(ranked) for w in WorkloadSelection.from_record(record).puma), "household",
+                                      float(ctx.allocation("puma_synthesis", "puma")), 150.0, minimum=1, maximum=4)
+        assert json.loads(ctx.paths.puma_attributes_path.read_text()) == want.to_dict()
+        assert out == WorkloadSelection.from_record(record).with_puma_attributes(want.count).to_record()
+        got[rho] = want.count
+        # a resumed run reads the stored choice back instead of recomputing it
+        ctx.paths.puma_attributes_path.write_text(json.dumps({**want.to_dict(), "puma_attributes": 2}))
+        assert len(choose_puma_attributes_task.fn(ctx, record, counts)["explanation"]["puma_attributes"]) == 2
+    assert got[1e-6] == 1 and got[10.0] == len(ranked)
