@@ -12,9 +12,10 @@ over the 165 3-way marginals and its systematic draws 0.093–0.095
 A balanced sample (Deville & Tillé, "Efficient balanced sampling: the cube method", Biometrika
 2004) chooses its units so that the sample's totals of auxiliary variables equal their expected
 values. The auxiliary variables here are the cells of every one- and two-attribute marginal of the
-domain (:func:`balance_workloads`): pairs of household attributes, pairs of person attributes, and a
-household attribute with a person attribute — the tables every release query is built from, chosen
-by the domain alone, never by a benchmark's workload. The draw (:func:`balanced_draw`):
+domain and of the persons' three-attribute marginals (:func:`balance_workloads`): pairs of household
+attributes, pairs of person attributes, a household attribute with a person attribute, person
+triples and the household size with a person pair — the tables every release query is built from,
+chosen by the domain alone, never by a benchmark's workload. The draw (:func:`balanced_draw`):
 
 1. a pool of ``pool_factor · n`` households drawn systematically from q along the household order;
 2. its systematic subsample of ``n`` (every ``pool_factor``-th, random start) — exactly the
@@ -25,6 +26,14 @@ by the domain alone, never by a benchmark's workload. The draw (:func:`balanced_
    batches of the best single swaps while a batch helps, then one exact best swap (cross term
    included) among the ``exact_candidates`` best removals and additions at a time, until none helps
    or ``max_rounds`` is reached.
+
+A state's PUMAs are drawn one after the other (:func:`balanced_draws`), each search aiming at its
+expected counts less the residual the earlier PUMAs left (error diffusion): the state's marginals,
+sums of its PUMAs', then carry a bounded residual instead of the PUMAs' independent ones added up.
+On the peer benchmark's set-up (New Hampshire ε = 2, the same posteriors drawn both ways, 2 seeds ×
+2 draws) the person triples with the diffusion took the draws from 0.0748–0.0766 to 0.0723–0.0748
+(the posteriors' expected counts 0.0697–0.0714); either alone changed nothing
+(``benchmarks/results/HISTORY.md``).
 
 Every released household is a pool household, i.e. a draw from the posterior, so the posterior's
 higher-order structure is kept; the search only chooses which of the draws to keep. The result is a
@@ -45,19 +54,24 @@ from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload, incidence_matrix
 
-__all__ = ["BalanceTargets", "balance_workloads", "balanced_draw", "systematic_positions"]
+__all__ = ["BalanceTargets", "balance_workloads", "balanced_draw", "balanced_draws", "systematic_positions"]
 
 
 def balance_workloads(domain: Domain) -> list[Workload]:
     """Every two-attribute marginal of the domain (each one-attribute marginal is a sum of them):
     household pairs (group level), person pairs (person level, every person) and household ×
-    person (person level). A domain with a single attribute on a side contributes its one-way
-    marginal instead of pairs."""
+    person (person level); and the three-attribute marginals of the persons: every person triple
+    and the household size with every person pair (the size is the household's defining attribute,
+    which every person of the household shares). A domain with a single attribute on a side
+    contributes its one-way marginal instead of pairs."""
     g = [a.name for a in domain.group]
     p = [a.name for a in domain.person]
     out = [Workload("group", pair) for pair in itertools.combinations(g, 2)] or [Workload("group", (a,)) for a in g]
     out += [Workload("person", (), pair) for pair in itertools.combinations(p, 2)] or [Workload("person", (), (a,)) for a in p]
     out += [Workload("person", (a,), (b,)) for a in g for b in p]
+    out += [Workload("person", (), triple) for triple in itertools.combinations(p, 3)]
+    if domain.size_attribute in g:
+        out += [Workload("person", (domain.size_attribute,), pair) for pair in itertools.combinations(p, 2)]
     return out
 
 
@@ -131,24 +145,59 @@ def balanced_draw(
     the support order); ``pool_factor``: pool size over ``n`` (1: the plain systematic draw);
     ``max_rounds``: bound on the exchange rounds; ``exact_candidates``: removals and additions
     compared pairwise (with the cross term) once batches stop helping."""
+    return _draw(balance, p, n, rng, order, None, pool_factor, max_rounds, exact_candidates)[0]
+
+
+def balanced_draws(
+    balance: BalanceTargets,
+    weights: Sequence[np.ndarray],
+    totals: Sequence[int],
+    rngs: Sequence[np.random.Generator],
+    order: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Sibling nodes (a state's PUMAs) drawn one after the other by :func:`balanced_draw`, each
+    node's exchange search aiming at its expected balance counts less what the nodes drawn before
+    it left over (their summed draw-minus-expected residual): error diffusion, so that the
+    parent's sums of the balance marginals stay near the posteriors' instead of adding up the
+    nodes' independent residuals. Every node's households are still its own posterior's pool
+    draws; a function of the weights, totals and generators (in this order)."""
+    if not (len(weights) == len(totals) == len(rngs)):
+        raise ValueError("give one total and one generator per node")
+    carried = np.zeros(balance.rows.shape[1])
+    out = []
+    for p, n, rng in zip(weights, totals, rngs):
+        idx, residual = _draw(balance, p, n, rng, order, carried, 2, 100, 16)
+        carried += residual
+        out.append(idx)
+    return out
+
+
+def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generator, order: np.ndarray | None, offset: np.ndarray | None,
+          pool_factor: int, max_rounds: int, exact_candidates: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`balanced_draw` minimising ‖draw − expected + ``offset``‖² over the balance cells;
+    returns (indices, draw − expected)."""
     p = np.asarray(p, dtype=np.float64)
     if p.shape != (balance.n_households,) or np.any(p < 0) or p.sum() <= 0:
         raise ValueError("weights must be non-negative with positive mass, one per balance household")
     if pool_factor < 1 or exact_candidates < 1:
         raise ValueError("pool_factor and exact_candidates must be >= 1")
     n = int(n)
+    expected = n * balance.expected(p / p.sum())
+    shift = np.zeros_like(expected) if offset is None else np.asarray(offset, dtype=np.float64)
+    if shift.shape != expected.shape:
+        raise ValueError("the offset needs one entry per balance cell")
     if n <= 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), -expected
     perm = np.arange(p.size, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
     k = int(pool_factor)
     pool = perm[systematic_positions(p[perm], k * n, float(rng.random()))]
     chosen = np.zeros(k * n, dtype=bool)
     chosen[int(rng.integers(k)) + k * np.arange(n)] = True
-    if k == 1:
-        return pool
     R = balance.rows[pool]  # pool unit × cell
+    r = R.T @ chosen.astype(np.float64) - expected + shift
+    if k == 1:
+        return pool, r - shift
     sq = np.add.reduceat(R.data**2, R.indptr[:-1]) if R.nnz else np.zeros(R.shape[0])  # ‖a_u‖²
-    r = R.T @ chosen.astype(np.float64) - n * balance.expected(p / p.sum())
     loss = float(r @ r)
     batch_max = max(1, n // 10)
     batch = batch_max
@@ -185,4 +234,4 @@ def balanced_draw(
         chosen[out[i]], chosen[into[j]] = False, True
         r = r - _rows_sum(R, out[i : i + 1]) + _rows_sum(R, into[j : j + 1])
         loss = float(r @ r)
-    return pool[chosen]
+    return pool[chosen], r - shift

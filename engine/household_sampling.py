@@ -1,8 +1,9 @@
 """Drawing synthetic households from a posterior on a support of public households (Tao et al.
 Alg. 2 line 16: "sample ñ_g tuples from p_g"), optionally with exactly the household-size counts
 fixed by the count-of-counts stage; :func:`household_order` stratifies a systematic draw on the
-household attributes; ``method="balanced"`` holds the draw's one- and two-attribute marginals to
-the posterior's (:mod:`engine.balanced_sampling`)."""
+household attributes; ``method="balanced"`` holds the draw's low-order marginals to the
+posterior's (:mod:`engine.balanced_sampling`), and :func:`sample_sibling_households` draws a state's
+PUMAs so that their sum stays balanced too."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from typing import Literal
 
 import numpy as np
 
-from engine.balanced_sampling import BalanceTargets, balanced_draw, systematic_positions
+from engine.balanced_sampling import BalanceTargets, balanced_draw, balanced_draws, systematic_positions
 from engine.hierarchical_data import HierarchicalData
 from engine.support import Support
 
-__all__ = ["household_order", "sample_households"]
+__all__ = ["household_order", "sample_households", "sample_sibling_households"]
 
 
 def _draw(p: np.ndarray, n: int, rng: np.random.Generator, method: str) -> np.ndarray:
@@ -118,6 +119,38 @@ def sample_households(
                 pk = np.ones(members.size)
             parts.append(members[_draw(pk, int(sizes[k]), rng, method)])
         idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return _households(data, idx, rng, geo)
+
+
+def sample_sibling_households(
+    support: Support,
+    weights: Sequence[np.ndarray],
+    totals: Sequence[int],
+    rngs: Sequence[np.random.Generator],
+    geos: Sequence[Sequence[int]],
+    *,
+    order: np.ndarray | None = None,
+    balance: BalanceTargets,
+) -> list[HierarchicalData]:
+    """The households of sibling nodes (a state's PUMAs), each drawn from its own posterior by
+    balanced sampling with the earlier siblings' residual carried over
+    (:func:`engine.balanced_sampling.balanced_draws`), so that the parent's balance marginals stay
+    near the posteriors' sum; otherwise as :func:`sample_households` with ``method="balanced"``,
+    node by node (``totals``, ``rngs`` and ``geos`` one per node, in drawing order)."""
+    if not (len(weights) == len(totals) == len(rngs) == len(geos)):
+        raise ValueError("give one total, generator and geography row per node")
+    if balance.n_households != support.data.n_households:
+        raise ValueError("balanced sampling needs the support's balance targets")
+    if order is not None:
+        order = np.asarray(order, dtype=np.int64)
+        if order.shape != (support.data.n_households,) or np.any(np.bincount(order, minlength=order.size) != 1):
+            raise ValueError("order must be a permutation of the support's households")
+    draws = balanced_draws(balance, [np.asarray(w, dtype=np.float64) for w in weights], [int(n) for n in totals], rngs, order)
+    return [_households(support.data, idx, rng, geo) for idx, rng, geo in zip(draws, rngs, geos)]
+
+
+def _households(data: HierarchicalData, idx: np.ndarray, rng: np.random.Generator, geo: Sequence[int] | None) -> HierarchicalData:
+    """The drawn support households in a shuffled order, with ``geo`` written into every one."""
     idx = idx[rng.permutation(idx.size)]
     out = data.take(idx)
     if geo is not None:

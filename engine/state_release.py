@@ -32,7 +32,7 @@ from engine.adaptive import AdaptiveRounds, SelectFn, initial_rho
 from engine.balanced_sampling import BalanceTargets
 from engine.geography import Node, node_key
 from engine.hierarchical_data import HierarchicalData
-from engine.household_sampling import household_order, sample_households
+from engine.household_sampling import household_order, sample_households, sample_sibling_households
 from engine.level_consistency import children_sum
 from engine.measurement import Measurement
 from engine.prior_strength import DEFAULT_CANDIDATES
@@ -173,7 +173,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     diagnostics = {node_key(node): state_res.diagnostics}
     order = household_order(public)
     balance = BalanceTargets.for_data(public) if sampling == "balanced" else None
-    parts, released = [], {}
+    fits, released = {}, {}
     for n in pumas:
         res = synthesize_node(
             support, state_res.weights, sel.puma, rho_puma,
@@ -182,7 +182,12 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
         )
         diagnostics[node_key(n)] = res.diagnostics
         released[n] = int(round(res.total))
-        parts.append(sample_households(support, res.weights, released[n], node_rng(seed, n), geo=n, order=order, method=sampling,
-                                       balance=balance))
+        fits[n] = res.weights
+    nodes = sorted(pumas)
+    if balance is not None:  # the PUMAs drawn together: each carries the earlier ones' balance residual
+        parts = sample_sibling_households(support, [fits[n] for n in nodes], [released[n] for n in nodes], [node_rng(seed, n) for n in nodes],
+                                          nodes, order=order, balance=balance)
+    else:
+        parts = [sample_households(support, fits[n], released[n], node_rng(seed, n), geo=n, order=order, method=sampling) for n in nodes]
     return StateRelease(HierarchicalData.concat(parts), released, {"state": [w.id for w in sel.state], "puma": [w.id for w in sel.puma]},
                         diagnostics)

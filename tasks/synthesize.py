@@ -37,7 +37,7 @@ from engine.balanced_sampling import BalanceTargets
 from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
-from engine.household_sampling import household_order, sample_households
+from engine.household_sampling import household_order, sample_households, sample_sibling_households
 from engine.level_consistency import rake_to_parent
 from engine.measurement import Measurement
 from engine.puma_attributes import choose_puma_attributes
@@ -305,11 +305,20 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     if targets and prior is not None:
         weights, _ = rake_to_parent(support, weights, [f.total for f in fits], prior, targets, prior_strength=s.prior_strength)
     order = household_order(support.data)
-    for job, out, w, f in zip(jobs, outs, weights, fits):
+    totals = [int(round(f.total)) for f in fits]
+    if balance is not None:
+        # a state's PUMAs drawn in node order, each carrying the earlier ones' balance residual: every
+        # PUMA is drawn again on a resume (its draw depends on the ones before it), only missing files are written
+        ranked = sorted(range(len(jobs)), key=lambda i: jobs[i].node)
+        draws = sample_sibling_households(support, [weights[i] for i in ranked], [totals[i] for i in ranked],
+                                          [node_rng(seed, jobs[i].node) for i in ranked], [jobs[i].node for i in ranked],
+                                          order=order, balance=balance)
+        synths = dict(zip(ranked, draws))
+    for i, (job, out) in enumerate(zip(jobs, outs)):
         if out.exists():
             continue
-        synth = sample_households(support, w, int(round(f.total)), node_rng(seed, job.node), geo=job.node, order=order, method=s.sampling,
-                                  balance=balance)
+        synth = synths[i] if balance is not None else sample_households(support, weights[i], totals[i], node_rng(seed, job.node), geo=job.node,
+                                                                         order=order, method=s.sampling)
         save_npz_atomic(out, synth.to_npz)
     return [str(o) for o in outs]
 

@@ -9,8 +9,8 @@ import itertools
 import numpy as np
 import pytest
 
-from engine.balanced_sampling import BalanceTargets, balance_workloads, balanced_draw, systematic_positions
-from engine.household_sampling import household_order, sample_households
+from engine.balanced_sampling import BalanceTargets, balance_workloads, balanced_draw, balanced_draws, systematic_positions
+from engine.household_sampling import household_order, sample_households, sample_sibling_households
 from engine.queries import Workload, answer
 from engine.support import Support
 from tests.engine._support_testdata import random_data, small_domain
@@ -18,13 +18,15 @@ from tests.engine._support_testdata import random_data, small_domain
 DOMAIN = small_domain(M=4)
 
 
-def test_balance_workloads_are_every_pair_of_attributes():
+def test_balance_workloads_are_every_pair_and_the_persons_triples():
     ws = balance_workloads(DOMAIN)
     g, p = [a.name for a in DOMAIN.group], [a.name for a in DOMAIN.person]
     assert [w for w in ws if w.level == "group"] == [Workload("group", pair) for pair in itertools.combinations(g, 2)]
-    assert {w.person_attrs for w in ws if w.level == "person" and not w.group_attrs} == set(itertools.combinations(p, 2))
-    assert {(w.group_attrs, w.person_attrs) for w in ws if w.group_attrs and w.person_attrs} == {((a,), (b,)) for a in g for b in p}
-    assert all(w.first == 0 for w in ws)  # every person counts
+    assert {w.person_attrs for w in ws if w.level == "person" and not w.group_attrs} == (
+        set(itertools.combinations(p, 2)) | set(itertools.combinations(p, 3)))
+    assert {(w.group_attrs, w.person_attrs) for w in ws if w.group_attrs and w.person_attrs} == (
+        {((a,), (b,)) for a in g for b in p} | {(("NP",), pair) for pair in itertools.combinations(p, 2)})
+    assert len(ws) == len(set(ws)) and all(w.first == 0 and not w.normalised for w in ws)  # every person counts
 
 
 def test_balance_targets_equal_the_workloads_answers():
@@ -128,3 +130,51 @@ def test_balanced_sampling_rejects_what_it_cannot_do():
     with pytest.raises(ValueError, match="one per balance household"):
         balanced_draw(BalanceTargets.for_data(data), q[:-1], 5, rng)
     assert balanced_draw(BalanceTargets.for_data(data), q, 0, rng).size == 0
+
+
+def test_sibling_draws_carry_their_residual_so_the_parent_stays_balanced():
+    """Error diffusion over sibling nodes (statistical, 60 repetitions): the siblings' summed
+    balance residual is far below that of independent balanced draws of the same posteriors, each
+    sibling's own residual stays near an independent draw's, and each sibling is drawn from its own
+    posterior (mean counts as near n·q as an independent draw's). The first sibling is exactly the
+    plain balanced draw."""
+    data = random_data(DOMAIN, 300, seed=21)
+    bt = BalanceTargets.for_data(data)
+    order = household_order(data)
+    rng = np.random.default_rng(22)
+    qs = [rng.dirichlet(np.ones(data.n_households)) for _ in range(5)]
+    totals = [40, 55, 35, 60, 45]
+    expected = [n * bt.expected(q) for n, q in zip(totals, qs)]
+    parent_sib, parent_ind, own_sib, own_ind = [], [], [], []
+    means = [np.zeros(data.n_households) for _ in qs]
+    means_ind = [np.zeros(data.n_households) for _ in qs]
+    reps = 60
+    for r in range(reps):
+        gens = [np.random.default_rng(1000 * r + k) for k in range(len(qs))]
+        sib = balanced_draws(bt, qs, totals, gens, order)
+        ind = [balanced_draw(bt, q, n, np.random.default_rng(1000 * r + k), order) for k, (q, n) in enumerate(zip(qs, totals))]
+        np.testing.assert_array_equal(sib[0], ind[0])  # nothing carried into the first
+        res_sib = [bt.expected(np.bincount(i, minlength=data.n_households)) - e for i, e in zip(sib, expected)]
+        res_ind = [bt.expected(np.bincount(i, minlength=data.n_households)) - e for i, e in zip(ind, expected)]
+        parent_sib.append(float(np.sum(sum(res_sib) ** 2)))
+        parent_ind.append(float(np.sum(sum(res_ind) ** 2)))
+        own_sib.append(np.mean([x @ x for x in res_sib]))
+        own_ind.append(np.mean([x @ x for x in res_ind]))
+        for k, (i, j) in enumerate(zip(sib, ind)):
+            means[k] += np.bincount(i, minlength=data.n_households) / reps
+            means_ind[k] += np.bincount(j, minlength=data.n_households) / reps
+    assert np.mean(parent_sib) < 0.5 * np.mean(parent_ind)
+    assert np.mean(own_sib) < 3 * np.mean(own_ind)
+    # every sibling's mean counts as close to n·q as the independent balanced draws' (themselves tested above)
+    for m, mi, q, n in zip(means, means_ind, qs, totals):
+        assert np.abs(m - n * q).mean() < 1.3 * np.abs(mi - n * q).mean()
+    # the households with their geography, reproducible from the generators
+    s = Support.from_data(data)
+    out = sample_sibling_households(s, qs, totals, [np.random.default_rng(k) for k in range(5)], [(1, 100 + k) for k in range(5)],
+                                    order=order, balance=bt)
+    again = sample_sibling_households(s, qs, totals, [np.random.default_rng(k) for k in range(5)], [(1, 100 + k) for k in range(5)],
+                                      order=order, balance=bt)
+    assert [o.n_households for o in out] == totals and all(np.all(o.geo == (1, 100 + k)) for k, o in enumerate(out))
+    assert all(np.array_equal(a.group, b.group) and np.array_equal(a.person, b.person) for a, b in zip(out, again))
+    with pytest.raises(ValueError, match="one total"):
+        balanced_draws(bt, qs, totals[:-1], [np.random.default_rng(0)] * 5)
