@@ -66,7 +66,7 @@ def sample_households(
     ``method="systematic"`` (default): systematic resampling — every household appears
     ⌊n q_h⌋ or ⌈n q_h⌉ times, unbiased, far less sampling noise than i.i.d. draws;
     ``"multinomial"``: i.i.d. draws; ``"balanced"``: a systematic pool of draws thinned to ``n``
-    so that the sample's one- and two-attribute marginals match the posterior's expected counts
+    so that the sample's low-order marginals match the posterior's expected counts
     (:func:`engine.balanced_sampling.balanced_draw`; needs ``balance``, the support's
     :class:`~engine.balanced_sampling.BalanceTargets`, and ``n`` without ``sizes``). Output order is shuffled. ``geo``: optional full geography
     row written into every sampled household (otherwise the public households' own codes are kept).

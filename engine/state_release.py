@@ -9,7 +9,7 @@
    the sums of its PUMAs' (:func:`engine.synthesis.synthesize_node`, household total estimated
    jointly with it; :func:`engine.level_consistency.children_sum`);
 4. per PUMA, the state posterior updated with the PUMA's workloads, and its households drawn from
-   it, balanced on the domain's one- and two-attribute marginals (:mod:`engine.balanced_sampling`;
+   it, balanced on the domain's low-order marginals, the state's PUMAs with error diffusion (:mod:`engine.balanced_sampling`;
    ``sampling="systematic"``: systematically along the households sorted by their attributes).
 
 Every read of the confidential data is a charged measurement of the :class:`PrivateSession`; the

@@ -227,7 +227,8 @@ class SynthesisSpec(_Strict):
         return v
     sampling: Literal["balanced", "systematic"] = Field(
         default="balanced", description="how a PUMA's households are drawn from its posterior: balanced (the draw's one- and "
-        "two-attribute marginals held to the posterior's, engine.balanced_sampling) or systematic (along the household order)")
+        "two-attribute marginals and the persons' three-attribute ones held to the posterior's, a state's PUMAs with error "
+        "diffusion, engine.balanced_sampling) or systematic (along the household order)")
     level_consistency: Literal["rake", "none"] = Field(
         default="rake", description="rake: a state's PUMA posteriors tilted together so that their sum holds to the state posterior "
         "on the state's measured workloads (engine.level_consistency); none: each PUMA as its own fit left it")

@@ -11,7 +11,8 @@
   (public-only baseline); the PUMA posteriors are held together to the state posterior on the
   state's measured workloads (``synthesis.level_consistency``, ``engine.level_consistency``); then
   each PUMA's household total is drawn from its posterior (``synthesis.sampling``: balanced on the
-  domain's one- and two-attribute marginals by default, ``engine.balanced_sampling``).
+  domain's one- and two-attribute and the persons' three-attribute marginals by default, a state's
+  PUMAs with error diffusion, ``engine.balanced_sampling``).
 
 When the count-of-counts stage ran, its size histogram of the node enters both updates as one more
 noisy measurement of the size marginal (``engine.synthesis.size_measurement``), weighed against
