@@ -105,8 +105,8 @@ class PumaAttributeChoice:
             "minimum": self.minimum,
             "rho_per_puma": self.rho_puma,
             "typical_puma_households": self.households,
-            "candidates": [{"workload": w, "signal_l1": round(s, 6), "expected_noise_l1": round(n, 6), "added": a}
-                           for w, s, n, a in self.candidates],
+            "candidates": [{"workload": w, "signal_l1": round(s, 6), "expected_noise_l1": round(n, 6) if math.isfinite(n) else None,
+                            "added": a} for w, s, n, a in self.candidates],  # None: no ρ (or no household) to measure with
         }
 
 

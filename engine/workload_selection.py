@@ -215,7 +215,7 @@ class WorkloadSelection:
     def with_puma_attributes(self, count: int) -> WorkloadSelection:
         """The same selection measuring only the first ``count`` ranked PUMA one-way marginals
         (the pairs kept): what :func:`select_workloads` gives with ``puma_max_attributes=count``."""
-        if not 1 <= count <= len(self.puma_ranked):
+        if not 0 <= count <= len(self.puma_ranked):
             raise ValueError(f"the selection ranks {len(self.puma_ranked)} PUMA attributes; cannot keep {count}")
         dropped = set(self.puma_ranked[count:])
         puma = [w for w in self.puma if w not in dropped]

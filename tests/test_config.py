@@ -53,6 +53,8 @@ def test_default_config_loads_and_inputs_exist(data_root):
                     r.setdefault("synthesis", {}).update(person_first=2)), "H-GEM's mixture answers count every person"),
         (lambda r: r.setdefault("synthesis", {}).update(normalise="sometimes"), "normalise"),
         (lambda r: r.setdefault("synthesis", {}).update(puma_attributes=0), "puma_attributes"),
+        (lambda r: r.setdefault("synthesis", {}).update(puma_attributes=6, puma_attributes_max=5), "puma_attributes_max \\(5\\) must be at least"),
+        (lambda r: r.setdefault("synthesis", {}).update(puma_attributes_rule="always"), "puma_attributes_rule"),
         (lambda r: (r["allocation"].update(synthesis_split="public_simulation"),
                     r["allocation"]["levels"]["state_synthesis"].update(state=0.5, nation=0.5)), "state_synthesis {state: 1.0}"),
     ],
@@ -68,6 +70,7 @@ def test_households_are_drawn_balanced_by_default_and_systematic_on_request(tmp_
     assert load_config(DEFAULT).synthesis.sampling == "balanced"
     assert load_config(DEFAULT).synthesis.level_consistency == "rake"
     assert load_config(DEFAULT).synthesis.puma_attributes == 4
+    assert load_config(DEFAULT).synthesis.puma_attributes_rule == "signal_to_noise" and load_config(DEFAULT).synthesis.puma_candidates() == 8
     assert load_config(DEFAULT).synthesis.prior_strength_rule == "empirical_bayes"
     assert load_config(write(tmp_path, lambda r: r.setdefault("synthesis", {}).update(sampling="systematic"))).synthesis.sampling == "systematic"
 

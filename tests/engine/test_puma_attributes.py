@@ -99,6 +99,8 @@ def test_the_rule_keeps_the_minimum_at_small_budgets_and_grows_with_rho_and_size
     # the maximum and the ranking's length bound it; the record is JSON-ready
     assert choose_puma_attributes(DATA, ranked, 1, "household", 1e6, 300.0, minimum=1, maximum=2).count == 2
     assert choose_puma_attributes(DATA, ranked, 1, "household", 1e6, 300.0, minimum=5, maximum=8).count == 3
+    none = choose_puma_attributes(DATA, ranked, 1, "household", 0.0, 300.0, minimum=1, maximum=3)  # no PUMA budget
+    assert none.count == 1 and [c["expected_noise_l1"] for c in none.to_dict()["candidates"]] == [None, None]
     rec = high.to_dict()
     assert rec["puma_attributes"] == 3 and [c["workload"] for c in rec["candidates"]] == [w.id for w in ranked[1:]]
 
@@ -146,6 +148,7 @@ def test_a_prefix_of_the_ranking_is_the_smaller_selection():
         assert got.puma == narrow.puma and got.state == narrow.state
         drop = lambda e: {x: v for x, v in e.items() if x != "puma_attribute_ranking"}  # noqa: E731
         assert drop(got.explanation) == drop(narrow.explanation)
+    assert wide.with_puma_attributes(0).puma == [w for w in wide.puma if w not in wide.puma_ranked]  # the pairs alone
     with pytest.raises(ValueError, match="cannot keep"):
         wide.with_puma_attributes(len(wide.puma_ranked) + 1)
     assert WorkloadSelection.from_record(wide.to_record()) == wide
