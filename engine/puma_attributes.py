@@ -44,8 +44,9 @@ import numpy as np
 from engine.hierarchical_data import HierarchicalData
 from engine.metrics import counts_by_node
 from engine.queries import PrivacyUnit, Workload, answer
+from engine.workload_selection import WorkloadSelection
 
-__all__ = ["PumaAttributeChoice", "between_puma_variation", "choose_puma_attributes", "expected_noise_l1"]
+__all__ = ["PumaAttributeChoice", "between_puma_variation", "choose_puma_attributes", "expected_noise_l1", "keep_puma_attributes"]
 
 
 def between_puma_variation(public: HierarchicalData, workloads: Sequence[Workload]) -> np.ndarray:
@@ -136,3 +137,13 @@ def choose_puma_attributes(public: HierarchicalData, ranked: Sequence[Workload],
             stopped = True
         rows.append((w.id, float(s), float(noise), added))
     return PumaAttributeChoice(count, minimum, float(rho_puma), float(households), tuple(rows))
+
+
+def keep_puma_attributes(public: HierarchicalData, selection: WorkloadSelection, unit: PrivacyUnit, rho_puma: float, households: float, *,
+                         minimum: int, maximum: int) -> tuple[WorkloadSelection, PumaAttributeChoice]:
+    """The ``selection`` with as many of its ranked PUMA attributes as :func:`choose_puma_attributes`
+    picks (its other PUMA workloads, the pairs, share the level's ρ), and the choice."""
+    ranked = set(selection.puma_ranked)
+    choice = choose_puma_attributes(public, selection.puma_ranked, sum(w not in ranked for w in selection.puma), unit, rho_puma, households,
+                                    minimum=minimum, maximum=maximum)
+    return selection.with_puma_attributes(choice.count), choice

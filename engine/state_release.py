@@ -38,7 +38,7 @@ from engine.measurement import Measurement
 from engine.prior_strength import DEFAULT_CANDIDATES
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
-from engine.puma_attributes import choose_puma_attributes
+from engine.puma_attributes import keep_puma_attributes
 from engine.queries import Workload
 from engine.strength_floor import simulate_strength_floor
 from engine.support import Support
@@ -158,10 +158,8 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
         floor = simulate_strength_floor(public, sel.state, session.unit, float(initial_rho(rho_state, adaptive)), eb).floor
     rho_puma = plan.allocation("puma_synthesis", "puma")
     if by_rule:
-        ranked = set(sel.puma_ranked)
-        choice = choose_puma_attributes(public, sel.puma_ranked, sum(w not in ranked for w in sel.puma), session.unit, float(rho_puma),
-                                        float(np.median(list(G.values()))), minimum=puma_attributes, maximum=puma_attributes_max)
-        sel = sel.with_puma_attributes(choice.count)
+        sel, _ = keep_puma_attributes(public, sel, session.unit, float(rho_puma), float(np.median(list(G.values()))),
+                                      minimum=puma_attributes, maximum=puma_attributes_max)
     sums = session_puma_sums(session, pumas, sel.puma, rho_puma) if pumas_inform_state else []
     state_res = synthesize_node(
         support, support.weights, sel.state, rho_state,

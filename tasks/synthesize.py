@@ -41,7 +41,7 @@ from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households, sample_sibling_households
 from engine.level_consistency import rake_to_parent
 from engine.measurement import Measurement
-from engine.puma_attributes import choose_puma_attributes
+from engine.puma_attributes import keep_puma_attributes
 from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_puma_sums, session_select
 from engine.strength_floor import simulate_strength_floor
@@ -106,18 +106,16 @@ def choose_puma_attributes_task(ctx: RunContext, workload: dict, puma_households
     privacy cost). Returns the workload record with that many. Kept in the work directory: a
     resumed run reuses it."""
     out = ctx.paths.puma_attributes_path
+    sel = WorkloadSelection.from_record(workload)
     if out.exists():
-        choice = json.loads(out.read_text())
-    else:
-        sel = WorkloadSelection.from_record(workload)
-        s = ctx.cfg.synthesis
-        rho = initial_rho(ctx.allocation("puma_synthesis", "puma"), s.adaptive.plan("puma"))
-        ranked = set(sel.puma_ranked)
-        choice = choose_puma_attributes(ctx.public(), sel.puma_ranked, sum(w not in ranked for w in sel.puma), ctx.cfg.privacy_unit,
-                                        float(rho), float(np.median(puma_households)) if puma_households else 0.0,
-                                        minimum=s.puma_attributes, maximum=s.puma_attributes_max).to_dict()
-        write_json_atomic(out, choice)
-    return WorkloadSelection.from_record(workload).with_puma_attributes(choice["puma_attributes"]).to_record()
+        return sel.with_puma_attributes(json.loads(out.read_text())["puma_attributes"]).to_record()
+    s = ctx.cfg.synthesis
+    rho = initial_rho(ctx.allocation("puma_synthesis", "puma"), s.adaptive.plan("puma"))
+    sel, choice = keep_puma_attributes(ctx.public(), sel, ctx.cfg.privacy_unit, float(rho),
+                                       float(np.median(puma_households)) if puma_households else 0.0,
+                                       minimum=s.puma_attributes, maximum=s.puma_attributes_max)
+    write_json_atomic(out, choice.to_dict())
+    return sel.to_record()
 
 
 @task(name="choose-synthesis-split")
@@ -315,12 +313,12 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
                                           [node_rng(seed, jobs[i].node) for i in ranked], [jobs[i].node for i in ranked],
                                           order=order, balance=balance)
         synths = dict(zip(ranked, draws))
-    for i, (job, out) in enumerate(zip(jobs, outs)):
-        if out.exists():
-            continue
-        synth = synths[i] if balance is not None else sample_households(support, weights[i], totals[i], node_rng(seed, job.node), geo=job.node,
-                                                                         order=order, method=s.sampling)
-        save_npz_atomic(out, synth.to_npz)
+    else:
+        synths = {i: sample_households(support, weights[i], totals[i], node_rng(seed, job.node), geo=job.node, order=order, method=s.sampling)
+                  for i, (job, out) in enumerate(zip(jobs, outs)) if not out.exists()}
+    for i, out in enumerate(outs):
+        if not out.exists():
+            save_npz_atomic(out, synths[i].to_npz)
     return [str(o) for o in outs]
 
 
