@@ -125,7 +125,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
                      prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES, strength_floor: bool = True,
                      pumas_inform_state: bool = True, puma_attributes_rule: Literal["signal_to_noise", "fixed"] = "signal_to_noise",
-                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX) -> StateRelease:
+                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX, complete_pairs: bool = True) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
@@ -136,7 +136,8 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     held at or above the public simulation's floor (:mod:`engine.strength_floor`) unless
     ``strength_floor`` is false; ``pumas_inform_state``: the state's fit also takes in the sums of
     its PUMAs' measurements (:func:`engine.level_consistency.children_sum`), made before it;
-    ``puma_attributes_rule``, ``puma_attributes_max``: as the config's (``signal_to_noise``: at least
+    ``complete_pairs``: as the config's (the state also measures the persons' two-way marginals
+    the selection leaves out); ``puma_attributes_rule``, ``puma_attributes_max``: as the config's (``signal_to_noise``: at least
     ``puma_attributes`` PUMA attributes, more while the PUMA level's ρ carries them at the median of
     the PUMAs' DP household counts, :mod:`engine.puma_attributes`)."""
     plan = session.ledger.plan
@@ -148,7 +149,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     G = {n: max(float(m.noisy_answer[0]), 0.0) for n, m in count.items()}
     by_rule = puma_attributes_rule == "signal_to_noise"
     sel = select_workloads(public, person_first=person_first, normalise=normalise,
-                           puma_max_attributes=puma_attributes_max if by_rule else puma_attributes)
+                           puma_max_attributes=puma_attributes_max if by_rule else puma_attributes, complete_pairs=complete_pairs)
     support = Support.from_data(public)
     node = (int(state),)
     eb = prior_strength_candidates if update_rule == "map" else ()

@@ -198,6 +198,25 @@ def clique_workloads(domain: Domain, attrs: tuple[str, ...], max_cells: int, con
     return [w for w in cand if w.n_cells(domain) <= max_cells]
 
 
+def pair_completion(domain: Domain, chosen: Sequence[Workload], max_cells: int) -> list[Workload]:
+    """The two-way marginals of the persons that no person-level workload of ``chosen`` holds:
+    every pair of person attributes, and the size attribute with every person attribute, each as a person-level workload within ``max_cells`` (domain order).
+
+    The mutual-information graph keeps the pairs that are strong on the public data; a pair that is
+    weak there is left to the prior, which for a private state unlike the public ones (New Mexico
+    among the shared states) is the wrong answer — measured, the pair corrects it, and where the
+    prior was right the MAP fit barely moves. On the peer benchmark (the posteriors' expected
+    counts, 2 seeds) New Mexico at ε = 2 went from 0.0964 to 0.0910 mean L1, the person-only
+    marginals 0.072 to 0.066 (``benchmarks/results/HISTORY.md``, session 10)."""
+    held = [(set(w.group_attrs), set(w.person_attrs)) for w in chosen if w.level == "person"]
+    names = [a.name for a in domain.person]
+    out = [Workload("person", (), pair) for pair in itertools.combinations(names, 2)
+           if not any(set(pair) <= p for _, p in held)]
+    size = domain.size_attribute
+    out += [Workload("person", (size,), (a,)) for a in names if not any(size in g and a in p for g, p in held)]
+    return [w for w in out if w.n_cells(domain) <= max_cells]
+
+
 @dataclass
 class WorkloadSelection:
     """``state`` and ``puma``: the two levels' workloads; ``explanation``: why (JSON); ``puma_ranked``:
@@ -252,6 +271,7 @@ def select_workloads(
     person_first: int = 0,
     normalise: bool = False,
     puma_exclude: Sequence[str] = (),
+    complete_pairs: bool = False,
 ) -> WorkloadSelection:
     """State- and PUMA-level workloads from the public data (Tao et al. §4.2, see module doc).
 
@@ -269,6 +289,9 @@ def select_workloads(
     at most ``puma_pair_max_cells`` cells; ``puma_exclude``: attributes never taken as PUMA one-way
     marginals (the size attribute where the count-of-counts stage measures every PUMA's size
     histogram already).
+    ``complete_pairs``: the state level also measures every two-way marginal of the persons that no
+    chosen person-level workload holds — each pair of person attributes, and the size attribute
+    with each person attribute — as its own person-level workload (:func:`pair_completion`).
     ``person_first``: person-level workloads count only the first ``person_first`` persons of each
     household (``Workload.first``: sensitivity ``person_first`` instead of M under the household
     unit); 0 counts every person. ``normalise``: every workload but the partitions is measured
@@ -334,6 +357,8 @@ def select_workloads(
             forced_contains = (i, j)
             state.extend(clique_workloads(d, (names[i], names[j]), state_max_cells))
     state = list(dict.fromkeys(state))
+    completed = pair_completion(d, state, state_max_cells) if complete_pairs else []
+    state += completed
 
     # PUMA level: 1-way marginals of the attributes that vary most between PUMAs, not redundant
     nmi = normalised_mi(info)
@@ -389,13 +414,14 @@ def select_workloads(
             "strong_edge_threshold_nats": round(thr, 6), "puma_redundancy_nmi": puma_redundancy_nmi,
             "puma_max_attributes": puma_max_attributes, "puma_pairs": puma_pairs,
             "puma_pair_max_cells": puma_pair_max_cells, "person_first": person_first,
-            "normalise": normalise, "puma_exclude": list(puma_exclude),
+            "normalise": normalise, "puma_exclude": list(puma_exclude), "complete_pairs": complete_pairs,
         },
         "spanning_tree_edges": [pair_name(e) for e in tree],
         "strong_edges": [pair_name((i, j)) for i, j in itertools.combinations(range(k), 2) if strong[i, j]],
         "triangles": [[names[x] for x in t] for t in chosen_tri],
         "tree_edges_added": [pair_name(e) for e in tree_added],
         "forced_contains_pair": pair_name(forced_contains) if forced_contains else None,
+        "completed_pairs": ["~".join(w.group_attrs + w.person_attrs) for w in completed],
         "geographic_information_nats": {n: round(float(v), 6) for n, v in zip(names, geo_mi)},
         "puma_attributes": [names[i] for i in sorted(indep)],
         "puma_attribute_ranking": [names[i] for i in indep],

@@ -181,8 +181,9 @@ def merged_inputs(paths: RunPaths, reports: list[dict]) -> tuple[str, str]:
 
 @flow(name="select-workload")
 def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES,
-                          sizes_measured: bool = False) -> dict:
-    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first, normalise, puma_attributes, sizes_measured)
+                          sizes_measured: bool = False, complete_pairs: bool = False) -> dict:
+    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first, normalise, puma_attributes, sizes_measured,
+                               complete_pairs)
     get_run_logger().info(f"workload: {len(sel['state'])} state-level and {len(sel['puma'])} PUMA-level marginal workloads (from public data)")
     return sel
 
@@ -464,7 +465,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             # H-GEM's mixture answers (engine.hgem.answers) are plain counts: its workloads are never normalised
             normalise = cfg.synthesis.normalise and cfg.synthesizer == "prior_update"
             workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, cfg.synthesis.person_first, normalise,
-                             cfg.synthesis.puma_candidates(), cfg.allocation.stages.get("count_of_counts", 0) > 0, charges=False)
+                             cfg.synthesis.puma_candidates(), cfg.allocation.stages.get("count_of_counts", 0) > 0,
+                             cfg.synthesis.complete_pairs and cfg.synthesizer == "prior_update", charges=False)
         if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
             split = stage("choose_synthesis_split", choose_split_stage, ctx, workload, charges=False)
             cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(split["state_fraction"]))})

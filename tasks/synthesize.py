@@ -83,16 +83,17 @@ def cached_balance(public_npz: str) -> BalanceTargets:
 
 @task(name="select-workload")
 def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES,
-                         sizes_measured: bool = False) -> dict:
+                         sizes_measured: bool = False, complete_pairs: bool = False) -> dict:
     """Mutual information on the public data only: no privacy cost. ``sizes_measured``: the
     count-of-counts stage measures every PUMA's size histogram, so the size attribute is not
-    measured again as a PUMA one-way marginal."""
+    measured again as a PUMA one-way marginal; ``complete_pairs``: the state level also measures
+    the persons' two-way marginals the selection leaves out (``synthesis.complete_pairs``)."""
     out = Path(out_path)
     if out.exists():
         return json.loads(out.read_text())
     public = HierarchicalData.from_npz(public_npz)
     sel = select_workloads(public, person_first=person_first, normalise=normalise, puma_max_attributes=puma_attributes,
-                           puma_exclude=(public.domain.size_attribute,) if sizes_measured else ())
+                           puma_exclude=(public.domain.size_attribute,) if sizes_measured else (), complete_pairs=complete_pairs)
     record = sel.to_record()
     write_json_atomic(out, record)
     return record

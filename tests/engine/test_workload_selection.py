@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from engine.hierarchical_data import HierarchicalData
-from engine.workload_selection import geographic_information, maximum_spanning_tree, mutual_information, normalised_mi, select_workloads
+from engine.queries import Workload
+from engine.workload_selection import (
+    geographic_information,
+    maximum_spanning_tree,
+    mutual_information,
+    normalised_mi,
+    pair_completion,
+    select_workloads,
+)
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)
@@ -174,3 +182,46 @@ def test_normalise_and_first_give_every_non_partition_workload_its_form():
             assert w.normalised == (not w.is_partition())
             assert w.first == (2 if w.level == "person" else 0)
     assert sel.explanation["params"]["normalise"] is True
+
+
+def _held_pairs(workloads):
+    """Every (frozenset of two attributes) a person-level workload holds, the size counted as the group attribute it is."""
+    out = set()
+    for w in workloads:
+        if w.level == "person":
+            out |= {frozenset(p) for p in itertools.combinations(w.person_attrs, 2)}
+            out |= {frozenset((g, a)) for g in w.group_attrs for a in w.person_attrs if g == DOMAIN.size_attribute}
+    return out
+
+
+def test_pair_completion_holds_every_person_pair_and_size_pair_once():
+    persons = [a.name for a in DOMAIN.person]
+    wanted = {frozenset(p) for p in itertools.combinations(persons, 2)} | {frozenset(("NP", a)) for a in persons}
+    for chosen in ([], [Workload("person", (), ("SEX", "AGE", "RAC"))], [Workload("person", ("NP",), ("AGE",)), Workload("group", ("NP",), ("SEX",))]):
+        added = pair_completion(DOMAIN, chosen, 1024)
+        pairs = [frozenset(w.group_attrs + w.person_attrs) for w in added]
+        assert all(w.level == "person" and len(w.attrs) == 2 for w in added)
+        assert len(pairs) == len(set(pairs))  # once each
+        assert not set(pairs) & _held_pairs(chosen)  # nothing a chosen person-level workload holds
+        assert set(pairs) | _held_pairs(chosen) == wanted  # and together every pair
+    # a group-level "contains" workload is not a marginal of the persons: NP~SEX is still added
+    assert Workload("person", ("NP",), ("SEX",)) in pair_completion(DOMAIN, [Workload("group", ("NP",), ("SEX",))], 1024)
+    # the cell cap: NP (4) × AGE (4) = 16 cells, dropped under a cap of 12, the person pairs (≤ 12 cells) kept
+    capped = pair_completion(DOMAIN, [], 12)
+    assert Workload("person", ("NP",), ("AGE",)) not in capped and Workload("person", (), ("AGE", "RAC")) in capped
+
+
+def test_complete_pairs_extends_the_state_level_only():
+    plain = select_workloads(DATA, state_max_cells=48, n_triangles=2, normalise=True)
+    sel = select_workloads(DATA, state_max_cells=48, n_triangles=2, normalise=True, complete_pairs=True)
+    assert sel.state[: len(plain.state)] == plain.state and sel.puma == plain.puma and sel.puma_ranked == plain.puma_ranked
+    added = sel.state[len(plain.state):]
+    assert added and all(w.normalised for w in added)  # measured in the selection's form
+    assert [w.id for w in added] == [w.id for w in (Workload(x.level, x.group_attrs, x.person_attrs, 0, True)
+                                                     for x in pair_completion(DOMAIN, plain.state, 48))]
+    assert sel.explanation["completed_pairs"] == ["~".join(w.group_attrs + w.person_attrs) for w in added]
+    assert sel.explanation["params"]["complete_pairs"] is True and plain.explanation["completed_pairs"] == []
+    persons = [a.name for a in DOMAIN.person]
+    assert {frozenset(p) for p in itertools.combinations(persons, 2)} <= _held_pairs(sel.state)
+    # the record round trip keeps them
+    assert type(sel).from_record(sel.to_record()).state == sel.state
