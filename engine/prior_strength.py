@@ -29,6 +29,7 @@ so that one node's noise cannot push the prior to either extreme.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,7 +48,8 @@ DEFAULT_CANDIDATES: tuple[float, ...] = (0.03, 0.05, 0.1)  # the range the bench
 class PriorStrengthChoice:
     """The chosen relative strength ``strength`` (α = strength · G), the log-likelihood of every
     candidate (``loglik``, same order as ``candidates``) and the floor the choice was held to
-    (``floor``, :mod:`engine.strength_floor`; 0: none)."""
+    (``floor``, :mod:`engine.strength_floor`; 0: none). The log-likelihoods are NaN when the floor
+    left a single candidate, which is then the choice without them."""
 
     strength: float
     candidates: tuple[float, ...]
@@ -55,7 +57,8 @@ class PriorStrengthChoice:
     floor: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"strength": self.strength, "candidates": list(self.candidates), "loglik": [round(v, 3) for v in self.loglik],
+        return {"strength": self.strength, "candidates": list(self.candidates),
+                "loglik": [round(v, 3) if math.isfinite(v) else None for v in self.loglik],  # None: not computed (the floor decided)
                 "floor": self.floor}
 
 
@@ -101,6 +104,10 @@ def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Seq
     cands = tuple(float(c) for c in candidates)
     if not cands or any(c <= 0 for c in cands):
         raise ValueError("candidate prior strengths must be positive")
+    if sum(c >= floor for c in cands) <= 1:
+        # at most one candidate at or above the floor: whatever the likelihood, the choice is the
+        # strongest (the rules below), so its dense cells × cells eigendecomposition is not computed
+        return PriorStrengthChoice(max(cands), cands, tuple(math.nan for _ in cands), float(floor))
     ll = marginal_log_likelihood(support, prior, measurements, total, cands)
     strongest = max(range(len(cands)), key=lambda i: cands[i])
     best = max(range(len(cands)), key=lambda i: (ll[i], cands[i]))

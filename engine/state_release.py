@@ -125,7 +125,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
                      prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES, strength_floor: bool = True,
                      pumas_inform_state: bool = True, puma_attributes_rule: Literal["signal_to_noise", "fixed"] = "signal_to_noise",
-                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX, complete_pairs: bool = True) -> StateRelease:
+                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX, complete_pairs: bool = False) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);

@@ -117,6 +117,25 @@ def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_
     assert got[1] < got[2] < got[3]
 
 
+def test_complete_pairs_reaches_the_recorded_state_workloads(tmp_path):
+    """``synthesis.complete_pairs`` → ``select_workload_task`` → ``select_workloads(complete_pairs)``:
+    the state level gains the persons' missing two-way marginals, recorded in the run's workload
+    file; the PUMA level is unchanged."""
+    from engine.queries import Workload
+    from tasks.synthesize import select_workload_task
+    from tests.engine._support_testdata import random_data, small_domain
+
+    npz = tmp_path / "public.npz"
+    random_data(small_domain(M=4), 400, seed=21, dependence=0.8).to_npz(npz)
+    plain = select_workload_task.fn(str(npz), str(tmp_path / "w.json"), 0, True, 4, True)
+    full = select_workload_task.fn(str(npz), str(tmp_path / "w_pairs.json"), 0, True, 4, True, True)
+    added = full["state"][len(plain["state"]):]
+    assert full["state"][: len(plain["state"])] == plain["state"] and full["puma"] == plain["puma"]
+    assert added and all(Workload.from_id(i).level == "person" and len(Workload.from_id(i).attrs) == 2 for i in added)
+    assert json.loads((tmp_path / "w_pairs.json").read_text())["state"] == full["state"]
+    assert len(full["explanation"]["completed_pairs"]) == len(added) and plain["explanation"]["completed_pairs"] == []
+
+
 def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_leaves_the_sizes_out(tmp_path):
     """``choose_puma_attributes_task``: the engine's rule at the plan's PUMA ρ and the median DP PUMA
     count, a prefix of the ranking recorded in the work directory and read back by a resumed run;

@@ -5,6 +5,8 @@ lifting it."""
 
 from __future__ import annotations
 
+import json
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -120,3 +122,8 @@ def test_the_floor_raises_the_empirical_bayes_choice():
     assert lifted.strength == 0.02 and lifted.floor == 0.01 and lifted.loglik == free.loglik
     assert lifted.to_dict()["floor"] == 0.01
     assert choose_prior_strength(s, p, ms, G, cands, floor=5.0).strength == 0.2
+    # a floor that leaves one candidate (or none) decides alone: the likelihood is not computed
+    for floor in (0.2, 5.0):
+        only = choose_prior_strength(s, p, ms, G, cands, floor=floor)
+        assert only.strength == 0.2 and all(math.isnan(v) for v in only.loglik)
+        assert only.to_dict()["loglik"] == [None, None, None] and json.dumps(only.to_dict())
