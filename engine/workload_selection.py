@@ -200,14 +200,17 @@ def clique_workloads(domain: Domain, attrs: tuple[str, ...], max_cells: int, con
 
 def pair_completion(domain: Domain, chosen: Sequence[Workload], max_cells: int) -> list[Workload]:
     """The two-way marginals of the persons that no person-level workload of ``chosen`` holds:
-    every pair of person attributes, and the size attribute with every person attribute, each as a person-level workload within ``max_cells`` (domain order).
+    every pair of person attributes, and the size attribute with every person attribute, each as a
+    person-level workload within ``max_cells`` (domain order).
 
     The mutual-information graph keeps the pairs that are strong on the public data; a pair that is
     weak there is left to the prior, which for a private state unlike the public ones (New Mexico
-    among the shared states) is the wrong answer — measured, the pair corrects it, and where the
-    prior was right the MAP fit barely moves. On the peer benchmark (the posteriors' expected
-    counts, 2 seeds) New Mexico at ε = 2 went from 0.0964 to 0.0910 mean L1, the person-only
-    marginals 0.072 to 0.066 (``benchmarks/results/HISTORY.md``, session 10)."""
+    among the shared states) is the wrong answer: measured, the pair corrects it, and where the
+    prior was right the MAP fit barely moves. On the peer benchmark's set-up (the posteriors'
+    expected counts, 2 seeds) New Mexico at ε = 2 went from 0.0964 to 0.0908 mean L1, the
+    person-only marginals from 0.072 to 0.066; the whole pipeline from 1.05× to 0.99× AIM
+    (``benchmarks/results/HISTORY.md``, session 10). It roughly triples the state level's measured
+    cells, and with them the cost of the dense algebra in them (``synthesis.complete_pairs`` is opt-in)."""
     held = [(set(w.group_attrs), set(w.person_attrs)) for w in chosen if w.level == "person"]
     names = [a.name for a in domain.person]
     out = [Workload("person", (), pair) for pair in itertools.combinations(names, 2)
