@@ -100,7 +100,9 @@ def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Seq
     mean L1 0.244 with the weakest candidate against 0.235 with the strongest;
     ``benchmarks/results/HISTORY.md``). ``floor``: the choice is raised to the smallest candidate
     of at least ``floor`` (the public simulation's weakest useful prior, :mod:`engine.strength_floor`;
-    the largest candidate if none is that strong)."""
+    the largest candidate if none is that strong). When at most one candidate is at or above the
+    floor, that rule alone decides and the likelihood (a dense eigendecomposition in the measured
+    cells) is not computed."""
     cands = tuple(float(c) for c in candidates)
     if not cands or any(c <= 0 for c in cands):
         raise ValueError("candidate prior strengths must be positive")
