@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 from scipy.optimize import minimize
 
 from engine.measurement import Measurement
@@ -92,25 +91,24 @@ def map_fit(
     # solve on those patterns u with the prior mass P_u = Σ_{h∈u} p_h (the dual is unchanged,
     # α log Σ_h p_h e^{a_h·λ/α} = α log Σ_u P_u e^{a_u·λ/α}), then q_h = q_u · p_h / P_u.
     # Patterns of prior mass 0 keep mass 0.
-    A, pattern_of = support.cache.joint_patterns([m.workload for m in measurements])
+    # a normalised workload's rows count in units of NORM_SCALE per household: each row, its answer
+    # and its noise divided by its unit (the same problem, the dual rescaled), so that every row
+    # speaks in households and L-BFGS, which is not invariant to a diagonal rescaling, sees one
+    # scale (unscaled, a normalised node took four times the iterations); the rescaled incidence
+    # and its transpose are cached with the support (IncidenceCache.unit_patterns)
+    A, At, pattern_of = support.cache.unit_patterns([m.workload for m in measurements])
     y = np.concatenate([m.answers(G) for m in measurements])
     s2 = np.concatenate([np.full(m.noisy_answer.size, (m.sigma / G) ** 2) for m in measurements])
     if A.shape[0] != y.shape[0]:
         raise ValueError("answers do not match the workloads' cells")
-    # a normalised workload's rows count in units of NORM_SCALE per household: each row, its answer
-    # and its noise divided by its unit (the same problem, the dual rescaled), so that every row
-    # speaks in households and L-BFGS, which is not invariant to a diagonal rescaling, sees one
-    # scale (unscaled, a normalised node took four times the iterations)
     unit = np.concatenate([np.full(m.noisy_answer.size, m.workload.household_unit) for m in measurements])
-    if np.any(unit != 1.0):
-        A = sp.diags(1.0 / unit) @ A
-        y = y / unit
-        s2 = s2 / (unit * unit)
+    y = y / unit
+    s2 = s2 / (unit * unit)
     P = np.bincount(pattern_of, weights=p, minlength=A.shape[1])
     live = np.flatnonzero(P > 0)
     if live.size < P.size:
-        A = A[:, live].tocsr()
-    At = A.T.tocsr()
+        At = At[live]
+        A = At.T.tocsr()
     logp = np.log(P[live])
     inv_alpha = 1.0 / alpha
 

@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 
 from engine.measurement import Measurement
 from engine.support import Support
@@ -69,22 +68,29 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     ms = [m for m in measurements if m.noisy_answer.size]
     if not ms or any(m.sigma <= 0 for m in ms):
         raise ValueError("empirical Bayes needs measurements with positive noise")
-    p = np.asarray(prior, dtype=np.float64)
-    p = p / p.sum()
+    prior = np.asarray(prior, dtype=np.float64)
     G = max(float(total), 1.0)
-    A = sp.vstack([support.incidence(m.workload) for m in ms], format="csr")
+    # the stacked incidence on the households' joint patterns, p summed per pattern: A Σ_p Aᵀ is the same
+    A, pattern_of = support.cache.joint_patterns([m.workload for m in ms])
+    p = np.bincount(pattern_of, weights=prior / prior.sum(), minlength=A.shape[1])
     y = np.concatenate([m.noisy_answer for m in ms])
     inv_sd = np.concatenate([np.full(m.noisy_answer.size, 1.0 / m.sigma) for m in ms])
     Ap = A @ p
-    B = (A.multiply(p[None, :]) @ A.T).toarray() - np.outer(Ap, Ap)  # A Σ_p Aᵀ
-    C = (G * G) * (inv_sd[:, None] * B * inv_sd[None, :])
+    # a cell no household of positive prior weight falls in has C's row and column 0: a direction of
+    # λ = 0 on its own (f = 1, its whitened residual z = y/σ), so the eigendecomposition runs on the others
+    on = np.zeros(Ap.size, dtype=bool)
+    on[np.flatnonzero(A @ (p > 0).astype(np.float64) > 0)] = True
+    Aon = A[np.flatnonzero(on)]
+    B = (Aon.multiply(p[None, :]) @ Aon.T).toarray() - np.outer(Ap[on], Ap[on])  # A Σ_p Aᵀ
+    C = (G * G) * (inv_sd[on][:, None] * B * inv_sd[on][None, :])
     lam, U = np.linalg.eigh((C + C.T) / 2)
     lam = np.maximum(lam, 0.0)
-    z2 = (U.T @ (inv_sd * (y - G * Ap))) ** 2
+    z2 = (U.T @ (inv_sd * (y - G * Ap))[on]) ** 2
+    off = float(np.sum((inv_sd * y)[~on] ** 2))
     out = []
     for r in strengths:
         f = 1.0 + lam / (float(r) * G + 1.0)
-        out.append(-0.5 * float(np.sum(np.log(f) + z2 / f)))
+        out.append(-0.5 * (float(np.sum(np.log(f) + z2 / f)) + off))
     return np.asarray(out)
 
 

@@ -156,7 +156,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     rho_state = plan.allocation("state_synthesis", "state")
     floor = 0.0
     if strength_floor and len(eb) > 1 and rho_state > 0:
-        floor = simulate_strength_floor(public, sel.state, session.unit, float(initial_rho(rho_state, adaptive)), eb).floor
+        floor = simulate_strength_floor(support, sel.state, session.unit, float(initial_rho(rho_state, adaptive)), eb).floor
     rho_puma = plan.allocation("puma_synthesis", "puma")
     if by_rule:
         sel, _ = keep_puma_attributes(public, sel, session.unit, float(rho_puma), float(np.median(list(G.values()))),

@@ -264,18 +264,25 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
     a = A @ q
     s = (sig / G) ** 2
     if rule == "map":
-        Aq = A.multiply(np.sqrt(q)[None, :]).tocsr()
-        J = (np.asarray((Aq @ Aq.T).todense()) - np.outer(a, a)) / max(float(prior_strength), 1e-6)
+        # a cell no household of positive weight falls in has J's row and column 0: it decouples
+        # exactly (P = 0 there; in the eigenbasis a direction of λ = 0, which no band scale sees),
+        # so the dense algebra runs on the other cells only (the completed pairs' impossible
+        # combinations are a fifth of a state's cells)
+        on = np.flatnonzero(A @ (q > 0).astype(np.float64) > 0)
+        Aq = A[on].multiply(np.sqrt(q)[None, :]).tocsr()
+        J = (np.asarray((Aq @ Aq.T).todense()) - np.outer(a[on], a[on])) / max(float(prior_strength), 1e-6)
+        s_on = s[on]
+        P_diag = np.zeros_like(s)
         if residual is None:  # diag of J (J + S)⁻¹ S = S − S (J + S)⁻¹ S, through the Cholesky factor of J + S
-            J[np.diag_indices_from(J)] += s
+            J[np.diag_indices_from(J)] += s_on
             L_inv = solve_triangular(cholesky(J, lower=True), np.eye(J.shape[0]), lower=True)
-            P_diag = s - s * s * np.einsum("ij,ij->j", L_inv, L_inv)
+            P_diag[on] = s_on - s_on * s_on * np.einsum("ij,ij->j", L_inv, L_inv)
         else:  # in the eigenbasis of S^(-1/2) J S^(-1/2)
-            r = np.sqrt(s)
+            r = np.sqrt(s_on)
             lam, V = np.linalg.eigh(J / np.outer(r, r))
             lam = np.maximum(lam, 0.0)
-            tau = band_scales(lam, V.T @ (np.asarray(residual, dtype=np.float64) / r))
-            P_diag = s * ((V * V) @ ((tau * lam + lam * lam) / (1.0 + lam) ** 2))
+            tau = band_scales(lam, V.T @ (np.asarray(residual, dtype=np.float64)[on] / r))
+            P_diag[on] = s_on * ((V * V) @ ((tau * lam + lam * lam) / (1.0 + lam) ** 2))
         var = G * G * np.maximum(P_diag, 0.0)
     else:  # IDE matches the noisy answers: the measurement's own noise
         var = G * G * s

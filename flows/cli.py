@@ -21,9 +21,15 @@ def cmd_run(args) -> int:
 
     load_config(args.config, name=args.name)  # clear config errors before Prefect starts
     _prefect_env()
+    from flows.local_api import LocalPrefectApi
+
+    # Prefect's temporary API (when none is configured) starts while the pipeline's modules load;
+    # it stops when the process exits
+    api = LocalPrefectApi(float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])).start()
     from flows.release import release_flow
 
-    release_dir = release_flow(str(args.config), dask_address=args.dask_address, name=args.name)
+    with api.serving():
+        release_dir = release_flow(str(args.config), dask_address=args.dask_address, name=args.name)
     print(f"release written to {release_dir}")
     return 0
 

@@ -25,8 +25,10 @@ from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
 from engine.hierarchical_data import HierarchicalData
+from engine.strength_floor import played_states
 from engine.workload_selection import PUMA_ATTRIBUTES
 from flows.plan import invariants_statement
+from schemas.gx_suites import expectations
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
 from tasks.audit import AuditLog
@@ -55,9 +57,11 @@ from tasks.synthesize import (
     PumaJob,
     choose_puma_attributes_task,
     choose_split_task,
-    choose_strength_floor_task,
+    play_strength_floor_task,
     public_only_baseline,
     puma_batch_task,
+    record_strength_floor,
+    saved_strength_floor,
     select_workload_task,
     state_update_task,
 )
@@ -125,7 +129,9 @@ def dask_scheduler(address: str | None):
     share_ephemeral_prefect_api()
     logging.getLogger("distributed").setLevel(logging.WARNING)
     n = max(1, min(os.cpu_count() or 1, 8))
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.WARNING) as cluster:
+    # no dashboard, so no use for the workers' statistical profiler (it samples every task's thread)
+    with dask.config.set({"distributed.worker.profile.enabled": False}), \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.WARNING) as cluster:
         yield cluster.scheduler_address
 
 
@@ -147,6 +153,7 @@ def ingest_stage(cfg: ReleaseConfig, paths: RunPaths) -> list[dict]:
     logger = get_run_logger()
     jobs = [("private", i) for i in range(len(cfg.private))] + [("public", i) for i in range(len(cfg.public))]
     futures = [ingest_input.submit(cfg, paths, role, i) for role, i in jobs]
+    expectations()  # the input gate's Great Expectations import (6 s on two cores) while the workers read the inputs
     reports, errors = [], []
     progress = Progress(logger, "ingest", len(futures))
     for f in futures:
@@ -200,7 +207,11 @@ def choose_split_stage(ctx: RunContext, workload: dict) -> dict:
 @flow(name="choose-prior-strength-floor")
 def choose_strength_floor_stage(ctx: RunContext, workload: dict) -> dict:
     """The floor of the state prior strength from public data only (before any measurement)."""
-    choice = choose_strength_floor_task(ctx, workload["state"])
+    choice = saved_strength_floor(ctx)
+    if choice is None:  # each played state on a worker (its cached public support then serves the state fits)
+        states = [int(s) for s in played_states(ctx.public())]
+        futures = [play_strength_floor_task.submit(ctx, s, workload["state"]) for s in states]
+        choice = record_strength_floor(ctx, list(zip(states, wait_all(futures, get_run_logger(), "strength floor: played states"))))
     get_run_logger().info(f"state prior strength: at least {choice['floor']:g} of the households "
                           "(held-out error simulated on the public data)")
     return choice
@@ -263,9 +274,11 @@ def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, 
     sizes = size_measurements(counts_path, "state") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "state")
     pumas = pumas_by_state(counts_path)
+    # the largest states first: the workers finish together (longest-processing-time order)
+    order = sorted(states.items(), key=lambda kv: -kv[1])
     futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st], list(pumas.get(st[0], {})), workload["puma"])
-               for st, g in states.items()]
-    return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "state posteriors")))
+               for st, g in order]
+    return dict(zip((st[0] for st, _ in order), wait_all(futures, get_run_logger(), "state posteriors")))
 
 
 @flow(name="hgem-states")

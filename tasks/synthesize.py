@@ -44,7 +44,8 @@ from engine.measurement import Measurement
 from engine.puma_attributes import keep_puma_attributes
 from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_puma_sums, session_select
-from engine.strength_floor import simulate_strength_floor
+from engine.strength_floor import play_state
+from engine.strength_floor import strength_floor as floor_of
 from engine.support import Support
 from engine.synthesis import NodeResult, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
@@ -136,19 +137,31 @@ def choose_split_task(ctx: RunContext, workload_ids: list[str]) -> dict:
     return choice
 
 
-@task(name="choose-prior-strength-floor")
-def choose_strength_floor_task(ctx: RunContext, workload_ids: list[str]) -> dict:
-    """``synthesis.prior_strength_floor: public_simulation``: the weakest state prior strength
-    any public state, played as the private one with the state's workloads at the run's ρ, is best
-    with on held-out marginals (``engine.strength_floor``; public data only, no privacy cost). Kept
-    in the work directory: a resumed run reuses it."""
+def saved_strength_floor(ctx: RunContext) -> dict | None:
+    """The run's strength floor record when it was chosen already (a resumed run reuses it)."""
     out = ctx.paths.strength_floor_path
-    if out.exists():
-        return json.loads(out.read_text())
-    rho = initial_rho(ctx.allocation("state_synthesis", "state"), ctx.cfg.synthesis.adaptive.plan("state"))
-    choice = simulate_strength_floor(ctx.public(), [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit, float(rho),
-                                     ctx.cfg.synthesis.prior_strength_candidates).to_dict()
-    write_json_atomic(out, choice)
+    return json.loads(out.read_text()) if out.exists() else None
+
+
+def _floor_rho(ctx: RunContext) -> float:
+    return float(initial_rho(ctx.allocation("state_synthesis", "state"), ctx.cfg.synthesis.adaptive.plan("state")))
+
+
+@task(name="play-strength-floor")
+def play_strength_floor_task(ctx: RunContext, state: int, workload_ids: list[str]) -> list[float]:
+    """``synthesis.prior_strength_floor: public_simulation``: one public state played as the
+    private one with the state's workloads at the run's ρ (``engine.strength_floor.play_state``;
+    public data only, no privacy cost), on the worker's cached public support, which the state
+    fits then reuse."""
+    return list(play_state(cached_support(ctx.public_npz), state, [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit,
+                           _floor_rho(ctx), ctx.cfg.synthesis.prior_strength_candidates))
+
+
+def record_strength_floor(ctx: RunContext, table: list[tuple[int, list[float]]]) -> dict:
+    """The floor from the played states' errors (``engine.strength_floor.strength_floor``), kept
+    in the work directory."""
+    choice = floor_of(ctx.cfg.synthesis.prior_strength_candidates, _floor_rho(ctx), table).to_dict()
+    write_json_atomic(ctx.paths.strength_floor_path, choice)
     return choice
 
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 # Prefect settings must be in place before prefect is imported anywhere. Under pytest-xdist each
@@ -27,6 +24,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 import pytest  # noqa: E402
 
+from flows.local_api import free_port, wait_for_api  # noqa: E402
+
 # One Prefect server for the whole test session (the suite's time on 2 cores). Without it every
 # process that runs a flow — each pytest worker and each ``dprelease run`` subprocess a test starts —
 # starts its own temporary server (9-20 s each on 2 cores, most of it the server's imports and
@@ -40,35 +39,12 @@ _SHARED_SERVER_ENV = "DPRELEASE_TEST_PREFECT_SERVER"  # set to the API URL of th
 _server: subprocess.Popen | None = None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_prefect_server(port: int, env: dict[str, str], log_path: str | Path, cwd: str | Path | None = None) -> subprocess.Popen:
     """``prefect server start`` on 127.0.0.1:``port`` in its own session, its output in ``log_path``."""
     prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
     with open(log_path, "w") as log:
         return subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], cwd=cwd, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_for_prefect_server(api: str, proc: subprocess.Popen | None, timeout: float) -> str | None:
-    """Poll ``api``/health until it answers; None then, else why not ("exited" or "timed out")."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
-                if r.status == 200:
-                    return None
-        except OSError:
-            pass
-        if proc is not None and proc.poll() is not None:
-            return "exited"
-        if time.monotonic() > deadline:
-            return "timed out"
-        time.sleep(0.25)
 
 
 def pytest_configure(config):
@@ -103,7 +79,7 @@ def _shared_prefect_server_is_up():
     api = os.environ.get(_SHARED_SERVER_ENV)
     if not api or os.environ.get("PREFECT_API_URL") != api:
         return
-    why = wait_for_prefect_server(api, _server, 180)
+    why = wait_for_api(api, _server, 180)
     if why is not None:
         pytest.fail(f"the session's Prefect server at {api} {why} (its log is in {_prefect_home})")
 

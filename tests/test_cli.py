@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from flows.cli import build_parser, main
@@ -38,3 +40,27 @@ def test_plan_prints_allocation_without_reading_data(tmp_path, capsys):
     assert "total rho = 0.5" in out
     # rho = 0.5, delta = 1e-9: simple bound 0.5 + 2 sqrt(0.5 ln 1e9) = 6.9379
     assert "(6.9379, 1e-09)" in out
+
+
+def test_the_temporary_prefect_api_starts_only_without_a_configured_one(monkeypatch):
+    """``dprelease run`` starts Prefect's temporary API itself (flows.local_api) only when no API is
+    configured; a server that does not answer in time is stopped and named in the error, and
+    stopping leaves neither the process nor its address behind."""
+    import flows.local_api as local_api
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    configured = local_api.LocalPrefectApi(1.0).start()
+    assert configured.proc is None and configured.api is None
+    with configured.serving() as url:  # nothing to wait for, the configured API untouched
+        assert url is None
+    monkeypatch.delenv("PREFECT_API_URL")
+    monkeypatch.setattr(local_api, "configured_api", lambda: None)
+    api = local_api.LocalPrefectApi(0.05).start()
+    proc = api.proc
+    try:
+        assert proc is not None and os.environ["PREFECT_API_URL"] == api.api
+        with pytest.raises(RuntimeError, match="timed out"), api.serving():
+            pass  # far too short for the server's imports
+        assert proc.poll() is not None and "PREFECT_API_URL" not in os.environ and api.log is None
+    finally:
+        api.stop()

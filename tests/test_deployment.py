@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from flows import deployment as dep
-from tests.conftest import free_port, start_prefect_server, wait_for_prefect_server
+from flows.local_api import free_port, wait_for_api
+from tests.conftest import start_prefect_server
 from tests.test_release_flow import small_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +126,7 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root, _
     try:
         if port is not None:
             server = start_prefect_server(port, env, server_log, cwd=tmp_path)
-            why = wait_for_prefect_server(api, server, 60)
+            why = wait_for_api(api, server, 60)
             assert why is None, f"prefect server {why}:\n{_tail(server_log)}"
 
         # the documented commands (deploy/README.md), from the repository root

@@ -24,11 +24,18 @@ DOMAIN = small_domain(M=4)
 WORKLOADS = [Workload("group", ("TEN", "NP")), Workload("person", ("R18",), ("AGE",)), Workload("person", (), ("SEX", "RAC"))]
 
 
-def test_eigen_form_equals_the_dense_gaussian_log_density_up_to_a_constant():
+@pytest.mark.parametrize("empty_cells", [False, True])
+def test_eigen_form_equals_the_dense_gaussian_log_density_up_to_a_constant(empty_cells):
+    """With ``empty_cells`` the prior puts no weight on the households of one tenure: cells only
+    they fall in have no prior spread (the eigen form sets them aside, the dense form keeps them)."""
     data = random_data(DOMAIN, 200, seed=1)
     s = Support.from_data(data)
     rng = np.random.default_rng(2)
     p = rng.dirichlet(np.ones(s.n_support))
+    if empty_cells:
+        p[data.group[:, DOMAIN.group_index("TEN")] == 0] = 0.0
+        p /= p.sum()
+        assert np.any(s.answer(WORKLOADS[0], p) == 0)
     G = 500.0
     ms = [Measurement(w, G * s.answer(w, p) + rng.normal(0, 4.0, w.n_cells(DOMAIN)), 4.0 + i) for i, w in enumerate(WORKLOADS)]
     strengths = [0.01, 0.1, 1.0]
