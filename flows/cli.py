@@ -25,7 +25,7 @@ def cmd_run(args) -> int:
 
     # Prefect's temporary API (when none is configured) starts while the pipeline's modules load;
     # it stops when the process exits
-    api = LocalPrefectApi(float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])).start()
+    api = LocalPrefectApi().start()
     from flows.release import release_flow
 
     with api.serving():

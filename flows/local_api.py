@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LocalPrefectApi", "configured_api", "free_port", "wait_for_api"]
+__all__ = ["LocalPrefectApi", "configured_api", "free_port", "temporary_server_allowed", "wait_for_api"]
 
 
 def free_port() -> int:
@@ -61,19 +61,29 @@ def configured_api() -> str | None:
     return get_current_settings().api.url
 
 
+def temporary_server_allowed() -> bool:
+    """Prefect's own switch for a temporary server (``server.ephemeral.enabled``): when off, no
+    server is started here either and Prefect reports the missing API as it would."""
+    from prefect.settings import get_current_settings
+
+    return bool(get_current_settings().server.ephemeral.enabled)
+
+
 class LocalPrefectApi:
     """A temporary local Prefect server for this run (module docstring); nothing when an API is
     configured. ``start`` returns at once; ``serving`` waits until it answers and points Prefect
     at it while open; ``stop`` ends it (registered to run at exit)."""
 
-    def __init__(self, timeout: float) -> None:
-        self.timeout = float(timeout)
+    def __init__(self, timeout: float | None = None) -> None:
+        """``timeout``: seconds to wait for the server (default: Prefect's
+        ``server.ephemeral.startup_timeout_seconds``)."""
+        self.timeout = timeout
         self.proc: subprocess.Popen | None = None
         self.api: str | None = None
         self.log: Path | None = None
 
     def start(self) -> LocalPrefectApi:
-        if configured_api():
+        if configured_api() or not temporary_server_allowed():
             return self
         spec = importlib.util.find_spec("prefect")
         if spec is None or spec.origin is None:
@@ -97,6 +107,10 @@ class LocalPrefectApi:
     def wait(self) -> None:
         if self.api is None:
             return
+        if self.timeout is None:
+            from prefect.settings import get_current_settings
+
+            self.timeout = float(get_current_settings().server.ephemeral.startup_timeout_seconds)
         why = wait_for_api(self.api, self.proc, self.timeout)
         if why is not None:
             tail = self.log.read_text()[-2000:] if self.log is not None and self.log.exists() else ""

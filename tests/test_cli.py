@@ -44,7 +44,7 @@ def test_plan_prints_allocation_without_reading_data(tmp_path, capsys):
 
 def test_the_temporary_prefect_api_starts_only_without_a_configured_one(monkeypatch):
     """``dprelease run`` starts Prefect's temporary API itself (flows.local_api) only when no API is
-    configured; a server that does not answer in time is stopped and named in the error, and
+    configured and Prefect allows a temporary server; a server that does not answer in time is stopped and named in the error, and
     stopping leaves neither the process nor its address behind."""
     import flows.local_api as local_api
 
@@ -55,6 +55,9 @@ def test_the_temporary_prefect_api_starts_only_without_a_configured_one(monkeypa
         assert url is None
     monkeypatch.delenv("PREFECT_API_URL")
     monkeypatch.setattr(local_api, "configured_api", lambda: None)
+    monkeypatch.setattr(local_api, "temporary_server_allowed", lambda: False)  # Prefect's switch off: none here either
+    assert local_api.LocalPrefectApi(1.0).start().proc is None and "PREFECT_API_URL" not in os.environ
+    monkeypatch.setattr(local_api, "temporary_server_allowed", lambda: True)
     api = local_api.LocalPrefectApi(0.05).start()
     proc = api.proc
     try:
