@@ -78,9 +78,8 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     Ap = A @ p
     # a cell no household of positive prior weight falls in has C's row and column 0: a direction of
     # λ = 0 on its own (f = 1, its whitened residual z = y/σ), so the eigendecomposition runs on the others
-    on = np.zeros(Ap.size, dtype=bool)
-    on[np.flatnonzero(A @ (p > 0).astype(np.float64) > 0)] = True
-    Aon = A[np.flatnonzero(on)]
+    on = A @ (p > 0).astype(np.float64) > 0
+    Aon = A[on]
     B = (Aon.multiply(p[None, :]) @ Aon.T).toarray() - np.outer(Ap[on], Ap[on])  # A Σ_p Aᵀ
     C = (G * G) * (inv_sd[on][:, None] * B * inv_sd[on][None, :])
     lam, U = np.linalg.eigh((C + C.T) / 2)

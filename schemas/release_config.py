@@ -192,7 +192,7 @@ class SynthesisSpec(_Strict):
                                  "persons that the mutual-information selection leaves out (each pair of person attributes, and "
                                  "the size with each person attribute; engine.workload_selection.pair_completion): the prior's "
                                  "weak pairs are where a private state unlike the public ones differs (New Mexico at eps 2: "
-                                 "1.05x to 0.99x AIM on the peer benchmark), at about 1.3x the default release's time; false "
+                                 "1.05x to 0.99x AIM on the peer benchmark), at 1.3-1.6x the default release's time; false "
                                  "(the default): the selection's cliques only")
     puma_attributes: int = Field(default=PUMA_ATTRIBUTES, ge=1, le=32, description="PUMA level: the one-way marginals of this many "
                                  "attributes (at least this many under puma_attributes_rule signal_to_noise), those that vary most "
