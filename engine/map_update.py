@@ -94,16 +94,17 @@ def map_fit(
     # a normalised workload's rows count in units of NORM_SCALE per household: each row, its answer
     # and its noise divided by its unit (the same problem, the dual rescaled), so that every row
     # speaks in households and L-BFGS, which is not invariant to a diagonal rescaling, sees one
-    # scale (unscaled, a normalised node took four times the iterations); the rescaled incidence
-    # and its transpose are cached with the support (IncidenceCache.unit_patterns)
-    A, At, pattern_of = support.cache.unit_patterns([m.workload for m in measurements])
+    # scale (unscaled, a normalised node took four times the iterations). The rows are scaled in
+    # the products (D A q and Aᵀ D λ, D = diag(1/unit)): the incidence and its transpose are the
+    # ones cached with the support (IncidenceCache.joint_incidence), not copies
+    A, At, pattern_of = support.cache.joint_incidence([m.workload for m in measurements])
     y = np.concatenate([m.answers(G) for m in measurements])
     s2 = np.concatenate([np.full(m.noisy_answer.size, (m.sigma / G) ** 2) for m in measurements])
     if A.shape[0] != y.shape[0]:
         raise ValueError("answers do not match the workloads' cells")
-    unit = np.concatenate([np.full(m.noisy_answer.size, m.workload.household_unit) for m in measurements])
-    y = y / unit
-    s2 = s2 / (unit * unit)
+    inv = np.concatenate([np.full(m.noisy_answer.size, 1.0 / m.workload.household_unit) for m in measurements])
+    y = y * inv
+    s2 = s2 * (inv * inv)
     P = np.bincount(pattern_of, weights=p, minlength=A.shape[1])
     live = np.flatnonzero(P > 0)
     if live.size < P.size:
@@ -114,7 +115,7 @@ def map_fit(
 
     def dual_q(lam: np.ndarray) -> tuple[np.ndarray, float]:
         """q on the live patterns and log Σ_u P_u exp(a_u·λ/α), with one exponential pass."""
-        u = At @ lam
+        u = At @ (lam * inv)
         u *= inv_alpha
         u += logp
         top = float(u.max())
@@ -128,7 +129,7 @@ def map_fit(
         q, lse = dual_q(lam)
         s2lam = s2 * lam
         val = alpha * lse - lam @ y + 0.5 * float(s2lam @ lam)
-        grad = A @ q - y + s2lam
+        grad = inv * (A @ q) - y + s2lam
         return val, grad
 
     x0 = np.zeros(A.shape[0]) if dual0 is None or np.shape(dual0) != (A.shape[0],) else np.asarray(dual0, dtype=np.float64)
@@ -137,7 +138,7 @@ def map_fit(
     q_pattern = np.zeros(P.size)
     q_pattern[live] = q_live / P[live]
     q = q_pattern[pattern_of] * p
-    fit = A @ q_live
+    fit = inv * (A @ q_live)
     diag = {
         "iterations": int(res.nit),
         "converged": bool(res.success),

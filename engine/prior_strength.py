@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg import eigh
 
 from engine.measurement import Measurement
 from engine.support import Support
@@ -82,7 +83,7 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     Aon = A[on]
     B = (Aon.multiply(p[None, :]) @ Aon.T).toarray() - np.outer(Ap[on], Ap[on])  # A Σ_p Aᵀ
     C = (G * G) * (inv_sd[on][:, None] * B * inv_sd[on][None, :])
-    lam, U = np.linalg.eigh((C + C.T) / 2)
+    lam, U = eigh((C + C.T) / 2, driver="evr", overwrite_a=True, check_finite=False)  # as engine.uncertainty's
     lam = np.maximum(lam, 0.0)
     z2 = (U.T @ (inv_sd * (y - G * Ap))[on]) ** 2
     off = float(np.sum((inv_sd * y)[~on] ** 2))

@@ -419,7 +419,6 @@ class IncidenceCache:
     """
 
     JOINT_CACHE = 16
-    UNIT_CACHE = 4
 
     def __init__(self, data: HierarchicalData):
         self.data = data
@@ -428,7 +427,6 @@ class IncidenceCache:
         self._cells: dict[Workload, np.ndarray] = {}
         self._joint: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix]] = OrderedDict()
         self._pairs: OrderedDict[tuple[tuple[Workload, ...], tuple[Workload, ...]], PatternPairs] = OrderedDict()
-        self._unit: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]] = OrderedDict()
 
     def matrix(self, w: Workload) -> sp.csr_matrix:
         A = self._A.get(w)
@@ -465,27 +463,12 @@ class IncidenceCache:
             self._joint.popitem(last=False)
         return got[0], got[1]
 
-    def unit_patterns(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
-        """:meth:`joint_patterns` with every row divided by its workload's household unit (a
-        normalised workload's rows count in units of ``NORM_SCALE`` per household, the others in
-        households): ``(matrix, its transpose, pattern_of)``, both CSR — what every MAP fit on these
-        workloads multiplies by (``engine.map_update``), built once per list (least recently used
-        dropped; fewer kept than joint patterns: a node's repeated fits use one list at a time)."""
-        key = tuple(workloads)
-        got = self._unit.get(key)
-        if got is None:
-            M, pattern_of = self.joint_patterns(key)
-            by_pattern = self._joint[key][2]
-            inv = np.concatenate([np.full(w.n_cells(self.data.domain), 1.0 / w.household_unit) for w in key]) if key else np.zeros(0)
-            A = M.copy()
-            A.data *= np.repeat(inv, np.diff(A.indptr))
-            At = by_pattern.copy()
-            At.data *= inv[At.indices]
-            got = self._unit[key] = (A, At, pattern_of)
-        self._unit.move_to_end(key)
-        while len(self._unit) > self.UNIT_CACHE:
-            self._unit.popitem(last=False)
-        return got
+    def joint_incidence(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
+        """:meth:`joint_patterns` with the transpose of its matrix: ``(matrix, its transpose,
+        pattern_of)``, both CSR and both cached — what every MAP fit on these workloads multiplies
+        by (``engine.map_update``)."""
+        M, pattern_of = self.joint_patterns(workloads)
+        return M, self._joint[tuple(workloads)][2], pattern_of
 
     def pattern_pairs(self, rows: Sequence[Workload], cols: Sequence[Workload]) -> PatternPairs:
         """The households grouped by their (pattern of ``rows``, pattern of ``cols``) pair

@@ -125,7 +125,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
                      prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES, strength_floor: bool = True,
                      pumas_inform_state: bool = True, puma_attributes_rule: Literal["signal_to_noise", "fixed"] = "signal_to_noise",
-                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX, complete_pairs: bool = False) -> StateRelease:
+                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX, complete_pairs: bool = True) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
@@ -167,7 +167,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
         session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),
         rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))), extra=sums,
         adaptive=adaptive, select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
-        strengths=eb, strength_floor=floor,
+        strengths=eb, strength_floor=floor, completion=sel.completed,
     )
     diagnostics = {node_key(node): state_res.diagnostics}
     order = household_order(public)

@@ -190,14 +190,17 @@ def adaptive_measure(
     unit: PrivacyUnit,
     rule: UpdateRule = "map",
     prior_strength: float = 0.1,
+    completion: Sequence[Workload] = (),
 ) -> tuple[list[Measurement], list[str], NodeResult]:
     """The adaptive rounds of one node (:mod:`engine.adaptive`): ``plan.rounds`` times, fit the
     posterior to everything measured so far at the household total ``total`` (a DP value), choose
     the candidate workload it answers worst (``select``: the private session's exponential
     mechanism) and measure it (``measure``; in the form of the node's workloads,
     :func:`engine.adaptive.measured_form`). ``rho``: the node's whole ρ (split by
-    :func:`engine.adaptive.round_budget`). Returns the new measurements, the chosen ids and the last
-    fit (to all measurements, in the order ``[*measured, *new, *extra]``, at ``total``)."""
+    :func:`engine.adaptive.round_budget`). ``completion``: workloads of ``measured`` the rounds'
+    fits leave out (:func:`synthesize_node`). Returns the new measurements, the chosen ids and the
+    last fit (at ``total``), its dual laid out for the final fit's ``[*extra, *measured, *new]``
+    (zero on the completion's cells)."""
     budget = round_budget(Fraction(rho), plan)
     domain = support.data.domain
     given = [m.workload for m in measured]
@@ -208,12 +211,14 @@ def adaptive_measure(
     G = max(float(total), 1.0)
     penalty = expected_measurement_l1(candidates, domain, unit, budget.measure)
     model_answers = CandidateAnswers(support.data, candidates)
-    # the order of synthesize_node's final fit (measured, then extra), new measurements before
-    # ``extra``: the final fit finds the same joint patterns and starts from the last round's dual
-    res = update_node(support, prior, [*measured, *extra], G, rule, prior_strength, tol=ROUND_FIT_TOL)
+    # the order of synthesize_node's final fit (extra, then measured), each round's measurement
+    # appended: a round's joint patterns extend the previous round's (cached with the support), and
+    # the final fit starts from the last round's dual
+    left_out = set(completion)
+    fitted = [m for m in measured if m.workload not in left_out]
+    res = update_node(support, prior, [*extra, *fitted], G, rule, prior_strength, tol=ROUND_FIT_TOL)
     new: list[Measurement] = []
     chosen: list[str] = []
-    n_extra = sum(m.noisy_answer.size for m in extra)
     for r in range(plan.rounds):
         # the model's expected counts of every candidate (answers of the weighted support, no incidences)
         model = G * model_answers.answers(candidates, res.weights)
@@ -224,11 +229,16 @@ def adaptive_measure(
         m = Measurement(w, np.asarray(noisy, dtype=np.float64), float(sigma), budget.measure)
         new.append(m)
         chosen.append(w.id)
-        dual0 = None
-        if res.dual is not None:
-            cut = res.dual.size - n_extra
-            dual0 = np.concatenate([res.dual[:cut], np.zeros(m.noisy_answer.size), res.dual[cut:]])
-        res = update_node(support, prior, [*measured, *new, *extra], G, rule, prior_strength, dual0=dual0, tol=ROUND_FIT_TOL)
+        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(m.noisy_answer.size)])
+        res = update_node(support, prior, [*extra, *fitted, *new], G, rule, prior_strength, dual0=dual0, tol=ROUND_FIT_TOL)
+    if len(fitted) < len(measured):
+        # the final fit's list extends [*extra, *measured] by the rounds' workloads: grouped once on a
+        # support (the same list for every state of a run), each final fit's grouping adds the rounds' only
+        support.cache.joint_patterns([m.workload for m in [*extra, *measured]])
+        if res.dual is not None:  # the final fit's layout, the completion's cells at 0
+            blocks = np.split(res.dual, np.cumsum([m.noisy_answer.size for m in [*extra, *fitted, *new]])[:-1])
+            rows = dict(zip(map(id, [*extra, *fitted, *new]), blocks))
+            res.dual = np.concatenate([rows.get(id(m), np.zeros(m.noisy_answer.size)) for m in [*extra, *measured, *new]])
     return new, chosen, res
 
 
@@ -249,6 +259,7 @@ def synthesize_node(
     unit: PrivacyUnit = "household",
     strengths: Sequence[float] = (),
     strength_floor: float = 0.0,
+    completion: Sequence[Workload] = (),
 ) -> NodeResult:
     """PRIOR_UPDATE of one node: measure, normalise, update. ``extra``: measurements made
     elsewhere (the count-of-counts size marginal, :func:`size_measurement`) fitted jointly with
@@ -259,7 +270,13 @@ def synthesize_node(
     given workloads (:func:`adaptive_measure`). ``strengths`` (two or more, MAP rule): the prior
     strength is chosen among them from the given workloads' measurements by empirical Bayes
     (:func:`engine.prior_strength.choose_prior_strength`) instead of ``prior_strength``, at least
-    ``strength_floor`` (:mod:`engine.strength_floor`); the choice is in the diagnostics. With nothing to fit the prior is returned unchanged."""
+    ``strength_floor`` (:mod:`engine.strength_floor`); the choice is in the diagnostics.
+    ``completion``: workloads among ``workloads`` (a state's pair completion,
+    :func:`engine.workload_selection.pair_completion`) measured with the others and fitted by the
+    final fit, but left out of the adaptive rounds' fits, which then rank the candidates on a model
+    of the selection's workloads alone — at a third of the cost with the completion's cells (New
+    Mexico, ε = 2: no worse on the peer benchmark, ``benchmarks/results/HISTORY.md``).
+    With nothing to fit the prior is returned unchanged."""
     p = np.asarray(prior, dtype=np.float64)
     if rho > 0 and workloads and measure is None:
         raise ValueError("workloads to measure at rho > 0 need a measure callable")
@@ -278,21 +295,21 @@ def synthesize_node(
     G0 = float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)
     strength_choice = None
     if len(strengths) > 1 and rule == "map" and measured:
-        strength_choice = choose_prior_strength(support, p, [*measured, *extra], G0, strengths, floor=strength_floor)
+        strength_choice = choose_prior_strength(support, p, [*extra, *measured], G0, strengths, floor=strength_floor)
         prior_strength = strength_choice.strength
     if rounds and adaptive is not None and measure is not None and select is not None:
         more, chosen, last = adaptive_measure(support, p, measured, extra, G0, adaptive, Fraction(rho), measure, select, unit, rule,
-                                              prior_strength)
+                                              prior_strength, completion)
         measured += more
     if not measured and not extra:
         return NodeResult(p / p.sum(), {"measured": 0}, float(total))
     G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
     dual0 = None if last is None or last.dual is None else last.dual * (max(G, 1.0) / max(G0, 1.0))  # as the rounds below
-    res = update_node(support, p, [*measured, *extra], G, rule, prior_strength, sweeps, dual0)
+    res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, dual0)
     for r in range(TOTAL_ROUNDS if joint else 1):
         if r > 0:  # warm start: the previous round's dual, which scales with the total (engine.map_update.map_fit)
             dual0 = None if res.dual is None else res.dual * (max(G, 1.0) / max(res.total, 1.0))
-            res = update_node(support, p, [*measured, *extra], G, rule, prior_strength, sweeps, dual0)
+            res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, dual0)
         res.total = G
         if not joint:
             break

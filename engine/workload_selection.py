@@ -209,8 +209,10 @@ def pair_completion(domain: Domain, chosen: Sequence[Workload], max_cells: int) 
     prior was right the MAP fit barely moves. On the peer benchmark's set-up (the posteriors'
     expected counts, 2 seeds) New Mexico at ε = 2 went from 0.0964 to 0.0908 mean L1, the
     person-only marginals from 0.072 to 0.066; the whole pipeline from 1.05× to 0.99× AIM
-    (``benchmarks/results/HISTORY.md``, session 10). It roughly triples the state level's measured
-    cells, and with them the cost of the dense algebra in them (``synthesis.complete_pairs`` is opt-in)."""
+    (``benchmarks/results/HISTORY.md``, session 10). It roughly doubles the state level's measured
+    cells, and with them the cost of the state's final fit and of the dense algebra of its error
+    estimates; the adaptive rounds' fits leave the completion out (``engine.synthesis.synthesize_node``),
+    so the default release (``synthesis.complete_pairs``, on by default) takes about 1.3× its time without."""
     held = [(set(w.group_attrs), set(w.person_attrs)) for w in chosen if w.level == "person"]
     names = [a.name for a in domain.person]
     out = [Workload("person", (), pair) for pair in itertools.combinations(names, 2)
@@ -224,12 +226,14 @@ def pair_completion(domain: Domain, chosen: Sequence[Workload], max_cells: int) 
 class WorkloadSelection:
     """``state`` and ``puma``: the two levels' workloads; ``explanation``: why (JSON); ``puma_ranked``:
     the PUMA level's one-way marginals best first (a prefix of them is in ``puma``, see
-    :meth:`with_puma_attributes`)."""
+    :meth:`with_puma_attributes`); ``completed``: the workloads of ``state`` that the pair
+    completion added (:func:`pair_completion`)."""
 
     state: list[Workload]
     puma: list[Workload]
     explanation: dict
     puma_ranked: list[Workload] = field(default_factory=list)
+    completed: list[Workload] = field(default_factory=list)
 
     def all(self) -> list[Workload]:
         return list(dict.fromkeys(self.state + self.puma))
@@ -252,12 +256,12 @@ class WorkloadSelection:
     def to_record(self) -> dict:
         """JSON form (workload ids), read back by :meth:`from_record`."""
         return {"state": [w.id for w in self.state], "puma": [w.id for w in self.puma], "puma_ranked": [w.id for w in self.puma_ranked],
-                "explanation": self.explanation}
+                "completed": [w.id for w in self.completed], "explanation": self.explanation}
 
     @classmethod
     def from_record(cls, record: dict) -> WorkloadSelection:
         ids = lambda key: [Workload.from_id(i) for i in record.get(key, [])]  # noqa: E731
-        return cls(ids("state"), ids("puma"), record["explanation"], ids("puma_ranked"))
+        return cls(ids("state"), ids("puma"), record["explanation"], ids("puma_ranked"), ids("completed"))
 
 
 def select_workloads(
@@ -399,7 +403,7 @@ def select_workloads(
         def form(w: Workload) -> Workload:
             return w if w.is_partition() else Workload(w.level, w.group_attrs, w.person_attrs,
                                                        person_first if w.level == "person" else 0, normalise)
-        state, puma, ranked = [form(w) for w in state], [form(w) for w in puma], [form(w) for w in ranked]
+        state, puma, ranked, completed = [form(w) for w in state], [form(w) for w in puma], [form(w) for w in ranked], [form(w) for w in completed]
 
     pair_name = lambda e: f"{names[e[0]]}~{names[e[1]]}"  # noqa: E731
     explanation = {
@@ -432,4 +436,4 @@ def select_workloads(
         "state_workloads": [{"id": w.id, "cells": w.n_cells(d)} for w in state],
         "puma_workloads": [{"id": w.id, "cells": w.n_cells(d)} for w in puma],
     }
-    return WorkloadSelection(state, puma, explanation, ranked)
+    return WorkloadSelection(state, puma, explanation, ranked, completed)

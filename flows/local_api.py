@@ -120,14 +120,20 @@ class LocalPrefectApi:
     @contextlib.contextmanager
     def serving(self) -> Iterator[str | None]:
         """Wait for the server, then run the block with Prefect's API set to it (the configured
-        API, untouched, when none was started); yields the temporary API's URL or None."""
+        API, untouched, when none was started); yields the temporary API's URL or None.
+
+        With the temporary API the flow runs send no heartbeats: they let a server notice a run that
+        crashed, and this one ends with the run. Prefect's heartbeat thread sleeps in one-second
+        steps and every flow run waits for it at its end: about a second per subflow, a tenth of the
+        default release."""
         self.wait()
         if self.api is None:
             yield None
             return
-        from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+        from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_UI_URL, temporary_settings
 
-        with temporary_settings(updates={PREFECT_API_URL: self.api, PREFECT_UI_URL: ""}):  # no UI: no "View at" links
+        # no UI: no "View at" links
+        with temporary_settings(updates={PREFECT_API_URL: self.api, PREFECT_UI_URL: "", PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield self.api
 
     def stop(self) -> None:

@@ -276,7 +276,8 @@ def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, 
     pumas = pumas_by_state(counts_path)
     # the largest states first: the workers finish together (longest-processing-time order)
     order = sorted(states.items(), key=lambda kv: -kv[1])
-    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st], list(pumas.get(st[0], {})), workload["puma"])
+    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st], list(pumas.get(st[0], {})), workload["puma"],
+                                        workload.get("completed", []))
                for st, g in order]
     return dict(zip((st[0] for st, _ in order), wait_all(futures, get_run_logger(), "state posteriors")))
 

@@ -188,12 +188,13 @@ class SynthesisSpec(_Strict):
     normalise: bool = Field(default=True, description="every synthesis workload but the partitions measures each "
                             "household's contribution rescaled to one household's worth in L2 (engine.queries.Workload."
                             "normalised): L2 sensitivity one household, every person counted; false: plain counts")
-    complete_pairs: bool = Field(default=False, description="the state level also measures every two-way marginal of the "
+    complete_pairs: bool = Field(default=True, description="the state level also measures every two-way marginal of the "
                                  "persons that the mutual-information selection leaves out (each pair of person attributes, and "
-                                 "the size with each person attribute; engine.workload_selection.pair_completion): the prior's "
-                                 "weak pairs are where a private state unlike the public ones differs (New Mexico at eps 2: "
-                                 "1.05x to 0.99x AIM on the peer benchmark), at 1.3-1.6x the default release's time; false "
-                                 "(the default): the selection's cliques only")
+                                 "the size with each person attribute; engine.workload_selection.pair_completion), fitted by the "
+                                 "state's final fit (the adaptive rounds rank their candidates without them): the prior's weak "
+                                 "pairs are where a private state unlike the public ones differs (New Mexico at eps 2: 1.05x to "
+                                 "1.01x AIM in the same peer benchmark run), at about 1.25x the release's time without; false: the "
+                                 "selection's cliques only")
     puma_attributes: int = Field(default=PUMA_ATTRIBUTES, ge=1, le=32, description="PUMA level: the one-way marginals of this many "
                                  "attributes (at least this many under puma_attributes_rule signal_to_noise), those that vary most "
                                  "between the PUMAs of a public state (engine.workload_selection.select_workloads' puma_max_attributes)")

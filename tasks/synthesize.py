@@ -208,12 +208,15 @@ def puma_sums(ctx: RunContext, pumas: list[tuple[int, int]], workload_ids: list[
 @task(name="synthesize-state")
 def state_update_task(ctx: RunContext, state: int, households: int, workload_ids: list[str],
                       size_estimate: SizeEstimate | None = None, households_sd: float = 0.0,
-                      pumas: list[tuple[int, int]] | None = None, puma_workload_ids: list[str] | None = None) -> str:
+                      pumas: list[tuple[int, int]] | None = None, puma_workload_ids: list[str] | None = None,
+                      completed_ids: list[str] | None = None) -> str:
     """``households``: the state's DP household count (the normaliser of its answers), with its
     noise sd ``households_sd`` (> 0: the state total is estimated jointly with the posterior,
     ``engine.synthesis``); ``size_estimate``: the count-of-counts size histogram of the state,
     when that stage ran; ``pumas`` (every PUMA of the state) and ``puma_workload_ids``: the PUMA
-    level's measurements, whose sums the state's fit takes in (:func:`puma_sums`)."""
+    level's measurements, whose sums the state's fit takes in (:func:`puma_sums`);
+    ``completed_ids``: the workloads the pair completion added, which the adaptive rounds' fits
+    leave out (``engine.synthesis.synthesize_node``'s ``completion``)."""
     node = (int(state),)
     out = ctx.paths.node_path("state_posterior", node_key(node))
     if out.exists():
@@ -229,6 +232,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
         extra=[*size_extra(support, size_estimate), *sums], total_sd=households_sd,
         adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
         strengths=s.prior_strength_candidates if s.prior_strength_rule == "empirical_bayes" else (), strength_floor=strength_floor(ctx),
+        completion=[Workload.from_id(w) for w in completed_ids or []],
     )
     if sums:
         res.diagnostics["puma_sums"] = {"pumas": len(pumas or []), "workloads": [m.workload.id for m in sums]}

@@ -78,10 +78,18 @@ def _shared_prefect_server_is_up():
     dead API address — so they start while the server does; no-op without a shared server)."""
     api = os.environ.get(_SHARED_SERVER_ENV)
     if not api or os.environ.get("PREFECT_API_URL") != api:
+        yield
         return
     why = wait_for_api(api, _server, 180)
     if why is not None:
         pytest.fail(f"the session's Prefect server at {api} {why} (its log is in {_prefect_home})")
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    # the flows run in this process send no heartbeats, as on `dprelease run`'s temporary API
+    # (flows.local_api): the session's server ends with it, and each flow run would wait up to a
+    # second for Prefect's heartbeat thread at its end
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -46,13 +46,16 @@ def test_the_temporary_prefect_api_starts_only_without_a_configured_one(monkeypa
     """``dprelease run`` starts Prefect's temporary API itself (flows.local_api) only when no API is
     configured and Prefect allows a temporary server; a server that does not answer in time is stopped and named in the error, and
     stopping leaves neither the process nor its address behind."""
+    from prefect.settings import get_current_settings
+
     import flows.local_api as local_api
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     configured = local_api.LocalPrefectApi(1.0).start()
     assert configured.proc is None and configured.api is None
-    with configured.serving() as url:  # nothing to wait for, the configured API untouched
-        assert url is None
+    beat = get_current_settings().flows.heartbeat_frequency
+    with configured.serving() as url:  # nothing to wait for, the configured API and the heartbeats untouched
+        assert url is None and get_current_settings().flows.heartbeat_frequency == beat is not None
     monkeypatch.delenv("PREFECT_API_URL")
     monkeypatch.setattr(local_api, "configured_api", lambda: None)
     monkeypatch.setattr(local_api, "temporary_server_allowed", lambda: False)  # Prefect's switch off: none here either
@@ -67,3 +70,22 @@ def test_the_temporary_prefect_api_starts_only_without_a_configured_one(monkeypa
         assert proc.poll() is not None and "PREFECT_API_URL" not in os.environ and api.log is None
     finally:
         api.stop()
+
+
+def test_flow_runs_on_the_temporary_api_send_no_heartbeats(monkeypatch):
+    """On the temporary API (a server that ends with the run) the flow runs send no heartbeats —
+    Prefect's heartbeat thread holds every flow run's end for up to a second —, and the settings
+    are restored after the block."""
+    from prefect.settings import get_current_settings
+
+    import flows.local_api as local_api
+
+    api = local_api.LocalPrefectApi(1.0)
+    api.api = "http://127.0.0.1:9/api"  # as if started: nothing to wait for
+    monkeypatch.setattr(api, "wait", lambda: None)
+    before = get_current_settings().flows.heartbeat_frequency
+    with api.serving() as url:
+        settings = get_current_settings()
+        assert url == api.api and settings.api.url == api.api and settings.flows.heartbeat_frequency is None
+    assert get_current_settings().flows.heartbeat_frequency == before is not None
+    api.api = None

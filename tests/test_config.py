@@ -71,8 +71,8 @@ def test_households_are_drawn_balanced_by_default_and_systematic_on_request(tmp_
     assert load_config(DEFAULT).synthesis.level_consistency == "rake"
     assert load_config(DEFAULT).synthesis.puma_attributes == 4
     assert load_config(DEFAULT).synthesis.puma_attributes_rule == "signal_to_noise" and load_config(DEFAULT).synthesis.puma_candidates() == 8
-    assert load_config(DEFAULT).synthesis.complete_pairs is False  # opt-in: 1.3-1.6x the default release's time
-    assert load_config(write(tmp_path, lambda r: r.setdefault("synthesis", {}).update(complete_pairs=True))).synthesis.complete_pairs is True
+    assert load_config(DEFAULT).synthesis.complete_pairs is True
+    assert load_config(write(tmp_path, lambda r: r.setdefault("synthesis", {}).update(complete_pairs=False))).synthesis.complete_pairs is False
     assert load_config(DEFAULT).synthesis.prior_strength_rule == "empirical_bayes"
     assert load_config(write(tmp_path, lambda r: r.setdefault("synthesis", {}).update(sampling="systematic"))).synthesis.sampling == "systematic"
 

@@ -134,6 +134,7 @@ def test_complete_pairs_reaches_the_recorded_state_workloads(tmp_path):
     assert added and all(Workload.from_id(i).level == "person" and len(Workload.from_id(i).attrs) == 2 for i in added)
     assert json.loads((tmp_path / "w_pairs.json").read_text())["state"] == full["state"]
     assert len(full["explanation"]["completed_pairs"]) == len(added) and plain["explanation"]["completed_pairs"] == []
+    assert full["completed"] == added and plain["completed"] == []  # what the state task's adaptive rounds leave out
 
 
 def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_leaves_the_sizes_out(tmp_path):

@@ -23,6 +23,7 @@ from engine.adaptive import (
     round_budget,
     selection_first,
 )
+from engine.measurement import Measurement
 from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
@@ -236,15 +237,19 @@ def test_the_measured_form_follows_the_nodes_workloads():
     assert selection_first([Workload("group", ("TEN",), ("AGE",), 0, True)]) == SELECT_FIRST
 
 
-def test_a_normalised_node_measures_its_rounds_normalised(tmp_path):
-    """End to end through the private session: the rounds' workloads are normalised, charged at
-    the normalised sensitivity, and the fit reproduces on a replay."""
+def normalised_node():
+    """A state of 400 private households over 300 public ones, the plan's state share of ρ = 5 and
+    two workloads, one normalised: (domain, private, support, ρ, workloads)."""
     d = small_domain()
     public = random_data(d, 300, seed=11)
     private = random_data(d, 400, seed=12, dependence=0.2).with_geo(np.tile([10, 1], (400, 1)))
-    support = Support.from_data(public)
-    rho = Fraction(3, 10) * 5
-    workloads = [Workload("group", ("TEN",)), Workload("person", (), ("AGE",), 0, True)]
+    return d, private, Support.from_data(public), Fraction(3, 10) * 5, [Workload("group", ("TEN",)), Workload("person", (), ("AGE",), 0, True)]
+
+
+def test_a_normalised_node_measures_its_rounds_normalised(tmp_path):
+    """End to end through the private session: the rounds' workloads are normalised, charged at
+    the normalised sensitivity, and the fit reproduces on a replay."""
+    d, private, support, rho, workloads = normalised_node()
 
     def run(s):
         return synthesize_node(support, support.weights, workloads, rho, session_measure(s, "s", "state", (10,)), 400.0,
@@ -261,3 +266,45 @@ def test_a_normalised_node_measures_its_rounds_normalised(tmp_path):
         assert m.scale == pytest.approx(w.sensitivity(d, "household")[1] / math.sqrt(2 * float(m.rho)), rel=1e-6)
     again = run(session(tmp_path, private, rho=5))
     np.testing.assert_array_equal(again.weights, first.weights)
+
+
+@pytest.mark.parametrize("completion", [False, True])
+def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeypatch, completion):
+    """The rounds fit ``[*extra, *measured, *new]``, one workload longer each time: the households'
+    joint patterns are grouped from nothing once per node, every later round extends the cached
+    list of the round before by its one new workload, and the final fits use every measurement.
+    With a ``completion`` (here the node's second workload) the rounds' fits leave it out — it is
+    measured first all the same, at the same ρ, and the final fits take it in, their list extending
+    ``[*extra, *measured]``, grouped once (on a worker, the same for every state)."""
+    from engine.queries import IncidenceCache
+
+    d, private, support, rho, workloads = normalised_node()
+    size = Workload("group", ("NP",))
+    extra = [Measurement(size, np.full(size.n_cells(d), 100.0), 5.0)]
+    built = []  # (the list's workloads, how many of them a cached list already grouped)
+    real = IncidenceCache.joint_patterns
+
+    def spy(self, ws):
+        key = tuple(ws)
+        built.append((key, next((k for k in range(len(key), 0, -1) if key[:k] in self._joint), 0)))
+        return real(self, ws)
+
+    monkeypatch.setattr(IncidenceCache, "joint_patterns", spy)
+    s = session(tmp_path, private, rho=5)
+    res = synthesize_node(support, support.weights, workloads, rho, session_measure(s, "s", "state", (10,)), 400.0, total_sd=5.0, extra=extra,
+                          adaptive=AdaptiveRounds(3, Fraction(1, 2)), select=session_select(s, "s", "state", (10,)), unit="household",
+                          completion=workloads[1:] if completion else ())
+    chosen = [Workload.from_id(w) for w in res.diagnostics["adaptive"]]
+    assert len(chosen) == 3 and workloads[1] not in chosen
+    base = [size, *workloads[:1]] if completion else [size, *workloads]
+    n = len(base)
+    assert built[:4] == [(tuple(base), 0), (tuple(base + chosen[:1]), n), (tuple(base + chosen[:2]), n + 1), (tuple(base + chosen), n + 2)]
+    final = (size, *workloads, *chosen)
+    finals = built[4:]
+    if completion:  # [*extra, *measured] grouped on its own (the same for every state), which the final list extends
+        assert finals[0][0] == (size, *workloads) and finals[1] == (final, 3)
+        finals = finals[1:]
+    assert finals and all(key == final for key, _ in finals)
+    assert all(done == len(final) for _, done in finals[1:])  # later final fits find it
+    stored = {m.workload_id for m in MeasurementStore(tmp_path / "m").all()}
+    assert {w.id for w in workloads} <= stored

@@ -26,14 +26,15 @@ def tiny():
     return Support.from_data(public), private
 
 
-def measurements(support, private, sigma, rng=None, G=None):
+def measurements(support, private, sigma, rng=None, G=None, workloads=WORKLOADS):
     G = private.n_households if G is None else G
     out = []
-    for w in WORKLOADS:
+    for w in workloads:  # σ in households: a normalised workload's rows count NORM_SCALE per household
         y = answer(private, w).astype(float)
+        sd = sigma * w.household_unit
         if rng is not None:
-            y = y + rng.normal(0, sigma, y.size)
-        out.append(Measurement(w, y, sigma))
+            y = y + rng.normal(0, sd, y.size)
+        out.append(Measurement(w, y, sd))
     return out
 
 
@@ -59,12 +60,18 @@ def brute_force(support, p, ms, G, alpha):
     return best.x, best.fun
 
 
+NORMALISED = [WORKLOADS[0], Workload("person", ("TEN",), ("SEX",), normalised=True), Workload("person", (), ("SEX",), normalised=True)]
+
+
 @pytest.mark.parametrize("alpha", [0.5, 5.0, 50.0])
-def test_map_update_equals_a_brute_force_convex_solve(tiny, alpha):
+@pytest.mark.parametrize("workloads", [WORKLOADS, NORMALISED], ids=["counts", "normalised"])
+def test_map_update_equals_a_brute_force_convex_solve(tiny, alpha, workloads):
+    """``normalised``: workloads whose rows count in units of NORM_SCALE per household, which the
+    solver rescales to households in its products (the problem is the same)."""
     support, private = tiny
     rng = np.random.default_rng(int(alpha * 10))
     G = private.n_households
-    ms = measurements(support, private, 3.0, rng)
+    ms = measurements(support, private, 3.0, rng, workloads=workloads)
     p = support.weights / support.weights.sum()
     q, _ = map_update(support, p, ms, G, prior_strength=alpha)
     q_bf, f_bf = brute_force(support, p, ms, G, alpha)

@@ -223,5 +223,8 @@ def test_complete_pairs_extends_the_state_level_only():
     assert sel.explanation["params"]["complete_pairs"] is True and plain.explanation["completed_pairs"] == []
     persons = [a.name for a in DOMAIN.person]
     assert {frozenset(p) for p in itertools.combinations(persons, 2)} <= _held_pairs(sel.state)
-    # the record round trip keeps them
-    assert type(sel).from_record(sel.to_record()).state == sel.state
+    assert sel.completed == added and plain.completed == []  # named, for the adaptive rounds (engine.synthesis)
+    # the record round trip keeps them, and so does the PUMA attribute rule's cut
+    back = type(sel).from_record(sel.to_record())
+    assert back.state == sel.state and back.completed == sel.completed
+    assert sel.with_puma_attributes(1).completed == sel.completed
