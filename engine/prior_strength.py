@@ -37,6 +37,7 @@ import numpy as np
 from scipy.linalg import eigh
 
 from engine.measurement import Measurement
+from engine.queries import centred_gram
 from engine.support import Support
 
 __all__ = ["DEFAULT_CANDIDATES", "MIN_GAIN", "PriorStrengthChoice", "choose_prior_strength", "marginal_log_likelihood"]
@@ -80,8 +81,7 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     # a cell no household of positive prior weight falls in has C's row and column 0: a direction of
     # λ = 0 on its own (f = 1, its whitened residual z = y/σ), so the eigendecomposition runs on the others
     on = A @ (p > 0).astype(np.float64) > 0
-    Aon = A[on]
-    B = (Aon.multiply(p[None, :]) @ Aon.T).toarray() - np.outer(Ap[on], Ap[on])  # A Σ_p Aᵀ
+    B = centred_gram(A[on], p)  # A Σ_p Aᵀ
     C = (G * G) * (inv_sd[on][:, None] * B * inv_sd[on][None, :])
     lam, U = eigh((C + C.T) / 2, driver="evr", overwrite_a=True, check_finite=False)  # as engine.uncertainty's
     lam = np.maximum(lam, 0.0)

@@ -347,6 +347,14 @@ class Patterns:
         return np.bincount(self.pattern_of, weights=weights, minlength=self.n_patterns)
 
 
+def centred_gram(A: sp.csr_matrix, w: np.ndarray) -> np.ndarray:
+    """A diag(w) Aᵀ − (A w)(A w)ᵀ, dense: the covariance of the answers ``A`` (cells × households or
+    patterns) under the distribution ``w`` (one draw, unscaled) — what the interval estimates and the
+    empirical-Bayes likelihood build their dense algebra on."""
+    a = A @ w
+    return (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray() - np.outer(a, a)
+
+
 def group_rows(columns: Sequence[np.ndarray], n: int, start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``n`` rows grouped by their non-negative integer codes in ``columns`` (after the groups
     ``start``, if given), exactly, by successive 1-D ``np.unique`` (much faster than

@@ -58,7 +58,7 @@ from scipy.linalg import cholesky, eigh, solve_triangular
 
 from engine.count_of_counts.hierarchy import Hierarchy
 from engine.measurement import Measurement
-from engine.queries import Workload
+from engine.queries import Workload, centred_gram
 from engine.support import Support
 from engine.synthesis import MeasureFn
 
@@ -269,8 +269,7 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
         # so the dense algebra runs on the other cells only (the completed pairs' impossible
         # combinations are a fifth of a state's cells)
         on = np.flatnonzero(A @ (q > 0).astype(np.float64) > 0)
-        Aq = A[on].multiply(np.sqrt(q)[None, :]).tocsr()
-        J = (np.asarray((Aq @ Aq.T).todense()) - np.outer(a[on], a[on])) / max(float(prior_strength), 1e-6)
+        J = centred_gram(A[on], q) / max(float(prior_strength), 1e-6)
         s_on = s[on]
         P_diag = np.zeros_like(s)
         if residual is None:  # diag of J (J + S)⁻¹ S = S − S (J + S)⁻¹ S, through the Cholesky factor of J + S
@@ -315,7 +314,7 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     qa = np.asarray(W.sum(axis=0)).ravel()
     s = (np.concatenate([np.full(w.n_cells(support.data.domain), float(sg)) for w, sg in fitted]) / G) ** 2
     a, b = A @ qa, B @ np.asarray(W.sum(axis=1)).ravel()
-    J = ((A.multiply(qa[None, :]) @ A.T).toarray() - np.outer(a, a)) / alpha
+    J = centred_gram(A, qa) / alpha
     C = (((B @ W) @ A.T).toarray() - np.outer(b, a)) / alpha
     J[np.diag_indices_from(J)] += s
     X = np.linalg.solve(J, C.T)  # (J + S)⁻¹ Cᵀ

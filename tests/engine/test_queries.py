@@ -15,6 +15,7 @@ from engine.queries import (
     IncidenceCache,
     Workload,
     answer,
+    centred_gram,
     incidence_matrix,
     incidence_patterns,
     normalise_columns,
@@ -268,3 +269,13 @@ def test_sensitivity_bounds_hold_on_neighbours(w: Workload):
     for h in rng.choice(multi, 15, replace=False):
         diff = answer(_remove_person(DATA, int(h), rng), w) - base
         assert np.abs(diff).sum() <= l1_p + 1e-9 and np.linalg.norm(diff) <= l2_p + 1e-9
+
+
+def test_centred_gram_is_the_answers_covariance_under_the_weights():
+    """Brute force, dense: A diag(w) Aᵀ − (A w)(A w)ᵀ on a workload pair's stacked incidence."""
+    ws = [Workload("group", ("TEN",)), Workload("person", ("TEN",), ("AGE",))]
+    A = sp.vstack([incidence_matrix(DATA, w) for w in ws], format="csr")
+    w = np.random.default_rng(3).random(DATA.n_households)
+    w /= w.sum()
+    D = A.toarray()
+    np.testing.assert_allclose(centred_gram(A, w), D @ np.diag(w) @ D.T - np.outer(D @ w, D @ w), rtol=1e-12, atol=1e-15)
