@@ -36,8 +36,10 @@ Methods (``--methods``):
   mst_hh     the same for MST.
   dprelease  the real pipeline (``dprelease run``, subprocess) with the default release config's
              allocation and settings (deploy/releases/acs2018_default.yaml), domain
-             acs_pums_aim.yaml, household unit, max_household_size M, group quarters as one-person
-             households, oversize clip; the released Parquet is read back and scored.
+             acs_pums_aim.yaml, household unit, max_household_size M (the base config's, 8 by default,
+             as the release ships it; ``--max-household-size``), group quarters as one-person
+             households, oversize clip; the released Parquet is read back and scored. The truth is
+             not clipped: persons of households above M are what the release loses to the clip.
   dprelease_person  the same pipeline with ``privacy_unit: person`` (add/remove one person, the
              household's size and derived attributes changing with it): the guarantee to set
              beside AIM and MST on person records.
@@ -262,6 +264,14 @@ def run_peer(method: str, bench: Bench, rho: float, args) -> tuple[dict, dict]:
 
 
 # -- the pipeline ----------------------------------------------------------------------------------
+def household_max_size(base: dict) -> int:
+    """M of the base release config (its ``household_rules.max_household_size``, the config schema's
+    default where it sets none): the benchmark clips households as the release it measures does."""
+    from schemas.release_config import HouseholdRulesSpec
+
+    return HouseholdRulesSpec(**(base.get("household_rules") or {})).max_household_size
+
+
 def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, epsilon: float, delta: float, tmp: Path) -> Path:
     """The release config of one pipeline run: ``base`` (the default release config, read once at
     the start so that every run of one benchmark uses the same allocation and settings) with the
@@ -501,7 +511,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-iters", type=int, default=1000, help="AIM: mirror-descent iterations per round (paper: 1000)")
     ap.add_argument("--rounds", type=int, default=None, help="AIM: T (default 16·d = 176)")
     ap.add_argument("--mst-iters", type=int, default=10000, help="MST: mirror-descent iterations of the final fit")
-    ap.add_argument("--max-household-size", type=int, default=7, help="M for dprelease and the *_hh variants (≥ 7 to score NP 7+)")
+    ap.add_argument("--max-household-size", type=int, default=None,
+                    help="M for dprelease and the *_hh variants (≥ 7 to score NP 7+; default: the base config's "
+                         "household_rules.max_household_size, as the release ships it, or the kept records' M with --resume)")
     ap.add_argument("--cpus", type=int, default=0, help="pin AIM/MST to this many cores (0: no pinning); the pipeline subprocess is not pinned")
     ap.add_argument("--quick", action="store_true", help="smoke run: ε = 1, 1 run, AIM 1 MB / 100 iterations / 20 rounds, MST 1000 iterations")
     ap.add_argument("--resume", action="store_true", help="keep the cells of an existing result file and run only the missing ones")
@@ -513,8 +525,6 @@ def main(argv=None) -> int:
     if args.quick:
         args.epsilons, args.runs = "1", 1
         args.max_model_size, args.max_iters, args.rounds, args.mst_iters = 1.0, 100, 20, 1000
-    if args.max_household_size < NP_TOP:
-        ap.error(f"--max-household-size must be ≥ {NP_TOP} (NP is scored as 1..6, 7+)")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in ALL_METHODS]
     if bad:
@@ -539,6 +549,11 @@ def main(argv=None) -> int:
     if base_config is None:
         config_name = os.path.relpath(Path(args.config or DEFAULT_CONFIG).resolve(), ROOT)
         base_config = yaml.safe_load(Path(args.config or DEFAULT_CONFIG).read_text())
+    if args.max_household_size is None:
+        args.max_household_size = (json.loads(json_path.read_text())["settings"]["max_household_size"] if args.resume and json_path.exists()
+                                   else household_max_size(base_config))
+    if args.max_household_size < NP_TOP:
+        ap.error(f"--max-household-size must be ≥ {NP_TOP} (NP is scored as 1..6, 7+)")
     if args.cpus:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])
 

@@ -27,11 +27,14 @@ measured at that level.
 
 Where the node's workloads are normalised (``engine.queries.Workload.normalised``), the chosen
 workload is measured in that form too (:func:`measured_form`), and the candidates are scored on
-the plain counts of each household's first :data:`SELECT_FIRST` persons: the scores need the
-model's answers of every candidate, which plain counts give from one grouping of the support's
-persons (:class:`CandidateAnswers`), and their L1 sensitivity is 2 where every person's counts
-have M (an in-memory probe of New Mexico's state fit, ``benchmarks/results/HISTORY.md``, found
-scoring every person 9–10 % worse).
+the plain counts of each household's first ``select_first`` persons (:data:`SELECT_FIRST`, 3, by
+default): the scores need the model's answers of every candidate, which plain counts give from one
+grouping of the support's persons (:class:`CandidateAnswers`), and their L1 sensitivity is 3 where
+every person's counts have M. Scoring every person was 9–10 % worse (an in-memory probe of New
+Mexico's state fit); the first two persons left the third and later ones — the children of large
+households — out of every score, and with them the size's triples: three persons instead of two
+lowered New Mexico's marginals with NP at ε = 2 by about 5 % in the peer benchmark
+(``benchmarks/results/HISTORY.md``, session 13).
 """
 
 from __future__ import annotations
@@ -56,19 +59,23 @@ SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], in
 __all__ = ["SELECT_FIRST", "AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "exact_answers",
            "expected_measurement_l1", "initial_rho", "measured_form", "round_budget", "selection_first"]
 
+SELECT_FIRST = 3  # normalised nodes: candidates scored on the plain counts of each household's first three persons (default)
+
 
 @dataclass(frozen=True)
 class AdaptiveRounds:
     """``rounds`` adaptive rounds taking ``share`` of the node's ρ, each round's ρ split
     ``select_share`` to the selection and the rest to the measurement (AIM: 1/10);
     ``max_cells``: the candidates' cell cap; ``max_attributes``: candidates on 2..max_attributes
-    attributes."""
+    attributes; ``select_first``: at normalised nodes, the candidates are scored on the plain counts
+    of each household's first this many persons (:func:`selection_first`)."""
 
     rounds: int = 0
     share: Fraction = Fraction(0)
     select_share: Fraction = Fraction(1, 10)
     max_cells: int = 1024
     max_attributes: int = 3
+    select_first: int = SELECT_FIRST
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "share", Fraction(self.share))
@@ -79,6 +86,8 @@ class AdaptiveRounds:
             raise ValueError("adaptive rounds need a budget share and a budget share needs rounds")
         if self.max_attributes < 2:
             raise ValueError("candidates name at least two attributes")
+        if self.select_first < 1:
+            raise ValueError(f"select_first counts at least one person; got {self.select_first}")
 
     @property
     def active(self) -> bool:
@@ -122,8 +131,6 @@ def round_budget(rho: Fraction, plan: AdaptiveRounds) -> RoundBudget:
     return out
 
 
-SELECT_FIRST = 2  # normalised nodes: candidates scored on the plain counts of each household's first two persons
-
 
 def measured_form(chosen: Workload, like: Sequence[Workload]) -> Workload:
     """The workload to measure for the candidate ``chosen``: normalised, counting the persons the
@@ -135,14 +142,14 @@ def measured_form(chosen: Workload, like: Sequence[Workload]) -> Workload:
     return Workload(chosen.level, chosen.group_attrs, chosen.person_attrs, first, True)
 
 
-def selection_first(measured: Sequence[Workload]) -> int:
+def selection_first(measured: Sequence[Workload], select_first: int = SELECT_FIRST) -> int:
     """The ``first`` of the candidates scored at a node that measured ``measured``: that of its
-    person-level workloads; :data:`SELECT_FIRST` where those are normalised and count every person
+    person-level workloads; ``select_first`` where those are normalised and count every person
     (module docstring)."""
     person = next((w for w in measured if w.level == "person"), None)
     if person is None:
-        return SELECT_FIRST if any(w.normalised for w in measured) else 0
-    return person.first or (SELECT_FIRST if person.normalised else 0)
+        return select_first if any(w.normalised for w in measured) else 0
+    return person.first or (select_first if person.normalised else 0)
 
 
 def candidate_workloads(domain: Domain, *, first: int = 0, max_cells: int = 1024, max_attributes: int = 3,

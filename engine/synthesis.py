@@ -204,7 +204,7 @@ def adaptive_measure(
     budget = round_budget(Fraction(rho), plan)
     domain = support.data.domain
     given = [m.workload for m in measured]
-    candidates = candidate_workloads(domain, first=selection_first(given), max_cells=plan.max_cells, max_attributes=plan.max_attributes,
+    candidates = candidate_workloads(domain, first=selection_first(given, plan.select_first), max_cells=plan.max_cells, max_attributes=plan.max_attributes,
                                      exclude=[m.workload for m in measured] + [m.workload for m in extra])
     if not candidates:
         raise ValueError("adaptive rounds: no candidate workload is left to measure")

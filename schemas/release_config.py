@@ -18,7 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.adaptive import AdaptiveRounds
+from engine.adaptive import SELECT_FIRST, AdaptiveRounds
 from engine.errors import DPReleaseError
 from engine.geography import LEVELS
 from engine.hgem.settings import HGEMSettings
@@ -160,6 +160,9 @@ class AdaptiveSpec(_Strict):
     levels: list[AdaptiveLevel] = ["state"]  # pydantic copies the default per instance
     max_cells: int = Field(default=1024, ge=2)
     max_attributes: int = Field(default=3, ge=2, le=4)
+    select_first: int = Field(default=SELECT_FIRST, ge=1, le=20, description=(
+        "normalised workloads: the candidates are scored on the plain counts of each household's first this many persons "
+        "(the selection's L1 sensitivity under the household unit; engine.adaptive)"))
 
     @model_validator(mode="after")
     def _rounds_need_budget(self) -> AdaptiveSpec:
@@ -171,7 +174,8 @@ class AdaptiveSpec(_Strict):
         """The engine's plan at ``level`` (None: no rounds there); shares as exact decimals."""
         if self.rounds == 0 or level not in self.levels:
             return None
-        return AdaptiveRounds(self.rounds, Fraction(str(self.share)), Fraction(str(self.select_share)), self.max_cells, self.max_attributes)
+        return AdaptiveRounds(self.rounds, Fraction(str(self.share)), Fraction(str(self.select_share)), self.max_cells, self.max_attributes,
+                              self.select_first)
 
 
 class SynthesisSpec(_Strict):

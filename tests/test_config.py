@@ -28,6 +28,22 @@ def test_default_config_loads_and_inputs_exist(data_root):
         assert (data_root / spec.path).exists()
 
 
+def test_the_adaptive_selections_persons_reach_the_engines_plan(tmp_path):
+    from engine.adaptive import SELECT_FIRST
+
+    cfg = load_config(DEFAULT)
+    assert cfg.synthesis.adaptive.plan("state").select_first == SELECT_FIRST == 3
+    raw = yaml.safe_load(DEFAULT.read_text())
+    raw["synthesis"]["adaptive"]["select_first"] = 5
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert load_config(path).synthesis.adaptive.plan("state").select_first == 5
+    raw["synthesis"]["adaptive"]["select_first"] = 0
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="select_first"):
+        load_config(path)
+
+
 @pytest.mark.parametrize(
     "mutate, expected",
     [

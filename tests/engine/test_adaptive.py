@@ -57,6 +57,8 @@ def test_the_plan_is_validated():
         AdaptiveRounds(0, Fraction(1, 2))
     with pytest.raises(ValueError):
         AdaptiveRounds(4, 1)
+    with pytest.raises(ValueError, match="select_first"):
+        AdaptiveRounds(4, Fraction(1, 2), select_first=0)
     assert round_budget(Fraction(1, 3), AdaptiveRounds()).initial == Fraction(1, 3)  # no rounds: all to the given workloads
     assert initial_rho(Fraction(1, 3), None) == initial_rho(Fraction(1, 3), AdaptiveRounds()) == Fraction(1, 3)
     assert initial_rho(Fraction(0), AdaptiveRounds(4, Fraction(1, 2))) == 0  # nothing to split
@@ -121,7 +123,7 @@ def em_log_probs(scores, sensitivity, epsilon):
 
 
 @pytest.mark.parametrize("unit", ["household", "person"])
-@pytest.mark.parametrize("first", [0, 2])
+@pytest.mark.parametrize("first", [0, 2, SELECT_FIRST])
 def test_l1_selection_scores_are_bounded_range(unit, first):
     """The session's score ‖y_w(D) − m_w‖₁ − penalty_w moves by at most Δ = max_w L1(w) between
     neighbours (so the differences span ≤ 2Δ and the ε²/8 charge holds), on random and worst-case
@@ -221,12 +223,14 @@ def test_candidates_exclude_measured_attribute_sets_in_any_form():
 
 
 def test_the_measured_form_follows_the_nodes_workloads():
-    """Normalised nodes score candidates on the first two persons' counts and measure the chosen
-    one normalised, counting the persons their normalised workloads count; plain nodes keep the
-    candidate and their ``first``."""
+    """Normalised nodes score candidates on the first three persons' counts (or the plan's
+    ``select_first``) and measure the chosen one normalised, counting the persons their normalised
+    workloads count; plain nodes keep the candidate and their ``first``."""
     chosen = Workload("person", ("TEN",), ("SEX",), SELECT_FIRST)
     norm = [Workload("group", ("TEN",)), Workload("person", (), ("AGE",), 0, True)]
-    assert selection_first(norm) == SELECT_FIRST == 2
+    assert selection_first(norm) == SELECT_FIRST == 3
+    assert selection_first(norm, 5) == 5 and selection_first([Workload("group", ("TEN",), ("AGE",), 0, True)], 4) == 4
+    assert selection_first([Workload("person", (), ("AGE",), 2, True)], 5) == 2  # the measured workloads' own first wins
     assert measured_form(chosen, norm) == Workload("person", ("TEN",), ("SEX",), 0, True)
     assert measured_form(chosen, [Workload("person", (), ("AGE",), 3, True)]) == Workload("person", ("TEN",), ("SEX",), 3, True)
     assert selection_first([Workload("person", (), ("AGE",), 3, True)]) == 3

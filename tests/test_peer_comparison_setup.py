@@ -1,0 +1,37 @@
+"""The peer benchmark's set-up that needs no peer (runs without the ``bench`` extra): the pipeline
+side clips households as the release config it measures does."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.conftest import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def pc():
+    return load_benchmark("peer_comparison")
+
+
+def test_households_are_clipped_at_the_base_configs_size(pc, tmp_path):
+    shipped = yaml.safe_load(pc.DEFAULT_CONFIG.read_text())
+    assert pc.household_max_size(shipped) == shipped["household_rules"]["max_household_size"] == 8
+    assert pc.household_max_size({**shipped, "household_rules": {"max_household_size": 11}}) == 11
+    assert pc.household_max_size({k: v for k, v in shipped.items() if k != "household_rules"}) == 8  # the schema's default
+
+
+def test_the_pipeline_config_carries_the_benchmarks_size(pc, tmp_path):
+    class Bench:
+        private, M = "nm", 9
+
+    base = yaml.safe_load(pc.DEFAULT_CONFIG.read_text())
+    cfg = yaml.safe_load(pc.pipeline_config(base, Bench(), ["nh"], "dprelease", 2.0, 1e-9, tmp_path).read_text())
+    assert cfg["household_rules"] == {"max_household_size": 9, "group_quarters": "single_person_households", "oversize": "clip"}
+    assert cfg["privacy_unit"] == "household" and cfg["synthesizer"] == "prior_update"
+
+
+def test_a_size_below_the_scored_top_code_is_refused(pc, capsys):
+    with pytest.raises(SystemExit):
+        pc.main(["--max-household-size", "6", "--methods", "dprelease"])
+    assert "must be ≥ 7" in capsys.readouterr().err
