@@ -27,14 +27,15 @@ measured at that level.
 
 Where the node's workloads are normalised (``engine.queries.Workload.normalised``), the chosen
 workload is measured in that form too (:func:`measured_form`), and the candidates are scored on
-the plain counts of each household's first ``select_first`` persons (:data:`SELECT_FIRST`, 3, by
+the plain counts of each household's first ``select_first`` persons (:data:`SELECT_FIRST`, 2, by
 default): the scores need the model's answers of every candidate, which plain counts give from one
-grouping of the support's persons (:class:`CandidateAnswers`), and their L1 sensitivity is 3 where
+grouping of the support's persons (:class:`CandidateAnswers`), and their L1 sensitivity is 2 where
 every person's counts have M. Scoring every person was 9–10 % worse (an in-memory probe of New
-Mexico's state fit); the first two persons left the third and later ones — the children of large
-households — out of every score, and with them the size's triples: three persons instead of two
-lowered New Mexico's marginals with NP at ε = 2 by about 5 % in the peer benchmark
-(``benchmarks/results/HISTORY.md``, session 13).
+Mexico's state fit). Three persons (``select_first: 3``) let the third and later ones — the
+children of large households — into the scores: New Mexico's marginals with NP at ε = 2 about 5 %
+lower, the mean L1 within the runs' spread, but North Dakota at ε = 0.1 12 % higher, where the
+selection's noise grows with its sensitivity (peer benchmark, ``benchmarks/results/HISTORY.md``,
+session 13).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], in
 __all__ = ["SELECT_FIRST", "AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "exact_answers",
            "expected_measurement_l1", "initial_rho", "measured_form", "round_budget", "selection_first"]
 
-SELECT_FIRST = 3  # normalised nodes: candidates scored on the plain counts of each household's first three persons (default)
+SELECT_FIRST = 2  # normalised nodes: candidates scored on the plain counts of each household's first two persons (default)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def test_the_adaptive_selections_persons_reach_the_engines_plan(tmp_path):
     from engine.adaptive import SELECT_FIRST
 
     cfg = load_config(DEFAULT)
-    assert cfg.synthesis.adaptive.plan("state").select_first == SELECT_FIRST == 3
+    assert cfg.synthesis.adaptive.plan("state").select_first == SELECT_FIRST == 2
     raw = yaml.safe_load(DEFAULT.read_text())
     raw["synthesis"]["adaptive"]["select_first"] = 5
     path = tmp_path / "c.yaml"

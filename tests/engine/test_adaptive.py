@@ -123,7 +123,7 @@ def em_log_probs(scores, sensitivity, epsilon):
 
 
 @pytest.mark.parametrize("unit", ["household", "person"])
-@pytest.mark.parametrize("first", [0, 2, SELECT_FIRST])
+@pytest.mark.parametrize("first", [0, SELECT_FIRST, 3])
 def test_l1_selection_scores_are_bounded_range(unit, first):
     """The session's score ‖y_w(D) − m_w‖₁ − penalty_w moves by at most Δ = max_w L1(w) between
     neighbours (so the differences span ≤ 2Δ and the ε²/8 charge holds), on random and worst-case
@@ -223,12 +223,12 @@ def test_candidates_exclude_measured_attribute_sets_in_any_form():
 
 
 def test_the_measured_form_follows_the_nodes_workloads():
-    """Normalised nodes score candidates on the first three persons' counts (or the plan's
+    """Normalised nodes score candidates on the first two persons' counts (or the plan's
     ``select_first``) and measure the chosen one normalised, counting the persons their normalised
     workloads count; plain nodes keep the candidate and their ``first``."""
     chosen = Workload("person", ("TEN",), ("SEX",), SELECT_FIRST)
     norm = [Workload("group", ("TEN",)), Workload("person", (), ("AGE",), 0, True)]
-    assert selection_first(norm) == SELECT_FIRST == 3
+    assert selection_first(norm) == SELECT_FIRST == 2
     assert selection_first(norm, 5) == 5 and selection_first([Workload("group", ("TEN",), ("AGE",), 0, True)], 4) == 4
     assert selection_first([Workload("person", (), ("AGE",), 2, True)], 5) == 2  # the measured workloads' own first wins
     assert measured_form(chosen, norm) == Workload("person", ("TEN",), ("SEX",), 0, True)
@@ -312,3 +312,21 @@ def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeyp
     assert all(done == len(final) for _, done in finals[1:])  # later final fits find it
     stored = {m.workload_id for m in MeasurementStore(tmp_path / "m").all()}
     assert {w.id for w in workloads} <= stored
+
+
+@pytest.mark.parametrize("select_first", [SELECT_FIRST, 3])
+def test_the_plans_select_first_picks_the_persons_the_candidates_count(select_first, tmp_path):
+    """A normalised node's rounds score candidates that count the plan's ``select_first`` persons
+    (their sensitivity, and so the selection's noise, with them); the chosen one is measured normalised."""
+    d, private, support, rho, workloads = normalised_node()
+    seen: list[set[int]] = []
+
+    def select(candidates, model_counts, penalty, epsilon, tag):
+        seen.append({w.first for w in candidates if w.level == "person"})
+        return 0
+
+    res = synthesize_node(support, support.weights, workloads, rho, session_measure(session(tmp_path, private, rho=5), "s", "state", (10,)), 400.0,
+                          total_sd=5.0, adaptive=AdaptiveRounds(2, Fraction(1, 2), select_first=select_first), select=select,
+                          unit="household")
+    assert seen == [{select_first}, {select_first}]
+    assert all(Workload.from_id(w).normalised or Workload.from_id(w).is_partition() for w in res.diagnostics["adaptive"])
