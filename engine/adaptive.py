@@ -132,7 +132,6 @@ def round_budget(rho: Fraction, plan: AdaptiveRounds) -> RoundBudget:
     return out
 
 
-
 def measured_form(chosen: Workload, like: Sequence[Workload]) -> Workload:
     """The workload to measure for the candidate ``chosen``: normalised, counting the persons the
     node's normalised workloads count, when the node's workloads ``like`` are normalised (and

@@ -152,7 +152,8 @@ class AdaptiveSpec(_Strict):
     """Adaptive measurement rounds after the public-chosen workloads (``engine.adaptive``): at each
     level in ``levels``, ``rounds`` workloads chosen by the exponential mechanism where the model is
     most wrong, measured with ``share`` of the node's ρ (each round: ``select_share`` of its ρ to the
-    selection); candidates on 2..``max_attributes`` attributes with at most ``max_cells`` cells."""
+    selection); candidates on 2..``max_attributes`` attributes with at most ``max_cells`` cells, scored at normalised
+    nodes on the plain counts of each household's first ``select_first`` persons."""
 
     rounds: int = Field(default=0, ge=0, le=1000)
     share: float = Field(default=0.0, ge=0, lt=1)
