@@ -541,17 +541,17 @@ def main(argv=None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, txt_path = out_dir / f"peer_comparison_{tag}.json", out_dir / f"peer_comparison_{tag}.txt"
-    if args.config is None and args.resume and json_path.exists():  # the same set-up as the kept records
-        base_config = json.loads(json_path.read_text())["settings"]["dprelease"].get("base_config")
-        config_name = json.loads(json_path.read_text())["settings"]["dprelease"]["config"]
+    old = json.loads(json_path.read_text()) if args.resume and json_path.exists() else None  # the kept records
+    if args.config is None and old is not None:  # the same set-up as the kept records
+        base_config = old["settings"]["dprelease"].get("base_config")
+        config_name = old["settings"]["dprelease"]["config"]
     else:
         base_config = None
     if base_config is None:
         config_name = os.path.relpath(Path(args.config or DEFAULT_CONFIG).resolve(), ROOT)
         base_config = yaml.safe_load(Path(args.config or DEFAULT_CONFIG).read_text())
     if args.max_household_size is None:
-        args.max_household_size = (json.loads(json_path.read_text())["settings"]["max_household_size"] if args.resume and json_path.exists()
-                                   else household_max_size(base_config))
+        args.max_household_size = old["settings"]["max_household_size"] if old is not None else household_max_size(base_config)
     if args.max_household_size < NP_TOP:
         ap.error(f"--max-household-size must be ≥ {NP_TOP} (NP is scored as 1..6, 7+)")
     if args.cpus:
@@ -565,8 +565,7 @@ def main(argv=None) -> int:
         f"clip to M={bench.M} removes {bench.clip_removed} persons")
 
     records: list[dict] = []
-    if args.resume and json_path.exists():
-        old = json.loads(json_path.read_text())
+    if old is not None:
         if old["settings"]["private"] != private or old["settings"]["max_household_size"] != bench.M:
             ap.error(f"{json_path} holds another set-up; use another --tag")
         records = [r for r in old["records"] if "error" not in r]
@@ -598,7 +597,7 @@ def main(argv=None) -> int:
         "rho_reference_cdp2adp": {str(e): cdp_rho(e, delta) for e in epsilons},
         "records": records,
     }
-    if args.resume and json_path.exists():
+    if old is not None:
         res["rho"] = {**old.get("rho", {}), **res["rho"]}
 
     def save():

@@ -212,7 +212,7 @@ def pair_completion(domain: Domain, chosen: Sequence[Workload], max_cells: int) 
     (``benchmarks/results/HISTORY.md``, session 10). It roughly doubles the state level's measured
     cells, and with them the cost of the state's final fit and of the dense algebra of its error
     estimates; the adaptive rounds' fits leave the completion out (``engine.synthesis.synthesize_node``),
-    so the default release (``synthesis.complete_pairs``, on by default) takes about 1.3× its time without."""
+    so the default release (``synthesis.complete_pairs``, on by default) takes about 1.25× its time without."""
     held = [(set(w.group_attrs), set(w.person_attrs)) for w in chosen if w.level == "person"]
     names = [a.name for a in domain.person]
     out = [Workload("person", (), pair) for pair in itertools.combinations(names, 2)
