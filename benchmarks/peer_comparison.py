@@ -23,7 +23,8 @@ Metrics (against the confidential data: benchmark output is internal):
              attribute triples at group level — the share of households (of the private state)
              whose PUMA / NP match and that contain at least one person with the person attributes
              of the triple — mean L1 between confidential and synthetic.
-Each is the mean ± standard error over ``--runs`` runs.
+Each is the mean ± standard error over ``--runs`` runs. Beside them, mean_l1 by marginal kind (with
+PUMA / with NP / persons only) and by attribute (the marginals that hold it: where a method is weak).
 
 Methods (``--methods``):
   aim        AIM (benchmarks/peers/aim.py) on the person records, sensitivity 1: the paper's
@@ -196,6 +197,7 @@ class Bench:
         kinds = [marginal_kind(t) for t in self.triples]
         out = {"mean_l1": float(np.mean(l1)), "max_cell": float(np.max(mx)), "mean_max_cell": float(np.mean(mx)),
                "l1_by_kind": {k: float(np.mean([e for e, kk in zip(l1, kinds) if kk == k])) for k in KINDS},
+               "l1_by_attribute": l1_by_attribute(self.triples, l1),
                "worst_marginals": [ "|".join(ATTRS[i] for i in self.triples[j]) for j in np.argsort(l1)[::-1][:3]],
                "persons": int(len(codes))}
         if hh is not None:
@@ -206,6 +208,12 @@ class Bench:
 
 
 KINDS = ("with PUMA", "with NP, no PUMA", "person attributes only")
+
+
+def l1_by_attribute(triples: list[tuple[int, ...]], l1: list[float]) -> dict[str, float]:
+    """Per attribute of :data:`ATTRS`: the mean L1 over the marginals that contain it (where a method
+    is weak: New Mexico's Hispanic origin, far from the public states', was the pipeline's)."""
+    return {a: float(np.mean([e for t, e in zip(triples, l1) if i in t])) for i, a in enumerate(ATTRS) if any(i in t for t in triples)}
 
 
 def marginal_kind(t: tuple[int, ...]) -> str:
@@ -400,6 +408,17 @@ def fmt(s: dict, digits: int = 3) -> str:
     return f"{s['mean']:.{digits}f}" + (f" ± {s['se']:.{digits}f}" if s["se"] is not None else "")
 
 
+def breakdown(records: list[dict], methods: list[str], epsilon: str, key: str, labels: tuple[str, ...]) -> list[str]:
+    """Per method with records at ``epsilon``: "method m1 / m2 / …", its mean over runs of ``metrics[key][label]``
+    for each label (the table's by-kind and by-attribute lines)."""
+    out = []
+    for m in methods:
+        rs = [r for r in records if r["method"] == m and str(r["epsilon"]) == epsilon and key in r.get("metrics", {})]
+        if rs:
+            out.append(f"{m} " + " / ".join(f"{np.mean([r['metrics'][key][x] for r in rs]):.3f}" for x in labels))
+    return out
+
+
 def render(res: dict) -> str:
     st = res["settings"]
     summary = res["summary"]
@@ -443,15 +462,12 @@ def render(res: dict) -> str:
                 ratios.append(f"{num}/{den} {a['mean_l1']['mean'] / b['mean_l1']['mean']:.2f}")
         if ratios:
             lines.append("  ratio of mean L1: " + ", ".join(ratios))
-        by_kind = []
-        for m in methods:
-            rs = [r for r in res["records"] if r["method"] == m and str(r["epsilon"]) == k and "l1_by_kind" in r.get("metrics", {})]
-            if rs:
-                by_kind.append(f"{m} " + " / ".join(f"{np.mean([r['metrics']['l1_by_kind'][kind] for r in rs]):.3f}" for kind in KINDS))
-        if by_kind:
+        if by_kind := breakdown(res["records"], methods, k, "l1_by_kind", KINDS):
             counts = [sum(marginal_kind(t) == kind for t in itertools.combinations(range(len(ATTRS)), 3)) for kind in KINDS]
             lines.append("  mean L1 by marginal kind (" + " / ".join(f"{kind}: {c}" for kind, c in zip(KINDS, counts)) + "): "
                          + "; ".join(by_kind))
+        if by_attr := breakdown(res["records"], methods, k, "l1_by_attribute", ATTRS):
+            lines.append("  mean L1 of the marginals with each attribute (" + " / ".join(ATTRS) + "): " + "; ".join(by_attr))
         lines.append("")
     lines += [
         "Privacy guarantees (read before comparing):",

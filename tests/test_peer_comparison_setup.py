@@ -35,3 +35,19 @@ def test_a_size_below_the_scored_top_code_is_refused(pc, capsys):
     with pytest.raises(SystemExit):
         pc.main(["--max-household-size", "6", "--methods", "dprelease"])
     assert "must be ≥ 7" in capsys.readouterr().err
+
+
+def test_the_error_by_attribute_averages_the_marginals_that_hold_it(pc):
+    import itertools
+
+    import numpy as np
+
+    triples = list(itertools.combinations(range(len(pc.ATTRS)), 3))
+    hisp = pc.ATTRS.index("HISP_ORIGIN")
+    l1 = [1.0 if hisp in t else 0.1 for t in triples]  # every marginal with Hispanic origin is off
+    by = pc.l1_by_attribute(triples, l1)
+    assert list(by) == list(pc.ATTRS)
+    assert by["HISP_ORIGIN"] == 1.0 and max(by, key=by.get) == "HISP_ORIGIN"
+    # any other attribute: 9 of its 45 triples also hold Hispanic origin
+    assert np.isclose(by["SEX"], (9 * 1.0 + 36 * 0.1) / 45)
+    assert pc.l1_by_attribute([(0, 1, 2)], [0.5]) == {pc.ATTRS[0]: 0.5, pc.ATTRS[1]: 0.5, pc.ATTRS[2]: 0.5}
