@@ -51,3 +51,11 @@ def test_the_error_by_attribute_averages_the_marginals_that_hold_it(pc):
     # any other attribute: 9 of its 45 triples also hold Hispanic origin
     assert np.isclose(by["SEX"], (9 * 1.0 + 36 * 0.1) / 45)
     assert pc.l1_by_attribute([(0, 1, 2)], [0.5]) == {pc.ATTRS[0]: 0.5, pc.ATTRS[1]: 0.5, pc.ATTRS[2]: 0.5}
+
+
+def test_the_tables_breakdown_averages_each_methods_runs_at_one_epsilon(pc):
+    rec = lambda m, e, v: {"method": m, "epsilon": e, "metrics": {"l1_by_attribute": {"SEX": v, "CIT": 2 * v}}}  # noqa: E731
+    records = [rec("aim", 2.0, 0.1), rec("aim", 2.0, 0.3), rec("aim", 1.0, 9.0), rec("dprelease", 2.0, 0.5),
+               {"method": "mst", "epsilon": 2.0, "error": "failed"}]
+    assert pc.breakdown(records, ["aim", "mst", "dprelease"], "2.0", "l1_by_attribute", ("SEX", "CIT")) == [
+        "aim 0.200 / 0.400", "dprelease 0.500 / 1.000"]
