@@ -142,10 +142,10 @@ def measured_form(chosen: Workload, like: Sequence[Workload]) -> Workload:
     return Workload(chosen.level, chosen.group_attrs, chosen.person_attrs, first, True)
 
 
-def selection_first(measured: Sequence[Workload], select_first: int = SELECT_FIRST) -> int:
+def selection_first(measured: Sequence[Workload], select_first: int) -> int:
     """The ``first`` of the candidates scored at a node that measured ``measured``: that of its
-    person-level workloads; ``select_first`` where those are normalised and count every person
-    (module docstring)."""
+    person-level workloads; ``select_first`` (the plan's, :attr:`AdaptiveRounds.select_first`) where
+    those are normalised and count every person (module docstring)."""
     person = next((w for w in measured if w.level == "person"), None)
     if person is None:
         return select_first if any(w.normalised for w in measured) else 0

@@ -14,7 +14,7 @@ def pc():
     return load_benchmark("peer_comparison")
 
 
-def test_households_are_clipped_at_the_base_configs_size(pc, tmp_path):
+def test_households_are_clipped_at_the_base_configs_size(pc):
     shipped = yaml.safe_load(pc.DEFAULT_CONFIG.read_text())
     assert pc.household_max_size(shipped) == shipped["household_rules"]["max_household_size"] == 8
     assert pc.household_max_size({**shipped, "household_rules": {"max_household_size": 11}}) == 11
