@@ -12,7 +12,8 @@ shows it):
   (the confidential data behind charged measurements), :func:`rho_to_eps`, :func:`eps_delta_to_rho`;
 - synthesis: :func:`synthesize_node` (one node's prior update), :func:`synthesize_state` with
   :func:`state_plan` (one state: counts, state and PUMA updates, samples), :class:`AdaptiveRounds`
-  (where the model is wrong, measure more), :func:`sample_households`;
+  (where the model is wrong, measure more), :class:`Flip` (a prior that can be wrong: public
+  households with a binary attribute flipped, weighed in by the measurements), :func:`sample_households`;
 - count-of-counts: :class:`Hierarchy`, :func:`run_hierarchy` (consistent household-size histograms).
 
 H-GEM (``engine.hgem``) needs torch and is imported on its own.
@@ -23,6 +24,7 @@ from engine.count_of_counts import Hierarchy, run_hierarchy
 from engine.domain import Attribute, Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import sample_households
+from engine.prior_mixture import Flip
 from engine.privacy.accountant import eps_delta_to_rho, rho_to_eps
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import BudgetExceededError, PrivacyLedger
@@ -40,6 +42,7 @@ __all__ = [
     "BudgetExceededError",
     "BudgetPlan",
     "Domain",
+    "Flip",
     "HierarchicalData",
     "Hierarchy",
     "MeasurementStore",

@@ -35,6 +35,7 @@ from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households, sample_sibling_households
 from engine.level_consistency import children_sum
 from engine.measurement import Measurement
+from engine.prior_mixture import Flip, node_prior, widen
 from engine.prior_strength import DEFAULT_CANDIDATES
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
@@ -125,7 +126,8 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
                      adaptive: AdaptiveRounds | None = None, sampling: Literal["balanced", "systematic"] = "balanced",
                      prior_strength_candidates: Sequence[float] = DEFAULT_CANDIDATES, strength_floor: bool = True,
                      pumas_inform_state: bool = True, puma_attributes_rule: Literal["signal_to_noise", "fixed"] = "signal_to_noise",
-                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX, complete_pairs: bool = True) -> StateRelease:
+                     puma_attributes_max: int = PUMA_ATTRIBUTES_MAX, complete_pairs: bool = True,
+                     prior_flips: Sequence[Flip] = ()) -> StateRelease:
     """One state's synthetic microdata (module docstring). ``public``: the public prior's
     households (other states; their geography is ignored); ``seed``: the sampling seed (the
     release is a function of it, the public data and the stored measurements);
@@ -139,7 +141,9 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     ``complete_pairs``: as the config's (the state also measures the persons' two-way marginals
     the selection leaves out); ``puma_attributes_rule``, ``puma_attributes_max``: as the config's (``signal_to_noise``: at least
     ``puma_attributes`` PUMA attributes, more while the PUMA level's ρ carries them at the median of
-    the PUMAs' DP household counts, :mod:`engine.puma_attributes`)."""
+    the PUMAs' DP household counts, :mod:`engine.puma_attributes`); ``prior_flips``: as the config's
+    (the state prior a mixture with the public households flipped in these binary person attributes,
+    weighed by the state's measurements, :mod:`engine.prior_mixture`)."""
     plan = session.ledger.plan
     pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
     if not pumas:
@@ -162,16 +166,24 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
         sel, _ = keep_puma_attributes(public, sel, session.unit, float(rho_puma), float(np.median(list(G.values()))),
                                       minimum=puma_attributes, maximum=puma_attributes_max)
     sums = session_puma_sums(session, pumas, sel.puma, rho_puma) if pumas_inform_state else []
+    measure = session_measure(session, "state_synthesis", "state", node)
+    if prior_flips and update_rule == "map":  # charged once: the fit below reads the stored answers back
+        support, prior, mixture = node_prior(support, widen(public, prior_flips), [*sums, *initial_measurements(sel.state, rho_state, measure, adaptive)],
+                                             max(sum(G.values()), 1.0))
+    else:
+        prior, mixture = support.weights, None
     state_res = synthesize_node(
-        support, support.weights, sel.state, rho_state,
-        session_measure(session, "state_synthesis", "state", node), max(sum(G.values()), 1.0),
+        support, prior, sel.state, rho_state,
+        measure, max(sum(G.values()), 1.0),
         rule=update_rule, prior_strength=prior_strength, total_sd=float(np.sqrt(sum(s * s for s in sd.values()))), extra=sums,
         adaptive=adaptive, select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
         strengths=eb, strength_floor=floor, completion=sel.completed,
     )
+    if mixture is not None:
+        state_res.diagnostics["prior_mixture"] = mixture.to_dict()
     diagnostics = {node_key(node): state_res.diagnostics}
-    order = household_order(public)
-    balance = BalanceTargets.for_data(public) if sampling == "balanced" else None
+    order = household_order(support.data)
+    balance = BalanceTargets.for_data(support.data) if sampling == "balanced" else None
     fits, released = {}, {}
     for n in pumas:
         res = synthesize_node(

@@ -58,6 +58,7 @@ from tasks.synthesize import (
     choose_puma_attributes_task,
     choose_split_task,
     play_strength_floor_task,
+    prior_flips,
     public_only_baseline,
     puma_batch_task,
     record_strength_floor,
@@ -352,7 +353,8 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "samplers": "OpenDP contrib samplers (dp.enable_features('contrib')): discrete Gaussian / discrete Laplace on counts, drawing from OS entropy",
         },
         "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": synthesizer_settings(cfg),
-                        **({"prior_strength_floor": strength_floor_entry(paths)} if cfg.synthesizer == "prior_update" else {}),
+                        **({"prior_strength_floor": strength_floor_entry(paths), "prior_mixture": prior_mixture_entry(paths)}
+                           if cfg.synthesizer == "prior_update" else {}),
                         **({"puma_attributes": puma_attributes_entry(paths)} if workload is not None else {})},
         "workload": workload,
         "count_of_counts": None if coc_path is None else {
@@ -391,6 +393,19 @@ def strength_floor_entry(paths: RunPaths) -> dict:
     """The floor of the state prior strength: the public simulation's choice with its table, or none."""
     chosen = paths.strength_floor_path
     return json.loads(chosen.read_text()) if chosen.exists() else {"method": "none (synthesis.prior_strength_floor or a fixed rule)"}
+
+
+def prior_mixture_entry(paths: RunPaths) -> dict:
+    """Each state's prior mixture with the flipped public households (``synthesis.prior_flips``,
+    ``engine.prior_mixture``): the weights, their fit to the noisy answers and whether the copies
+    entered the prior; empty when no flip was configured."""
+    out = {}
+    for f in sorted((paths.nodes_dir / "state_posterior").glob("*.json")):
+        meta = json.loads(f.read_text())
+        choice = meta.get("diagnostics", {}).get("prior_mixture")
+        if choice is not None:
+            out[meta["node"]] = choice
+    return out
 
 
 def puma_attributes_entry(paths: RunPaths) -> dict:
@@ -474,6 +489,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         write_json_atomic(paths.summary_path, {"inputs": [read_report(r) for r in reports]})
         seed = sampling_seed(cfg, paths)
         ctx = ctx.with_inputs(*merged_inputs(paths, reports))
+        if cfg.synthesizer == "prior_update":
+            prior_flips(ctx)  # a synthesis.prior_flips the domain cannot take is refused before anything is charged
         workload = posteriors = coc_path = supports = None
         if cfg.synthesizer != "public_baseline":
             # H-GEM's mixture answers (engine.hgem.answers) are plain counts: its workloads are never normalised

@@ -231,12 +231,25 @@ class SynthesisSpec(_Strict):
         """How many ranked PUMA attributes the workload selection keeps: all the rule may choose from."""
         return self.puma_attributes_max if self.puma_attributes_rule == "signal_to_noise" else self.puma_attributes
 
+    @field_validator("prior_flips")
+    @classmethod
+    def _distinct_flips(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"synthesis.prior_flips names an attribute twice: {v}")
+        return v
+
     @field_validator("prior_strength_candidates")
     @classmethod
     def _positive_candidates(cls, v: list[float]) -> list[float]:
         if any(not x > 0 for x in v):
             raise ValueError("synthesis.prior_strength_candidates must all be > 0")
         return v
+    prior_flips: list[str] = Field(
+        default_factory=lambda: ["HISP_ORIGIN"], description="binary person attributes whose public share may be far from the "
+        "private state's: the support also holds every public household with the attribute flipped (its householder attributes "
+        "with it), weighed into the state prior by the least-squares fit of the prior's answers to the state's noisy "
+        "measurements, and only where that fit gains (engine.prior_mixture; post-processing, no privacy cost; recorded in the "
+        "state posterior's diagnostics); []: the public households alone")
     sampling: Literal["balanced", "systematic"] = Field(
         default="balanced", description="how a PUMA's households are drawn from its posterior: balanced (the draw's one- and "
         "two-attribute marginals and the persons' three-attribute ones held to the posterior's, a state's PUMAs with error "

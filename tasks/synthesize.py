@@ -41,15 +41,17 @@ from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households, sample_sibling_households
 from engine.level_consistency import rake_to_parent
 from engine.measurement import Measurement
+from engine.prior_mixture import Flip, WidenedSupport, node_prior, widen
 from engine.puma_attributes import keep_puma_attributes
 from engine.queries import Workload
 from engine.state_release import node_rng, session_measure, session_puma_sums, session_select
 from engine.strength_floor import play_state
 from engine.strength_floor import strength_floor as floor_of
 from engine.support import Support
-from engine.synthesis import NodeResult, size_measurement, synthesize_node
+from engine.synthesis import NodeResult, initial_measurements, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
 from engine.workload_selection import PUMA_ATTRIBUTES, WorkloadSelection, select_workloads
+from schemas.domain_spec import load_domain_spec
 from tasks.context import FileKey, RunContext, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
@@ -73,13 +75,55 @@ def cached_support(public_npz: str) -> Support:
 
 
 @lru_cache(maxsize=4)
-def _cached_balance(key: FileKey) -> BalanceTargets:
-    return BalanceTargets.for_data(_cached_support(key).data)
+def _cached_widened(key: FileKey, flips: tuple[Flip, ...]) -> WidenedSupport:
+    return widen(_cached_support(key).data, flips)
 
 
-def cached_balance(public_npz: str) -> BalanceTargets:
-    """The support's balance marginals (``engine.balanced_sampling``), built once per worker process and file."""
-    return _cached_balance(file_key(public_npz))
+def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:
+    """The public support widened by its flipped copies (``synthesis.prior_flips``,
+    ``engine.prior_mixture``), built once per worker process, file and flips."""
+    return _cached_widened(file_key(public_npz), flips)
+
+
+@lru_cache(maxsize=4)
+def _cached_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
+    return BalanceTargets.for_data((_cached_widened(key, flips).support if flips else _cached_support(key)).data)
+
+
+def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTargets:
+    """The support's balance marginals (``engine.balanced_sampling``; ``flips``: of the widened
+    support), built once per worker process and file."""
+    return _cached_balance(file_key(public_npz), flips)
+
+
+def prior_flips(ctx: RunContext) -> tuple[Flip, ...]:
+    """``synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip`: each named person attribute
+    with the household attributes the domain spec derives from its householder's value, checked
+    against the public data's domain. A household attribute derived from the attribute otherwise
+    (``any_person``) would not stay consistent under the flip, so it is refused."""
+    names = ctx.cfg.synthesis.prior_flips
+    if not names:
+        return ()
+    spec = load_domain_spec(ctx.cfg.domain_path())
+    domain = ctx.public().domain
+    kept = {a.name for a in domain.group}
+    flips = []
+    for name in names:
+        derived = {n: h for n, h in spec.household_attributes.items() if n in kept and h.attribute == name}
+        other = sorted(n for n, h in derived.items() if h.derive != "householder")
+        if other:
+            raise ValueError(f"synthesis.prior_flips: household attributes {other} derive from {name} other than by its "
+                             "householder's value and would not follow the flip")
+        flip = Flip(name, tuple(sorted(n for n, h in derived.items() if h.derive == "householder")))
+        flip.check(domain)
+        flips.append(flip)
+    return tuple(flips)
+
+
+def node_support(ctx: RunContext, widened: bool) -> Support:
+    """The support a node's weights live on: the public households, or (``widened``) the
+    widened support of ``synthesis.prior_flips``."""
+    return cached_widened(ctx.public_npz, prior_flips(ctx)).support if widened else cached_support(ctx.public_npz)
 
 
 @task(name="select-workload")
@@ -226,19 +270,28 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     workloads = [Workload.from_id(w) for w in workload_ids]
     sums = puma_sums(ctx, pumas or [], puma_workload_ids or [])
     measure, record = recording_measure(session_measure(ctx.session(), "state_synthesis", "state", node))
+    extra = [*size_extra(support, size_estimate), *sums]
+    flips = prior_flips(ctx) if s.update_rule == "map" else ()
+    # the prior's mixture with the flipped copies, from the state's initial measurements (charged
+    # once: synthesize_node below reads the stored answers back)
+    initial = initial_measurements(workloads, ctx.allocation("state_synthesis", "state"), measure, s.adaptive.plan("state")) if flips else []
+    support, prior, mixture = node_prior(support, cached_widened(ctx.public_npz, flips) if flips else None, [*extra, *initial], households)
     res = synthesize_node(
-        support, support.weights, workloads, ctx.allocation("state_synthesis", "state"), measure, total=households,
+        support, prior, workloads, ctx.allocation("state_synthesis", "state"), measure, total=households,
         rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        extra=[*size_extra(support, size_estimate), *sums], total_sd=households_sd,
+        extra=extra, total_sd=households_sd,
         adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
         strengths=s.prior_strength_candidates if s.prior_strength_rule == "empirical_bayes" else (), strength_floor=strength_floor(ctx),
         completion=[Workload.from_id(w) for w in completed_ids or []],
     )
     if sums:
         res.diagnostics["puma_sums"] = {"pumas": len(pumas or []), "workloads": [m.workload.id for m in sums]}
-    save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights))
+    if mixture is not None:
+        res.diagnostics["prior_mixture"] = mixture.to_dict()
+    widened = mixture is not None and mixture.widened
+    save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights, widened=np.array(widened)))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": record.sigmas,
-                                                 **answer_sd(support, res, support.weights, workloads, record, s,
+                                                 **answer_sd(support, res, prior, workloads, record, s,
                                                              households_sd, size_estimate, extra=sums)})
     return str(out)
 
@@ -310,12 +363,14 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     if all(o.exists() for o in outs):
         return [str(o) for o in outs]
     s = ctx.cfg.synthesis
-    support = cached_support(support_npz or ctx.public_npz)
-    balance = cached_balance(support_npz or ctx.public_npz) if s.sampling == "balanced" else None
-    prior = None
+    prior, widened = None, False
     if state_posterior is not None:
         with np.load(state_posterior) as z:
             prior = z["weights"]
+            widened = bool(z["widened"]) if "widened" in z.files else False
+    flips = prior_flips(ctx) if widened else ()
+    support = node_support(ctx, True) if widened else cached_support(support_npz or ctx.public_npz)
+    balance = cached_balance(support_npz or ctx.public_npz, flips) if s.sampling == "balanced" else None
     fits = [fit_puma(ctx, job, prior, workload_ids, support, state_workload_ids) for job in jobs]
     weights = [f.weights for f in fits]
     targets = state_targets(state_posterior) if state_posterior is not None and s.level_consistency == "rake" else []

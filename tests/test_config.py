@@ -71,6 +71,7 @@ def test_the_adaptive_selections_persons_reach_the_engines_plan(tmp_path):
         (lambda r: r.setdefault("synthesis", {}).update(puma_attributes=0), "puma_attributes"),
         (lambda r: r.setdefault("synthesis", {}).update(puma_attributes=6, puma_attributes_max=5), "puma_attributes_max \\(5\\) must be at least"),
         (lambda r: r.setdefault("synthesis", {}).update(puma_attributes_rule="always"), "puma_attributes_rule"),
+        (lambda r: r.setdefault("synthesis", {}).update(prior_flips=["HISP_ORIGIN", "HISP_ORIGIN"]), "prior_flips names an attribute twice"),
         (lambda r: (r["allocation"].update(synthesis_split="public_simulation"),
                     r["allocation"]["levels"]["state_synthesis"].update(state=0.5, nation=0.5)), "state_synthesis {state: 1.0}"),
     ],

@@ -96,6 +96,23 @@ def test_a_state_release_spends_its_plan_and_replays_from_the_stored_measurement
         dp.synthesize_state(session, 51, public)
 
 
+def test_a_state_release_takes_flipped_public_households_in_where_the_measurements_ask_for_them(tmp_path):
+    """Every private person has SEX 1, every public one SEX 0: with the flip the state prior takes
+    the flipped public households in (recorded in the diagnostics) and the release follows the
+    measurements; without it the release can only hold public households, all SEX 0."""
+    private, public = _state_data(1), _state_data(2)
+    private.person[:, 0], public.person[:, 0] = 1, 0
+    released = {}
+    for flips in ((), (dp.Flip("SEX"),)):
+        session = dp.PrivateSession(private, "household", dp.PrivacyLedger(None, dp.state_plan(rho=1.0)),
+                                    dp.MeasurementStore(tmp_path / f"store{len(flips)}"))
+        out = dp.synthesize_state(session, 50, public, seed=3, prior_flips=flips)
+        released[len(flips)] = float(out.data.person[:, 0].mean())
+        mixture = out.diagnostics["ST=50"].get("prior_mixture")
+        assert (mixture is None) == (not flips)
+    assert released[0] == 0.0 and released[1] > 0.95 and mixture["widened"] and mixture["weights"][0] > 0.9
+
+
 def test_the_engine_and_the_pipeline_import_without_torch():
     """torch is optional (the hgem extra): only engine.hgem and tasks.hgem need it."""
     code = "import sys; sys.modules['torch'] = None\nimport engine, flows.release, flows.cli\nprint('ok')"

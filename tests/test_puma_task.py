@@ -19,7 +19,7 @@ from tests.conftest import DATA_ROOT, encode_inputs
 STATE = 50  # Vermont
 
 
-def make_config(level_consistency: str = "rake"):
+def make_config(level_consistency: str = "rake", **synthesis):
     from schemas.release_config import ReleaseConfig
 
     return ReleaseConfig.model_validate({
@@ -30,7 +30,7 @@ def make_config(level_consistency: str = "rake"):
         "budget": {"rho": 0.05},
         "allocation": {"stages": {"state_synthesis": 0.6, "puma_synthesis": 0.4},
                        "levels": {"state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}},
-        "synthesis": {"level_consistency": level_consistency},
+        "synthesis": {"level_consistency": level_consistency, **synthesis},
         "invariants": ["puma_household_counts"],  # the test passes the exact PUMA counts as the jobs' counts
     })
 
@@ -77,6 +77,7 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
     sigmas = state_meta["sigmas"]
     assert set(state_ids) <= set(sigmas) and all(s > 0 for s in sigmas.values())
     assert state_meta["diagnostics"]["puma_sums"] == {"pumas": len(jobs), "workloads": puma_ids}
+    assert state_meta["diagnostics"]["prior_mixture"]["attributes"] == ["HISP_ORIGIN"]  # the default's flip, weighed
     # the PUMA fits read the state task's measurements back: each PUMA workload charged once
     puma_keys = [c.key for c in ctx.ledger.charges() if c.stage == "puma_synthesis"]
     assert len(puma_keys) == len(set(puma_keys)) == len(jobs) * len(puma_ids)
@@ -94,6 +95,56 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
     again = puma_batch_task.fn(ctx, jobs, posterior, puma_ids, 7, None, state_ids)
     assert again == files and {f: digest(f) for f in files} == before
     assert len(ctx.ledger.charges()) == charges  # nothing measured or charged again
+
+
+@pytest.mark.flow
+def test_a_public_prior_far_from_the_state_takes_the_flipped_households_in_and_the_pumas_draw_from_them(tmp_path, inputs):
+    """New Hampshire's households with their Hispanic origin flipped as the public data (about
+    98 % Hispanic against Vermont's 2 %): the state task's mixture (``synthesis.prior_flips``'s
+    default) takes the flipped copies in and records it, the state posterior and the PUMAs live on
+    the widened support, and the drawn persons' Hispanic share follows Vermont's measurements, not
+    the public prior."""
+    from engine.prior_mixture import Flip, flipped
+
+    public = HierarchicalData.from_npz(inputs["public"])
+    wrong = flipped(public, Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)))
+    wrong.to_npz(tmp_path / "public-wrong.npz")
+    ctx, jobs, posterior, puma_ids, state_ids, files = run_state(tmp_path, {**inputs, "public": str(tmp_path / "public-wrong.npz")})
+    mixture = json.loads(open(posterior.replace(".npz", ".json")).read())["diagnostics"]["prior_mixture"]
+    assert mixture["widened"] and mixture["weights"][0] > 0.9 and mixture["rss"][1] < mixture["rss"][0]
+    with np.load(posterior) as z:
+        assert bool(z["widened"]) and z["weights"].size == 2 * wrong.n_households
+    drawn = HierarchicalData.concat([HierarchicalData.from_npz(f) for f in files])
+    private = HierarchicalData.from_npz(inputs["private"])
+    j = private.domain.person_index("HISP_ORIGIN")
+    share = {name: float(d.person[:, j].mean()) for name, d in (("drawn", drawn), ("private", private), ("public", wrong))}
+    assert share["public"] > 0.9 and abs(share["drawn"] - share["private"]) < 0.02, share
+
+
+@pytest.mark.parametrize("flips, message", [
+    (["NOT_AN_ATTRIBUTE"], "is not a person attribute"),
+    (["SCHL_GROUP"], "only a binary attribute"),
+    (["AGEP_BAND"], "R18.*other than by its householder"),
+])
+def test_a_prior_flip_the_domain_cannot_take_is_refused_by_name(tmp_path, inputs, flips, message):
+    from tasks.context import RunContext
+    from tasks.run_context import prepare
+    from tasks.synthesize import prior_flips
+
+    ctx = RunContext(make_config(prior_flips=flips), prepare(tmp_path / "work", tmp_path / "rel"), inputs["private"], inputs["public"])
+    with pytest.raises(ValueError, match=message):
+        prior_flips(ctx)
+
+
+def test_the_default_flip_carries_the_householders_hispanic_origin(tmp_path, inputs):
+    from engine.prior_mixture import Flip
+    from tasks.context import RunContext
+    from tasks.run_context import prepare
+    from tasks.synthesize import prior_flips
+
+    ctx = RunContext(make_config(), prepare(tmp_path / "work", tmp_path / "rel"), inputs["private"], inputs["public"])
+    assert prior_flips(ctx) == (Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)),)
+    assert prior_flips(RunContext(make_config(prior_flips=[]), ctx.paths, inputs["private"], inputs["public"])) == ()
 
 
 def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_selection(tmp_path):

@@ -1,0 +1,113 @@
+"""The prior that can be wrong (engine.prior_mixture): the flipped copies keep everything but the
+flipped attribute, the mixture lays the public prior on them, and the least-squares weight recovers
+the mixture that generated the measurements (statistical test), matches a brute-force grid search
+of its objective, and stays at zero where the measurements agree with the public prior."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.domain import Domain
+from engine.hierarchical_data import HierarchicalData
+from engine.measurement import Measurement
+from engine.prior_mixture import Flip, choose_mixture, flipped, widen
+from engine.queries import Workload
+from tests.engine._support_testdata import attr, random_data, small_domain
+
+BASE = small_domain(M=4)
+# the small domain with a household attribute derived from the householder's SEX
+DOMAIN = Domain(group=(*BASE.group, attr("HHLDR_SEX", 2)), person=BASE.person, geography=BASE.geography, max_size=BASE.max_size)
+FLIP = Flip("SEX", ("HHLDR_SEX",))
+WORKLOADS = [Workload("person", (), ("SEX", "AGE")), Workload("person", ("TEN",), ("SEX",)), Workload("group", ("HHLDR_SEX", "NP")),
+             Workload("person", (), ("RAC",))]
+
+
+def with_householder_sex(data: HierarchicalData, male_share: float | None = None, seed: int = 0) -> HierarchicalData:
+    """``data`` on :data:`DOMAIN`; ``male_share``: every person's SEX redrawn first (1 = male here,
+    the share of persons with SEX = 1), so the data's SEX share can be far from another's."""
+    person = data.person.copy()
+    if male_share is not None:
+        rng = np.random.default_rng(seed)
+        person[:, 0] = (rng.random(data.n_persons) < male_share).astype(person.dtype)
+    head = person[data.person_offsets[:-1], 0]
+    group = np.concatenate([data.group, head[:, None].astype(data.group.dtype)], axis=1)
+    return HierarchicalData.from_arrays(DOMAIN, data.geo, group, person, data.person_offsets)
+
+
+def measure(data: HierarchicalData, sigma: float, rng: np.random.Generator) -> list[Measurement]:
+    from engine.queries import answer
+
+    return [Measurement(w, answer(data, w) + rng.normal(0, sigma, w.n_cells(DOMAIN)), sigma) for w in WORKLOADS]
+
+
+def test_a_flip_changes_the_attribute_and_its_householder_attributes_only():
+    data = with_householder_sex(random_data(BASE, 300, seed=3))
+    out = flipped(data, FLIP)
+    assert np.array_equal(out.person[:, 0], 1 - data.person[:, 0])
+    assert np.array_equal(out.person[:, 1:], data.person[:, 1:])
+    k = DOMAIN.group_index("HHLDR_SEX")
+    assert np.array_equal(out.group[:, k], 1 - data.group[:, k])
+    assert np.array_equal(np.delete(out.group, k, axis=1), np.delete(data.group, k, axis=1))
+    assert np.array_equal(out.person_offsets, data.person_offsets) and np.array_equal(out.geo, data.geo)
+    # the derived attribute still is the householder's value
+    assert np.array_equal(out.group[:, k], out.person[out.person_offsets[:-1], 0])
+
+
+@pytest.mark.parametrize("flip, message", [
+    (Flip("AGE"), "only a binary attribute"),
+    (Flip("TENURE"), "is not a person attribute"),
+    (Flip("SEX", ("TEN",)), "must be a binary household attribute"),
+])
+def test_a_flip_the_domain_cannot_take_is_refused(flip, message):
+    data = with_householder_sex(random_data(BASE, 20, seed=1))
+    with pytest.raises(ValueError, match=message):
+        flipped(data, flip)
+
+
+def test_the_widened_support_holds_the_public_prior_and_the_mixture_lays_it_on_the_copies():
+    public = with_householder_sex(random_data(BASE, 200, seed=2))
+    w = widen(public, [FLIP])
+    n = public.n_households
+    assert w.support.n_support == 2 * n and w.n_public == n
+    assert np.allclose(w.support.weights[:n], 1 / n) and np.all(w.support.weights[n:] == 0)
+    base = np.random.default_rng(0).dirichlet(np.ones(n))
+    p = w.prior(base, [0.3])
+    assert np.allclose(p[:n], 0.7 * base) and np.allclose(p[n:], 0.3 * base) and np.isclose(p.sum(), 1.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        w.prior(base, [1.2])
+    with pytest.raises(ValueError, match="twice"):
+        widen(public, [FLIP, FLIP])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_mixture_weight_recovers_the_share_of_flipped_households_that_made_the_data(seed):
+    """Private households drawn from the public ones and their flipped copies at λ = 0.3: the
+    weight fitted to their noisy answers lands near 0.3, and on the minimum of its objective found
+    by a brute-force grid search."""
+    rng = np.random.default_rng(seed)
+    public = with_householder_sex(random_data(BASE, 3000, seed=10 + seed), male_share=0.1, seed=seed)
+    w = widen(public, [FLIP])
+    G = 2000
+    private = w.support.data.take(np.where(rng.random(G) < 0.3, rng.integers(0, 3000, G) + 3000, rng.integers(0, 3000, G)))
+    ms = measure(private, 5.0, rng)
+    choice = choose_mixture(w, w.support.weights[:3000], ms, G)
+    assert choice.widened and abs(choice.weights[0] - 0.3) < 0.05
+    # brute force: the objective on a grid of λ
+    A = [w.support.answer(m.workload, w.prior(w.support.weights[:3000], [0.0])) for m in ms]
+    B = [w.support.answer(m.workload, w.prior(w.support.weights[:3000], [1.0])) for m in ms]
+    grid = np.linspace(0, 1, 2001)
+    rss = [sum(float(np.sum(((m.noisy_answer - G * ((1 - g) * a + g * b)) / m.sigma) ** 2)) for m, a, b in zip(ms, A, B)) for g in grid]
+    assert abs(choice.fitted[0] - grid[int(np.argmin(rss))]) <= 1e-3
+    assert np.isclose(choice.rss[0], rss[0], rtol=1e-9) and choice.rss[1] <= min(rss) + 1e-6
+
+
+def test_measurements_that_agree_with_the_public_prior_keep_the_public_support():
+    rng = np.random.default_rng(5)
+    public = with_householder_sex(random_data(BASE, 3000, seed=20), male_share=0.1, seed=5)
+    w = widen(public, [FLIP])
+    G = 2000
+    private = public.take(rng.integers(0, 3000, G))
+    choice = choose_mixture(w, w.support.weights[:3000], measure(private, 5.0, rng), G)
+    assert not choice.widened and choice.weights == (0.0,)
+    assert choice.to_dict()["widened"] is False
