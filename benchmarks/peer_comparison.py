@@ -374,6 +374,7 @@ def run_pipeline(base: dict, method: str, bench: Bench, public: list[str], epsil
             "invariants": manifest["config"].get("invariants"), "pipeline_source_sha256": source,
             "state_fraction": (priv.get("synthesis_split") or {}).get("state_fraction"),  # the public simulation's choice, if it ran
             "prior_strength_floor": ((manifest.get("synthesizer") or {}).get("prior_strength_floor") or {}).get("floor"),  # ditto
+            "prior_mixture": (manifest.get("synthesizer") or {}).get("prior_mixture"),  # each state's weight of the flipped households
             "git_commit": (manifest.get("code") or {}).get("git_commit"),
             "workloads": None if not manifest.get("workload") else {k: len(v) for k, v in manifest["workload"].items() if k in ("state", "puma")}}
     return bench.score(codes, h), info
