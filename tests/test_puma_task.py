@@ -114,6 +114,9 @@ def test_a_public_prior_far_from_the_state_takes_the_flipped_households_in_and_t
     assert mixture["widened"] and mixture["weights"][0] > 0.9 and mixture["rss"][1] < mixture["rss"][0]
     with np.load(posterior) as z:
         assert bool(z["widened"]) and z["weights"].size == 2 * wrong.n_households
+    # the mixture read the state's initial measurements, which its fit read back: each charged once
+    state_keys = [c.key for c in ctx.ledger.charges() if c.stage == "state_synthesis"]
+    assert len(state_keys) == len(set(state_keys)) and set(state_ids) <= {k.split("/")[-1] for k in state_keys}
     drawn = HierarchicalData.concat([HierarchicalData.from_npz(f) for f in files])
     private = HierarchicalData.from_npz(inputs["private"])
     j = private.domain.person_index("HISP_ORIGIN")
