@@ -120,12 +120,6 @@ def prior_flips(ctx: RunContext) -> tuple[Flip, ...]:
     return tuple(flips)
 
 
-def node_support(ctx: RunContext, widened: bool) -> Support:
-    """The support a node's weights live on: the public households, or (``widened``) the
-    widened support of ``synthesis.prior_flips``."""
-    return cached_widened(ctx.public_npz, prior_flips(ctx)).support if widened else cached_support(ctx.public_npz)
-
-
 @task(name="select-workload")
 def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES,
                          sizes_measured: bool = False, complete_pairs: bool = False) -> dict:
@@ -368,8 +362,8 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
         with np.load(state_posterior) as z:
             prior = z["weights"]
             widened = bool(z["widened"]) if "widened" in z.files else False
-    flips = prior_flips(ctx) if widened else ()
-    support = node_support(ctx, True) if widened else cached_support(support_npz or ctx.public_npz)
+    flips = prior_flips(ctx) if widened else ()  # the state's prior took the flipped households in: its PUMAs live there too
+    support = cached_widened(ctx.public_npz, flips).support if widened else cached_support(support_npz or ctx.public_npz)
     balance = cached_balance(support_npz or ctx.public_npz, flips) if s.sampling == "balanced" else None
     fits = [fit_puma(ctx, job, prior, workload_ids, support, state_workload_ids) for job in jobs]
     weights = [f.weights for f in fits]
