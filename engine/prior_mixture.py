@@ -28,7 +28,7 @@ they move it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -84,17 +84,17 @@ def flipped(data: HierarchicalData, flip: Flip) -> HierarchicalData:
 
 @dataclass(frozen=True, eq=False)
 class WidenedSupport:
-    """The public households followed by one flipped copy of them per :class:`Flip`:
-    ``support`` (its weights: the public prior on the public households, 0 on the copies),
-    ``component`` (each household's block: 0 public, k the k-th flip) and ``flips``."""
+    """The public households followed by one flipped copy of them per :class:`Flip`, in that
+    order: ``support`` (its weights: the public prior on the public households, 0 on the copies)
+    and ``flips``."""
 
     support: Support
-    component: np.ndarray
     flips: tuple[Flip, ...]
-    n_public: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "n_public", int(np.sum(self.component == 0)))
+    @property
+    def n_public(self) -> int:
+        """The number of public households (each block's size)."""
+        return self.support.n_support // (len(self.flips) + 1)
 
     def prior(self, public_prior: np.ndarray, weights: Sequence[float] | np.ndarray) -> np.ndarray:
         """The mixture p_λ (module docstring) of ``public_prior`` (over the public households)
@@ -119,8 +119,7 @@ def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndar
     data = HierarchicalData.concat([public, *(flipped(public, f) for f in flips)])
     base = Support.from_data(public, public_prior).weights
     weights = np.concatenate([base, np.zeros(public.n_households * len(flips))])
-    component = np.repeat(np.arange(len(flips) + 1), public.n_households)
-    return WidenedSupport(Support(data, weights), component, tuple(flips))
+    return WidenedSupport(Support(data, weights), tuple(flips))
 
 
 @dataclass(frozen=True)
