@@ -1,6 +1,6 @@
 """Deploying the release flow: a scheduled Prefect deployment, served or on a ``process`` work pool.
 
-Three ways to run ``flows.release.release_flow`` on a schedule (see ``deploy/README.md``):
+Three ways to run ``flows.release.release_flow`` on a schedule (see ``docs/deployment.md``):
 
 * ``deploy/prefect.yaml`` + ``prefect deploy`` (the reference: a ``process`` work pool, no Docker);
 * :func:`register_release_deployment` — the same deployment registered from Python;
@@ -254,7 +254,7 @@ def _cmd_dask(args) -> int:
 
 def add_deploy_parser(sub) -> argparse.ArgumentParser:
     """Add ``deploy {serve,register,dask}`` to an argparse subparsers object (``dprelease deploy ...``)."""
-    d = sub.add_parser("deploy", help="serve or register the scheduled release deployment", description="Scheduled Prefect deployments of the release flow (see deploy/README.md).")
+    d = sub.add_parser("deploy", help="serve or register the scheduled release deployment", description="Scheduled Prefect deployments of the release flow (see docs/deployment.md).")
     dsub = d.add_subparsers(dest="deploy_command", required=True)
 
     def common(p):

@@ -129,7 +129,7 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root, _
             why = wait_for_api(api, server, 60)
             assert why is None, f"prefect server {why}:\n{_tail(server_log)}"
 
-        # the documented commands (deploy/README.md), from the repository root
+        # the documented commands (docs/deployment.md), from the repository root
         cli("work-pool", "create", dep.WORK_POOL, "--type", "process")
         cli("--no-prompt", "deploy", "--prefect-file", "deploy/prefect.yaml", "--name", dep.DEPLOYMENT_NAME)
 
