@@ -1,4 +1,4 @@
-"""The engine as a library: the README's notebook example runs as written, the in-memory
+"""The engine as a library: the notebook example of docs/library.md runs as written, the in-memory
 ledger accounts like the file ledger, and a state's release is a function of the public data,
 the seed and the stored measurements."""
 
@@ -19,16 +19,15 @@ from tests.engine._support_testdata import random_data, small_domain
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## The engine as a library"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def library_example() -> str:
+    text = (ROOT / "docs" / "library.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
-def test_the_readme_notebook_example_runs():
+def test_the_library_notebook_example_runs():
     if not (ROOT.parent / "shared" / "data" / "acs2018_1yr" / "csv_pvt.zip").exists():
         pytest.skip("../shared/data is not beside the checkout")
-    out = subprocess.run([sys.executable, "-c", readme_example()], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", library_example()], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"(\d+) synthetic households in 4 PUMAs; spent ρ = ([\d.]+) of ([\d.]+) \(ε = 1.00", out.stdout)
     assert m, out.stdout
