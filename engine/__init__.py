@@ -1,7 +1,7 @@
 """dprelease's engine: the mathematics of the release, usable without Prefect or a run directory.
 
-The handful of things a user calls (a notebook runs one state's release with them; the README
-shows it):
+The handful of things a user calls (a notebook runs one state's release with them;
+docs/library.md shows it):
 
 - data and domain: :class:`HierarchicalData` (households with their persons, geography codes),
   :class:`Domain`, :class:`Attribute`;

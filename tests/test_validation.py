@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not bi.data_available(), reason=f"shared PUMS da
 
 NAMES = sorted(bi.BUILDERS)
 
-# README table: zip -> (persons, units)
+# the shared 2018 files: zip -> (persons, units)
 REAL_2018 = {
     "csv_pde.zip": (9123, 4166), "csv_pid.zip": (16711, 6978), "csv_pme.zip": (13275, 6391),
     "csv_pmt.zip": (10336, 4738), "csv_pnd.zip": (7876, 3646), "csv_pne.zip": (19451, 8774),
