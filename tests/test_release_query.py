@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -139,3 +141,21 @@ def test_the_command_line(release, tmp_path, capsys):
     assert pd.read_parquet(tmp_path / "a.parquet")["count"].sum() == data.n_persons
     assert main(["query", str(d), "--margin", "SEX", "--level", "person", "--where", "ST50"]) == 2
     assert "expected COLUMN=CODE" in capsys.readouterr().err
+
+
+def test_the_readme_pandas_recipe_reads_what_query_counts(release):
+    """The README's pandas recipe, run on a release: ST and PUMA come back as the strings the
+    partitions are named by, and its persons joined to their households count what the query counts."""
+    d, data = release
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    recipe = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert 'release = "releases/acs2018-default"' in recipe
+    recipe = recipe.replace('release = "releases/acs2018-default"', f"release = {str(d)!r}")
+    scope: dict = {}
+    exec("\n".join(line for line in recipe.splitlines() if not line.startswith("print(")), scope)  # its last line needs the ACS domain
+    households, people = scope["households"], scope["people"]
+    assert sorted(households.PUMA.unique()) == ["00100", "00200"] and set(households.ST) == {"50"}
+    assert len(households) == data.n_households and len(people) == data.n_persons
+    t = query_release(d, ["SEX", "TEN"], "person", {"ST": "50", "PUMA": "00100"})
+    counted = people[(people.ST == "50") & (people.PUMA == "00100")].groupby(["SEX", "TEN"]).size().to_dict()
+    assert counted == {(r.SEX, r.TEN): r["count"] for _, r in t.iterrows() if r["count"]}
