@@ -19,7 +19,10 @@ def _prefect_env() -> None:
 def cmd_run(args) -> int:
     from schemas.release_config import load_config
 
-    load_config(args.config, name=args.name)  # clear config errors before Prefect starts
+    from datetime import UTC, datetime
+
+    # clear config errors before Prefect starts (a templated name is checked with today's date)
+    load_config(args.config, name=args.name, run=(datetime.now(UTC).strftime("%Y-%m-%d"), "check"))
     _prefect_env()
     from flows.local_api import LocalPrefectApi
 
