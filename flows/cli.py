@@ -17,9 +17,9 @@ def _prefect_env() -> None:
 
 
 def cmd_run(args) -> int:
-    from schemas.release_config import load_config
-
     from datetime import UTC, datetime
+
+    from schemas.release_config import load_config
 
     # clear config errors before Prefect starts (a templated name is checked with today's date)
     load_config(args.config, name=args.name, run=(datetime.now(UTC).strftime("%Y-%m-%d"), "check"))
