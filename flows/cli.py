@@ -17,9 +17,12 @@ def _prefect_env() -> None:
 
 
 def cmd_run(args) -> int:
+    from datetime import UTC, datetime
+
     from schemas.release_config import load_config
 
-    load_config(args.config, name=args.name)  # clear config errors before Prefect starts
+    # clear config errors before Prefect starts (a templated name is checked with today's date)
+    load_config(args.config, name=args.name, run=(datetime.now(UTC).strftime("%Y-%m-%d"), "check"))
     _prefect_env()
     from flows.local_api import LocalPrefectApi
 
@@ -91,20 +94,35 @@ def cmd_query(args) -> int:
         table.to_parquet(args.out, index=False)
     else:
         text = {"csv": lambda: table.to_csv(index=False), "json": lambda: table.to_json(orient="records", indent=1) + "\n",
-                "table": lambda: table.to_string(index=False, float_format=lambda x: f"{x:.4g}") + "\n"}[args.format]()
+                "table": lambda: readable(table).to_string(index=False) + "\n"}[args.format]()
         if args.format == "table":
             unit = "persons" if args.level == "person" else "households"
             scope = ", ".join(f"{k}={v}" for k, v in where.items()) or "the whole release"
             notes = ["count_se, count_lower_90, count_upper_90: the released count's standard error and 90 % interval"
-                     if "count_se" in table.columns else "no interval for the released count (this marginal has no error estimate at this node)"]
+                     if "count_se" in table.columns else f"no interval for the released count: {table.attrs['no_interval']}"]
             if "measured" in table.columns:
                 notes.append("measured: the run's noisy measurement of this marginal at this node, with its 90 % interval")
-            text = f"{args.margin} over {int(table['count'].sum())} synthetic {unit} ({scope}); {'; '.join(notes)}\n" + text
+            text = (f"{args.margin} over {int(table['count'].sum()):,} synthetic {unit} ({scope}); the counts are of the "
+                    f"synthetic sample, not population estimates\n" + "\n".join(notes) + "\n" + text)
         if args.out is None:
             sys.stdout.write(text)
         else:
             Path(args.out).write_text(text)
     return 0
+
+
+def readable(table):
+    """The query table as a person writes its numbers: counts and their intervals as whole numbers
+    with thousands separators, standard errors to one decimal, shares as percentages."""
+    out = table.copy()
+    for c in out.columns:
+        if c == "share":
+            out[c] = out[c].map(lambda x: f"{100 * x:.1f} %")
+        elif c.endswith("_sd") or c.endswith("_se"):
+            out[c] = out[c].map(lambda x: f"{x:,.1f}")
+        elif c == "count" or c.startswith("count_") or c.startswith("measured"):
+            out[c] = out[c].map(lambda x: f"{x:,.0f}")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     av.set_defaults(func=cmd_audit_verify)
     q = sub.add_parser("query", help="answer a marginal query from a published release",
                        description="A marginal of a published release (its microdata alone), with the run's noisy measurement "
-                                   "of the same marginal and its 90 %% interval where one exists.")
+                                   "of the same marginal and its 90 % interval where one exists.")
     q.add_argument("release_dir", type=Path, help="a release directory (e.g. releases/acs2018-default)")
     q.add_argument("--margin", required=True, help="comma-separated attributes, e.g. AGEP_BAND,SEX")
     q.add_argument("--level", required=True, choices=["person", "group"], help="count persons or households")

@@ -36,6 +36,10 @@ DEPLOYMENT_NAME = "acs-annual-release"
 SERVED_DEPLOYMENT_NAME = "acs-annual-release-served"
 WORK_POOL = "dprelease-process"
 DEFAULT_CONFIG = "deploy/releases/acs2018_default.yaml"
+# Each scheduled run publishes a release of its own, named after the config's release, the run's
+# scheduled date and the run (schemas.release_config.expand_release_name): next year's run does not
+# meet this year's release, and a retry of one run resumes that run's release.
+RUN_NAME_TEMPLATE = "{name}-{date}-{run}"
 # Once a year: 1 October, 06:00 US Eastern (after the Census Bureau's September ACS 1-year release).
 ANNUAL_CRON = "0 6 1 10 *"
 TIMEZONE = "America/New_York"
@@ -130,7 +134,7 @@ def dask_worker_commands(spec: DaskSpec) -> list[str]:
 
 
 # -- the deployment -----------------------------------------------------------------------------
-def release_parameters(config_path: str = DEFAULT_CONFIG, dask_address: str | None = None, name: str | None = None) -> dict[str, Any]:
+def release_parameters(config_path: str = DEFAULT_CONFIG, dask_address: str | None = None, name: str | None = RUN_NAME_TEMPLATE) -> dict[str, Any]:
     return {"config_path": str(config_path), "dask_address": dask_address, "name": name}
 
 
@@ -143,12 +147,13 @@ def annual_schedule(cron: str = ANNUAL_CRON, timezone: str = TIMEZONE):
 def release_deployment(
     config_path: str = DEFAULT_CONFIG,
     dask_address: str | None = None,
-    release_name: str | None = None,
+    release_name: str | None = RUN_NAME_TEMPLATE,
     deployment_name: str = SERVED_DEPLOYMENT_NAME,
     cron: str | None = ANNUAL_CRON,
     timezone: str = TIMEZONE,
 ):
-    """The release flow as a ``RunnerDeployment`` for ``serve`` (cron=None: no schedule, runs on demand)."""
+    """The release flow as a ``RunnerDeployment`` for ``serve`` (cron=None: no schedule, runs on demand);
+    one run at a time, as the work-pool deployments."""
     _prefect_env()
     from flows.release import release_flow
 
@@ -157,6 +162,7 @@ def release_deployment(
         schedules=[annual_schedule(cron, timezone)] if cron else None,
         parameters=release_parameters(config_path, dask_address, release_name),
         tags=["dprelease", "acs", "annual"],
+        concurrency_limit=1,
         description="Annual ACS release (served by flows/deployment.py:serve_release).",
     )
 
@@ -164,7 +170,7 @@ def release_deployment(
 def serve_release(
     config_path: str = DEFAULT_CONFIG,
     dask_address: str | None = None,
-    release_name: str | None = None,
+    release_name: str | None = RUN_NAME_TEMPLATE,
     deployment_name: str = SERVED_DEPLOYMENT_NAME,
     cron: str | None = ANNUAL_CRON,
     timezone: str = TIMEZONE,
@@ -186,7 +192,7 @@ def serve_release(
 def register_release_deployment(
     config_path: str = DEFAULT_CONFIG,
     dask_address: str | None = None,
-    release_name: str | None = None,
+    release_name: str | None = RUN_NAME_TEMPLATE,
     work_pool: str = WORK_POOL,
     deployment_name: str = DEPLOYMENT_NAME,
     cron: str | None = ANNUAL_CRON,
@@ -259,7 +265,9 @@ def add_deploy_parser(sub) -> argparse.ArgumentParser:
 
     def common(p):
         p.add_argument("--config", default=DEFAULT_CONFIG, help=f"release config (default: {DEFAULT_CONFIG}, relative to the repository)")
-        p.add_argument("--name", default=None, help="release name overriding the config's")
+        p.add_argument("--name", default=RUN_NAME_TEMPLATE,
+                       help="release name of each run, a template of {name} (the config's), {date} (the run's scheduled date) "
+                            f"and {{run}} (a short run id) (default: {RUN_NAME_TEMPLATE!r})")
         p.add_argument("--dask-address", default=None, help="address of an existing Dask scheduler (default: a LocalCluster per run)")
         p.add_argument("--dask-spec", default=None, help="a deploy/dask/*.yaml spec naming the cluster (instead of --dask-address)")
         p.add_argument("--cron", default=ANNUAL_CRON, help=f"cron schedule (default: {ANNUAL_CRON!r})")

@@ -452,9 +452,17 @@ SYNTHESIZER_DESCRIPTIONS = {
 
 
 # -- the release flow ------------------------------------------------------------------------
+def run_identity() -> tuple[str, str]:
+    """This flow run's scheduled date (UTC, YYYY-MM-DD) and short id, for a templated release name."""
+    from prefect.runtime import flow_run
+
+    start = flow_run.scheduled_start_time
+    return start.strftime("%Y-%m-%d"), str(flow_run.id or "local")[:8]
+
+
 @flow(name="dprelease-release")
 def release_flow(config_path: str, dask_address: str | None = None, name: str | None = None) -> str:
-    cfg = load_config(config_path, name=name)
+    cfg = load_config(config_path, name=name, run=run_identity())
     paths = prepare(cfg.run_dir(), cfg.release_dir())
     ctx = RunContext(cfg, paths)
     with RunLock(paths), dask_scheduler(dask_address) as address:

@@ -404,8 +404,27 @@ class ReleaseConfig(_Strict):
         return domain_spec_path(self.domain)
 
 
-def load_config(path: str | Path, name: str | None = None) -> ReleaseConfig:
-    """Load and validate a release config; ``name`` overrides the config's release name."""
+NAME_FIELDS = ("name", "date", "run")
+
+
+def expand_release_name(template: str, config_name: str, date: str, run: str) -> str:
+    """A release name from a template: ``{name}`` is the config's release name, ``{date}`` the run's
+    scheduled date (YYYY-MM-DD) and ``{run}`` a short id of the run. A scheduled deployment names
+    each run's release this way, so that next year's run (or a second run triggered by hand) does
+    not meet the release an earlier run published, while a retry of the same run resumes it."""
+    import string
+
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    unknown = sorted({f for f in fields if f not in NAME_FIELDS})
+    if unknown:
+        raise ConfigError(f"release name template {template!r}: unknown field {', '.join('{' + u + '}' for u in unknown)}; "
+                          f"it may use {', '.join('{' + f + '}' for f in NAME_FIELDS)}")
+    return template.format(name=config_name, date=date, run=run)
+
+
+def load_config(path: str | Path, name: str | None = None, run: tuple[str, str] | None = None) -> ReleaseConfig:
+    """Load and validate a release config; ``name`` overrides the config's release name, and may
+    be a template (:func:`expand_release_name`) when ``run`` gives the run's (date, short id)."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -415,6 +434,10 @@ def load_config(path: str | Path, name: str | None = None) -> ReleaseConfig:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a release config must be a YAML mapping")
+    if name is not None and "{" in name:
+        if run is None:
+            raise ConfigError(f"release name {name!r} is a template: it names a release only inside a run (dprelease deploy)")
+        name = expand_release_name(name, str(raw.get("name", "")), *run)
     if name is not None:
         raw["name"] = name
     try:

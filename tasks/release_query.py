@@ -46,7 +46,7 @@ from engine.domain import Attribute, Domain
 from engine.errors import DPReleaseError
 from tasks.publish import PARTITION_SCHEMA
 
-__all__ = ["QueryError", "Z90", "node_of", "query_release"]
+__all__ = ["QueryError", "Z90", "node_of", "query_release", "released_nodes"]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a two-sided 90 % interval
 
@@ -77,6 +77,49 @@ def node_of(where: dict[str, str], geography: list[str]) -> str | None:
     if len(parts) != len(where):
         return None  # e.g. a PUMA without its state
     return "/".join(parts) if parts else "nation"
+
+
+def released_nodes(release: Path) -> set[str]:
+    """Every node key the release holds ("nation", "ST=50", "ST=50/PUMA=00100"): the nodes of the
+    count-of-counts table (a node with no synthetic household is still there) and every partition
+    of the household microdata."""
+    nodes = {"nation"}
+    coc = release / "count_of_counts.parquet"
+    if coc.exists():
+        nodes.update(str(n) for n in pq.read_table(coc, columns=["node"]).column("node").unique().to_pylist())
+    households = release / "households"
+    if households.is_dir():
+        part = pads.partitioning(PARTITION_SCHEMA, flavor="hive")
+        for fragment in pads.dataset(households, format="parquet", partitioning=part).get_fragments():
+            keys = pads.get_partition_keys(fragment.partition_expression)
+            if "ST" in keys:
+                nodes.add(f"ST={keys['ST']}")
+                if "PUMA" in keys:
+                    nodes.add(f"ST={keys['ST']}/PUMA={keys['PUMA']}")
+    return nodes
+
+
+def _check_geography(release: Path, where: dict[str, str], geography: list[str]) -> None:
+    """Refuse a geography filter that names no released node: a finer level without the coarser
+    ones (PUMA codes repeat across states), or a node the release does not hold (an unreleased
+    state answers all zeros, which reads as a released count of zero)."""
+    named = [g for g in geography if g in where]
+    for i, g in enumerate(geography):
+        if g in where and (missing := [c for c in geography[:i] if c not in where]):
+            raise QueryError(f"--where {g}={where[g]} needs {', '.join(f'--where {c}=…' for c in missing)}: "
+                             f"{g} codes repeat across {', '.join(missing)}")
+    if not named:
+        return
+    node = "/".join(f"{g}={where[g]}" for g in named)
+    nodes = released_nodes(release)
+    if node not in nodes:
+        parent = node.rsplit("/", 1)[0] if "/" in node else None
+        level = named[-1]
+        siblings = sorted(n.rsplit("=", 1)[1] for n in nodes
+                          if n.count("/") == node.count("/") and n != "nation" and (parent is None or n.startswith(parent + "/")))
+        shown = ", ".join(siblings[:20]) + (f", … ({len(siblings)} in all)" if len(siblings) > 20 else "")
+        raise QueryError(f"--where {node.replace('/', ' ')}: not a node of this release; its {level} codes"
+                         f"{' in ' + parent if parent else ''}: {shown or 'none'}")
 
 
 def _read(release: Path, what: str, columns: list[str], where: dict[str, str]) -> pd.DataFrame:
@@ -172,6 +215,36 @@ def _released_intervals(release: Path, margin: list[str], level: Level, node: st
                         index=pd.Index(key.to_numpy()))
 
 
+def _no_interval_reason(release: Path, margin: list[str], level: Level, node: str | None, where: dict[str, str]) -> str:
+    """Why the released count of this marginal carries no error estimate, in words."""
+    if node is None:
+        other = sorted(set(where) - {k for k in where if k in ("ST", "PUMA")})
+        return (f"the filter on {', '.join(other)} is not a geography node, and the release's error estimates are per node "
+                "(a filtered count sums cells whose covariances are not published)")
+    path = release / "intervals.parquet"
+    if not path.exists():
+        return "this release has no intervals.parquet"
+    ids = set(pq.read_table(path, columns=["node", "marginal"], filters=[("node", "=", node)]).column("marginal").unique().to_pylist())
+    wanted = set(margin)
+
+    def attrs(wid: str) -> tuple[str, set[str], list[str]]:
+        head, *options = wid.split(";")
+        lvl, _, rest = head.partition(":")
+        return lvl, {a for a in rest.replace("|", ",").split(",") if a}, options
+
+    same = sorted(w for w in ids if attrs(w)[1] == wanted and attrs(w)[0] == level and attrs(w)[2])
+    if same:
+        options = "; ".join(o for o in attrs(same[0])[2])
+        what = {"norm": "normalised per household"}.get(options, options.replace("first=", "over the first ") + " persons of each household")
+        return f"the run measured this marginal at {node} only {what} ({same[0]}), not as the released count of every record"
+    wider = sorted(w for w in ids if wanted < attrs(w)[1])
+    if wider:
+        return (f"it is a sum of cells of the measured {wider[0]} at {node}, and the published standard errors are per cell, "
+                "without the covariances a sum needs")
+    return (f"the run did not measure this marginal at {node}: the synthetic count's error there includes model error "
+            "that no published number bounds")
+
+
 def query_release(release_dir: str | Path, margin: list[str], level: Level, where: dict[str, str] | None = None) -> pd.DataFrame:
     """The marginal ``margin`` of the release at ``level`` ("person": persons, with their
     household's attributes joined; "group": households) among the records matching ``where``
@@ -179,7 +252,9 @@ def query_release(release_dir: str | Path, margin: list[str], level: Level, wher
     per attribute, ``count``, ``share``, and where the run measured this marginal at this node
     ``measured``, ``measured_sd``, ``measured_lower_90``, ``measured_upper_90``, and where the
     release holds an error estimate of this marginal at this node ``count_se``,
-    ``count_lower_90``, ``count_upper_90`` (module docstring)."""
+    ``count_lower_90``, ``count_upper_90`` (module docstring); without those, ``attrs["no_interval"]``
+    says why there is none. A geography filter must name a node the release holds (a PUMA with its
+    state), else :class:`QueryError`."""
     release = Path(release_dir)
     where = {str(k): str(v) for k, v in (where or {}).items()}
     if level not in ("person", "group"):
@@ -189,6 +264,7 @@ def query_release(release_dir: str | Path, margin: list[str], level: Level, wher
     domain = _domain(release)
     attrs = _attributes(domain, margin, level)
     geography, group_names = list(domain.geography), {g.name for g in domain.group}
+    _check_geography(release, where, geography)
     group_cols = [a.name for a in attrs if a.name in group_names]
     hh_where = {k: v for k, v in where.items() if k in geography or k in group_names}
     if level == "group":
@@ -216,6 +292,8 @@ def query_release(release_dir: str | Path, margin: list[str], level: Level, wher
     if released is not None and cell.isin(released.index).all():
         for c in released.columns:
             out[c] = released.loc[cell, c].to_numpy()
+    else:
+        out.attrs["no_interval"] = _no_interval_reason(release, margin, level, node, where)
     measured = _measured(release, margin, level, node, domain)
     if measured is not None and cell.isin(measured.index).all():  # every cell measured (a K-capped size histogram may not be)
         out["measured"] = measured.loc[cell, "measured"].to_numpy()

@@ -214,3 +214,17 @@ def test_synthesis_split_keeps_the_synthesis_sum_and_an_exact_plan(tmp_path):
         synth = before.stage_rho("state_synthesis") + before.stage_rho("puma_synthesis")
         assert plan.stage_rho("state_synthesis") == f * synth and plan.stage_rho("puma_synthesis") == (1 - f) * synth
         assert plan.total_rho == before.total_rho and plan.stage_rho("count_of_counts") == before.stage_rho("count_of_counts")
+
+
+def test_a_templated_release_name_is_expanded_inside_a_run_only():
+    from schemas.release_config import expand_release_name
+
+    assert expand_release_name("{name}-{date}-{run}", "acs", "2027-10-01", "3fa9c2d1") == "acs-2027-10-01-3fa9c2d1"
+    with pytest.raises(ConfigError, match=r"unknown field \{year\}"):
+        expand_release_name("{name}-{year}", "acs", "2027-10-01", "x")
+    cfg = DEFAULT
+    assert load_config(cfg, name="{name}-{date}", run=("2027-10-01", "ab")).name == f"{load_config(cfg).name}-2027-10-01"
+    with pytest.raises(ConfigError, match="is a template"):
+        load_config(cfg, name="{name}-{date}")
+    with pytest.raises(ConfigError, match="name must be"):
+        load_config(cfg, name="{name}/{date}", run=("2027-10-01", "ab"))

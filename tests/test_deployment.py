@@ -42,7 +42,8 @@ def test_served_deployment_has_the_annual_schedule():
     d = dep.release_deployment(config_path="deploy/releases/acs2018_default.yaml", dask_address="tcp://h:8786")
     (s,) = d.schedules
     assert s.schedule.cron == dep.ANNUAL_CRON and s.schedule.timezone == dep.TIMEZONE
-    assert d.parameters == {"config_path": "deploy/releases/acs2018_default.yaml", "dask_address": "tcp://h:8786", "name": None}
+    assert d.parameters == {"config_path": "deploy/releases/acs2018_default.yaml", "dask_address": "tcp://h:8786", "name": dep.RUN_NAME_TEMPLATE}
+    assert d.concurrency_limit == 1  # one run at a time, as the work-pool deployments
     assert dep.release_deployment(cron=None).schedules in (None, [])
 
 
@@ -140,24 +141,33 @@ def test_prefect_yaml_deployment_runs_on_a_process_worker(tmp_path, data_root, _
             assert d.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
             assert d.parameters["config_path"] == dep.DEFAULT_CONFIG
             assert client.read_work_pool(dep.WORK_POOL).type == "process"
-            run = client.create_flow_run_from_deployment(d.id, parameters={"config_path": str(cfg), "dask_address": _session_dask_cluster})
+            assert d.parameters["name"] == dep.RUN_NAME_TEMPLATE and d.global_concurrency_limit.limit == 1
+            # fired twice with the deployment's release name: each run publishes a release of its own
+            runs = [client.create_flow_run_from_deployment(d.id, parameters={"config_path": str(cfg), "dask_address": _session_dask_cluster})
+                    for _ in range(2)]
 
-        # one process worker, polling once; it waits for the run it picked up to finish. The wait is a
-        # hang guard, not a timing check: the run takes 40-100 s alone and longer beside the other
-        # parallel test workers (make test), so the test as a whole gets up to 5 minutes.
-        with worker_log.open("w") as log:
-            worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", dep.WORK_POOL, "--run-once"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            worker.wait(timeout=max(60.0, 300 - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the worker did not finish the run in time:\n{_tail(worker_log)}")
+        # a process worker polling once, twice (the deployment's concurrency limit holds the second
+        # run until the first ends); each waits for the run it picked up to finish. The wait is a
+        # hang guard, not a timing check: a run takes 40-100 s alone and longer beside the other
+        # parallel test workers (make test), so the test as a whole gets up to 8 minutes.
+        for _ in runs:
+            with worker_log.open("a") as log:
+                worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", dep.WORK_POOL, "--run-once"], cwd=tmp_path, env=env,
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                worker.wait(timeout=max(60.0, 480 - (time.monotonic() - t0)))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the worker did not finish the run in time:\n{_tail(worker_log)}")
 
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            state = client.read_flow_run(run.id).state
-        assert state is not None and state.is_completed(), f"flow run ended {state}:\n{_tail(worker_log)}"
-        release = tmp_path / "releases" / "deployed"
-        assert release.is_dir() and (release / "manifest.json").exists()
-        assert json.loads((release / "manifest.json").read_text())["release"] == "deployed"
+            flow_runs = [client.read_flow_run(r.id) for r in runs]
+        for fr in flow_runs:
+            assert fr.state is not None and fr.state.is_completed(), f"flow run ended {fr.state}:\n{_tail(worker_log)}"
+        names = sorted(p.name for p in (tmp_path / "releases").iterdir())
+        date = flow_runs[0].expected_start_time.strftime("%Y-%m-%d")
+        assert names == sorted(f"deployed-{date}-{str(fr.id)[:8]}" for fr in flow_runs)
+        for name in names:
+            assert json.loads((tmp_path / "releases" / name / "manifest.json").read_text())["release"] == name
     finally:
         _stop(worker)
         _stop(server)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import re
 from pathlib import Path
 
@@ -130,10 +131,11 @@ def test_the_command_line(release, tmp_path, capsys):
     d, data = release
     assert main(["query", str(d), "--margin", "TEN,R18", "--level", "group", "--where", "ST=50"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"TEN,R18 over {data.n_households} synthetic households (ST=50); count_se") and "measured_lower_90" in out
+    assert out.startswith(f"TEN,R18 over {data.n_households} synthetic households (ST=50); the counts are of the synthetic sample")
+    assert "measured_lower_90" in out and "e+0" not in out
     assert "count_lower_90" in out and "the released count's standard error and 90 % interval" in out
     assert main(["query", str(d), "--margin", "TEN", "--level", "group", "--where", "ST=50"]) == 0
-    assert "no interval for the released count" in capsys.readouterr().out
+    assert "no interval for the released count: it is a sum of cells of the measured group:R18,TEN| at ST=50" in capsys.readouterr().out
     assert main(["query", str(d), "--margin", "SEX", "--level", "person", "--format", "csv"]) == 0
     csv = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out))
     assert list(csv.columns) == ["SEX", "SEX_label", "count", "share"] and csv["count"].sum() == data.n_persons
@@ -159,3 +161,50 @@ def test_the_readme_pandas_recipe_reads_what_query_counts(release):
     t = query_release(d, ["SEX", "TEN"], "person", {"ST": "50", "PUMA": "00100"})
     counted = people[(people.ST == "50") & (people.PUMA == "00100")].groupby(["SEX", "TEN"]).size().to_dict()
     assert counted == {(r.SEX, r.TEN): r["count"] for _, r in t.iterrows() if r["count"]}
+
+
+def test_a_node_the_release_does_not_hold_is_refused(release):
+    """An unreleased state or PUMA would answer all zeros, and a PUMA code without its state would
+    sum that code across states: both are refused, naming what the release holds."""
+    d, _ = release
+    with pytest.raises(QueryError, match=r"ST=16: not a node of this release; its ST codes: 50"):
+        query_release(d, ["TEN"], "group", {"ST": "16"})
+    with pytest.raises(QueryError, match=r"PUMA=00300: not a node of this release; its PUMA codes in ST=50: 00100, 00200"):
+        query_release(d, ["SEX"], "person", {"ST": "50", "PUMA": "00300"})
+    with pytest.raises(QueryError, match=r"--where PUMA=00100 needs --where ST=…"):
+        query_release(d, ["TEN"], "group", {"PUMA": "00100"})
+    assert query_release(d, ["TEN"], "group", {"ST": "50", "PUMA": "00200"})["count"].sum() == 50  # a released node answers
+
+
+def test_a_count_without_interval_says_why(release):
+    d, _ = release
+    reasons = {
+        "sub-marginal": query_release(d, ["TEN"], "group", {"ST": "50"}),
+        "not measured": query_release(d, ["TEN", "R18"], "group", {"ST": "50", "PUMA": "00100"}),
+        "not a node": query_release(d, ["NP"], "group", {"TEN": "1"}),
+    }
+    assert reasons["sub-marginal"].attrs["no_interval"].startswith("it is a sum of cells of the measured group:R18,TEN| at ST=50")
+    assert reasons["not measured"].attrs["no_interval"].startswith("the run did not measure this marginal at ST=50/PUMA=00100")
+    assert reasons["not a node"].attrs["no_interval"].startswith("the filter on TEN is not a geography node")
+    assert "no_interval" not in query_release(d, ["TEN", "R18"], "group", {"ST": "50"}).attrs
+
+
+def test_a_person_marginal_measured_over_the_first_persons_says_so(release, tmp_path):
+    d, _ = release
+    copy = tmp_path / "r"
+    shutil.copytree(d, copy)
+    iv = pq.read_table(copy / "intervals.parquet").to_pylist()
+    iv.append({**iv[0], "marginal": "person:TEN|SEX;first=2", "cell_codes": "SEX=1; TEN=1"})
+    pq.write_table(pa.Table.from_pylist(iv, schema=INTERVALS_SCHEMA), copy / "intervals.parquet")
+    t = query_release(copy, ["SEX", "TEN"], "person", {"ST": "50"})
+    assert "count_se" not in t.columns
+    assert t.attrs["no_interval"] == ("the run measured this marginal at ST=50 only over the first 2 persons of each household "
+                                      "(person:TEN|SEX;first=2), not as the released count of every record")
+
+
+def test_readable_numbers():
+    from flows.cli import readable
+
+    t = pd.DataFrame({"SEX": ["1"], "count": [12934], "share": [0.51234], "count_se": [123.456], "count_lower_90": [12731.2],
+                      "measured": [12950.4], "measured_sd": [30.04]})
+    assert readable(t).iloc[0].tolist() == ["1", "12,934", "51.2 %", "123.5", "12,731", "12,950", "30.0"]
