@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
