@@ -55,6 +55,7 @@ Pair = tuple[HierarchicalData, HierarchicalData]
 
 __all__ = [
     "check_sensitivity",
+    "join_household",
     "neighbour_pairs",
     "rederive_size_only",
     "household_data",
@@ -169,7 +170,7 @@ def neighbour_pairs(
             pairs.append((data, _with(data, geo0, g, p)))
         return pairs
 
-    # person unit: each raw neighbour, then what the ingestion rules make of it (_join)
+    # person unit: each raw neighbour, then what the ingestion rules make of it (join_household)
     sizes = data.sizes
     assert sizes.max() <= M
 
@@ -199,7 +200,7 @@ def neighbour_pairs(
             pairs.append((data, replaced(h, np.delete(persons, int(rng.integers(1, len(persons))), axis=0))))
         else:  # a person joins, after the householder
             pos = int(rng.integers(1, len(persons) + 1))
-            pairs.append((data, replaced(h, _join(persons, _random_persons(d, 1, rng)[0], pos, M, oversize))))
+            pairs.append((data, replaced(h, join_household(persons, _random_persons(d, 1, rng)[0], pos, M, oversize))))
     if group_quarters == "single_person_households":  # a group-quarters person: a one-person household
         g, p = random_household(d, 1, rng, rederive)
         pairs.append((data, _with(data, geo0, g, p)))
@@ -230,12 +231,12 @@ def neighbour_pairs(
                 newcomers.append(q)
         for extra in newcomers:
             for pos in sorted({1, len(p)}):
-                q = _join(p, extra, pos, M, oversize)
+                q = join_household(p, extra, pos, M, oversize)
                 pairs.append((before, data if q is None else _with(data, geo0, rederive(g0, q, d), q)))
     return pairs
 
 
-def _join(persons: np.ndarray, newcomer: np.ndarray, pos: int, M: int, oversize: str) -> np.ndarray | None:
+def join_household(persons: np.ndarray, newcomer: np.ndarray, pos: int, M: int, oversize: str) -> np.ndarray | None:
     """The encoded household after ``newcomer`` joins the raw one whose kept persons are
     ``persons`` (householder first), at person-number position ``pos`` ≥ 1, under the ingestion's
     oversize rule (``schemas.ingestion.encode_person_table``): below the cap it gains the person;
