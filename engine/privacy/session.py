@@ -94,7 +94,8 @@ def size_counts_sensitivity(K: int, unit: PrivacyUnit, form: SizeForm | None = N
     at_least (:func:`size_counts`): a household of size s enters entries 1..min(s, K): L1 = K,
     L2 = √K under both units (the person unit's s → s + 1 moves one entry, within that).
     histogram (:func:`size_histogram`): household unit — one entry: 1, 1; person unit — s → s+1
-    moves two entries (2, √2), a household appearing one.
+    moves two entries (2, √2) when K ≥ 2 (at K = 1 the one entry is the household count: 1, 1),
+    a household appearing one.
     The L2 bound is charged ρ = Δ₂²/(2σ²) by the discrete Gaussian (Canonne, Kamath & Steinke
     2020, Thm. 14), the L1 bound ε = Δ₁/b by the discrete Laplace (ρ = ε²/2, Bun & Steinke 2016,
     Prop. 1.4). Checked on worst-case neighbours in ``tests/count_of_counts/test_pipeline_sensitivity.py``.
@@ -105,7 +106,7 @@ def size_counts_sensitivity(K: int, unit: PrivacyUnit, form: SizeForm | None = N
     if form == "at_least":
         return float(K), float(np.sqrt(K))
     if form == "histogram":
-        return (1.0, 1.0) if unit == "household" else (2.0, float(np.sqrt(2.0)))
+        return (1.0, 1.0) if unit == "household" or K < 2 else (2.0, float(np.sqrt(2.0)))
     raise ValueError(f"unknown size form {form!r}")
 
 

@@ -131,3 +131,14 @@ def test_size_count_sensitivity_values():
         assert size_counts_sensitivity(8, unit)[1] < size_counts_sensitivity(8, unit, other)[1]
     with pytest.raises(ValueError):
         size_counts_sensitivity(8, "family")
+
+
+@pytest.mark.parametrize("oversize", typing.get_args(_RULES["oversize"]))
+def test_one_person_households_only(oversize):
+    """At M = K = 1 the histogram's one entry is the household count: any neighbour moves it by
+    at most one, under the person unit too (a joining person is clipped away or excludes the household)."""
+    rng = np.random.default_rng(8)
+    data = random_data(rng, n=40, M=1)
+    fn = level_size_counts(0, 1, np.unique(data.geo, axis=0), "histogram")
+    assert size_counts_sensitivity(1, "person") == (1.0, 1.0)
+    assert check_sensitivity(fn, data, "person", 1, 1, trials=40, rng=rng, oversize=oversize) == (1.0, 1.0)
