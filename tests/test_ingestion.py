@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from schemas.ingestion import HouseholdRules, load_person_file
+from schemas.release_config import load_config
 from schemas.release_schema import to_tables
 from tests.conftest import ACS2013_DE, ACS2018
 
@@ -106,3 +107,31 @@ def test_all_twelve_states_load(domain_spec):
         assert len(np.unique(data.geo[:, 0])) == 1
         total += data.n_households
     assert 50_000 < total < 60_000
+
+
+@pytest.mark.parametrize("name", ["no_householder", "two_householders"])
+def test_person_unit_excludes_a_unit_without_exactly_one_householder(tmp_path, name):
+    """A householder removed, or a second one added (person-unit neighbours), still gives an input:
+    under the person unit the unit is excluded whole and counted; under the household unit the
+    same file is refused (the negative control: without the rule the neighbour is an error)."""
+    from schemas.pums_reader import InputError
+    from tasks.ingest import household_rules
+    from tests import broken_inputs as bi
+    from tests.test_config import DEFAULT, write
+
+    if not bi.data_available():
+        pytest.skip(f"shared PUMS data missing at {bi.DATA}")
+    broken = bi.BUILDERS[name](tmp_path)
+    spec = broken.spec()
+    person_cfg = load_config(write(tmp_path, lambda r: r.update(privacy_unit="person")))
+    assert household_rules(person_cfg).householders == "exclude" and household_rules(load_config(DEFAULT)).householders == "refuse"
+    with pytest.raises(InputError, match="householder"):
+        load_person_file(broken.path, spec, household_rules(load_config(DEFAULT)))
+    data, report = load_person_file(broken.path, spec, household_rules(person_cfg))
+    intact, _ = load_person_file(bi.base_2018().write(tmp_path / "intact.csv"), spec, household_rules(person_cfg))
+    assert report["units_without_one_householder_excluded"] == 1 and data.n_households == intact.n_households - 1
+    assert report["persons_of_units_without_one_householder"] == 2 and data.n_persons == intact.n_persons - 2
+    assert report["persons_read"] == (report["persons_encoded"] + report["group_quarters_persons_excluded"]
+                                      + report["oversize_persons_removed"] + report["persons_of_units_without_one_householder"])
+    relp_group = data.person[:, data.domain.person_index("RELP_GROUP")]
+    assert np.all(relp_group[data.person_offsets[:-1]] == 0)  # every household kept has its householder first
