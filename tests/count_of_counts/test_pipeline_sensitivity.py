@@ -15,9 +15,9 @@ import pytest
 from engine.count_of_counts.geography import geography_hierarchy, size_histograms
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.session import size_counts, size_counts_sensitivity, size_form
-from tests.engine.test_hierarchical_data import random_data
 from schemas.ingestion import HouseholdRules
-from tests.sensitivity_harness import join_household, check_sensitivity
+from tests.engine.test_hierarchical_data import random_data
+from tests.sensitivity_harness import check_sensitivity, join_household
 
 _RULES = typing.get_type_hints(HouseholdRules)
 COMBINATIONS = list(itertools.product(("household", "person"), typing.get_args(_RULES["oversize"]),

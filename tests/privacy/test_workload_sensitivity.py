@@ -18,7 +18,7 @@ from engine.domain import Attribute, Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import NORM_SCALE, Workload, answer
 from schemas.ingestion import HouseholdRules
-from schemas.release_config import ReleaseConfig
+from schemas.release_config import ReleaseConfig, load_config
 from tests.sensitivity_harness import check_sensitivity, neighbour_pairs, random_household
 
 M = 4
@@ -167,13 +167,18 @@ EVERY_FORM = [Workload("group", ("NP", "HAS_CHILD"), ()), Workload("group", ("HA
 
 
 @pytest.mark.parametrize("unit,oversize,group_quarters", COMBINATIONS)
-def test_every_rule_combination_is_charged_enough(unit, oversize, group_quarters, all_pairs):
-    """Every combination the config accepts (no combination is refused): the charged sensitivity
-    of a workload of every form covers the observed change on that combination's worst-case
-    neighbours (every workload: ``test_household_unit``, ``test_person_unit``)."""
-    assert HouseholdRules(max_household_size=M, oversize=oversize, group_quarters=group_quarters).oversize == oversize
+def test_every_rule_combination_is_charged_enough(unit, oversize, group_quarters, all_pairs, tmp_path):
+    """Every combination is accepted by the config (none is refused) and reaches the ingestion;
+    the charged sensitivity of a workload of every form covers the observed change on that
+    combination's worst-case neighbours (every workload: ``test_household_unit``, ``test_person_unit``)."""
+    from tasks.ingest import household_rules
+    from tests.test_config import write
+
+    rules = {"max_household_size": M, "oversize": oversize, "group_quarters": group_quarters}
+    cfg = load_config(write(tmp_path, lambda r: r.update(privacy_unit=unit, household_rules=rules)))
+    assert household_rules(cfg) == HouseholdRules(**rules, householders="exclude" if unit == "person" else "refuse")
     for w in EVERY_FORM:
-        check_sensitivity(lambda d: answer(d, w), DATA, unit, *w.sensitivity(DOMAIN, unit),
+        check_sensitivity(lambda d, w=w: answer(d, w), DATA, unit, *w.sensitivity(DOMAIN, unit),
                           pairs=all_pairs[(unit, oversize, group_quarters)])
 
 
