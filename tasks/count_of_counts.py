@@ -4,9 +4,10 @@ charged measurements, unless the release declares ``invariants: [puma_household_
 
 - ``count_of_counts_task``: per node of every level, the household sizes 1..K measured with the
   discrete Gaussian (default) or the paper's discrete Laplace, in the form that is cheaper for the
-  privacy unit (``engine.privacy.session.size_form``: the size histogram under both units). The noisy G of every node (and of the
-  ``group_counts`` stage, when it has a share) are merged by inverse variance and made consistent
-  (nonnegative integers, children summing to their parent; exact integer least squares). Then
+  privacy unit (``engine.privacy.session.size_form``: the size histogram under both units). The
+  noisy G of every node (and of the ``group_counts`` stage, when it has a share) are merged by
+  inverse variance and made consistent (nonnegative integers, children summing to their parent;
+  exact integer least squares). Then
   Hc[i] = G − (households of size ≥ i+1) is estimated per node (isotonic L1) and made consistent
   top-down. Synthesis uses the raw noisy size histograms as measurements of the size marginal
   (``size_measurements``: independent noise of the known σ), weighed against its own
