@@ -171,8 +171,7 @@ def neighbour_pairs(
         return pairs
 
     # person unit: each raw neighbour, then what the ingestion rules make of it (join_household)
-    sizes = data.sizes
-    assert sizes.max() <= M
+    assert data.sizes.max() <= M
 
     def replaced(h: int, persons: np.ndarray | None) -> HierarchicalData:
         """``data`` with household h's persons replaced (None: the household excluded)."""
@@ -205,9 +204,9 @@ def neighbour_pairs(
         g, p = random_household(d, 1, rng, rederive)
         pairs.append((data, _with(data, geo0, g, p)))
     # worst cases: households of M − 1 and of M persons (all identical / all different as above,
-    # the others' values held constant) gain a newcomer after the householder — a copy, random
-    # persons, a person in a new cell of the focus set, persons differing from the householder
-    # in every attribute — or lose their householder
+    # the others' values held constant) gain a newcomer right after the householder or last — a
+    # copy, random persons, the householder's copy but for one attribute, persons in a new cell of
+    # the focus set differing from the householder elsewhere — or lose their householder
     width = max(d.person_sizes)
     bases = [_constant_persons(d, m, k) for m in (M - 1, M) if m >= 1 for k in range(identical_variants)]
     focus_bases = [(fs, _distinct_persons(d, m, fs, rng, constant=k)) for m in (M - 1, M) if m >= 1
