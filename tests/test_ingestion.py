@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from schemas.domain_spec import load_domain_spec
 from schemas.ingestion import HouseholdRules, load_person_file
 from schemas.release_config import load_config
 from schemas.release_schema import to_tables
@@ -135,3 +136,46 @@ def test_person_unit_excludes_a_unit_without_exactly_one_householder(tmp_path, n
                                       + report["oversize_persons_removed"] + report["persons_of_units_without_one_householder"])
     relp_group = data.person[:, data.domain.person_index("RELP_GROUP")]
     assert np.all(relp_group[data.person_offsets[:-1]] == 0)  # every household kept has its householder first
+
+
+@pytest.mark.parametrize("oversize", ["clip", "exclude"])
+@pytest.mark.parametrize("above_cap", [False, True])
+def test_a_person_joining_at_the_cap_is_encoded_as_the_sensitivity_harness_models_it(tmp_path, oversize, above_cap):
+    """The person-unit neighbour the sensitivities are charged for, through the real ingestion: a
+    person (a copy of the second one) joins a household of 4 right after its householder, with the
+    cap M = 4 (at the cap) or M = 3 (already above it). The encoded data are the harness's model
+    (``tests.sensitivity_harness.join_household``): under ``clip`` the newcomer replaces the last
+    kept person, under ``exclude`` a household at the cap leaves whole, one above it stays out."""
+    from tests import broken_inputs as bi
+    from tests.sensitivity_harness import join_household
+
+    if not bi.data_available():
+        pytest.skip(f"shared PUMS data missing at {bi.DATA}")
+    spec = load_domain_spec("acs_pums")
+    M = 3 if above_cap else 4
+    rules = HouseholdRules(max_household_size=M, oversize=oversize, householders="exclude")
+    t = bi.base_2018()
+    idx = t.find_household(4)
+    serial = t.serial(idx[0])
+    assert [t.get(i, "RELP") == "00" for i in idx] == [True, False, False, False]
+    before, _ = load_person_file(t.write(tmp_path / "before.csv"), spec, rules)
+    for k, i in enumerate(idx[1:], start=3):
+        t.set(i, "SPORDER", f"{k:02d}")
+    newcomer = list(t.rows[idx[1]])
+    t.rows.insert(idx[1], newcomer)
+    t.set(idx[1], "SPORDER", "02")
+    after, _ = load_person_file(t.write(tmp_path / "after.csv"), spec, rules)
+
+    hu_serials = [s for s, rows in t.households().items() if t.get(rows[0], "RELP") not in ("16", "17")]
+    sizes_raw = [len(t.households()[s]) - (s == serial) for s in hu_serials]
+    kept = [s for s, n in zip(hu_serials, sizes_raw) if oversize == "clip" or n <= M]
+    if serial not in kept:  # excluded before and after
+        assert after.equals(before)
+        return
+    h = kept.index(serial)
+    persons = before.person[before.person_offsets[h]:before.person_offsets[h + 1]]
+    joined = join_household(persons, persons[1], 1, M, oversize)
+    want = [before.person[before.person_offsets[g]:before.person_offsets[g + 1]] for g in range(before.n_households)]
+    want = [p for g, p in enumerate(want) if g != h] if joined is None else [joined if g == h else p for g, p in enumerate(want)]
+    got = [after.person[after.person_offsets[g]:after.person_offsets[g + 1]] for g in range(after.n_households)]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
