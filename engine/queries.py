@@ -31,6 +31,26 @@ from engine.hierarchical_data import HierarchicalData
 
 Level = Literal["group", "person"]
 PrivacyUnit = Literal["household", "person"]
+"""What one individual's data is: the neighbouring relation every sensitivity here is charged for.
+
+``household``: two inputs are neighbours when one holds one more housing unit (with all its
+persons) or one more group-quarters person. Every ingestion rule maps that to at most one more
+encoded household of at most M persons (an oversize household is clipped to M persons or
+dropped; a group-quarters person is dropped or is a one-person household).
+
+``person``: two inputs are neighbours when one holds one more person record, who joins an
+existing unit (sharing its serial number and geography, with a person number of its own) or is
+alone in a new one. What the encoded data see (``docs/privacy.md``): a household of s < M persons
+gains one; a household at the cap M (or above it) gains one — under ``oversize: clip`` one of its
+kept persons may be replaced by the newcomer (they are kept in person-number order, the
+householder first), under ``oversize: exclude`` a household of M disappears whole; a one-person
+household appears; a housing unit whose householder is removed, or that gains a second
+householder, is excluded whole at ingestion (``schemas.ingestion.HouseholdRules.householders``),
+so that neighbour removes a whole household of at most M persons. Every sensitivity charged
+under the person unit covers all of these, so every person, householder included, has the
+release's guarantee: a householder's presence may carry their housing unit's other persons in or
+out of the input, and that whole change is what is bounded.
+"""
 
 
 @dataclass(frozen=True, order=True)
@@ -134,20 +154,20 @@ class Workload:
         household unit (add/remove one household of ≤ M persons):
           group, S_I = ∅: 1 / 1;  group, S_I ≠ ∅: c / √c with c = min(M, |dom S_I|);
           person: m / m with m = min(M, first) the persons counted (all may fall into one cell).
-        person unit (add/remove one person of an existing household; the household's derived
-        attributes — size, householder's attributes, presence of children … — may change):
+        person unit (:data:`PrivacyUnit`: one household's persons change — one joins or leaves,
+        or, at the cap M under ``oversize: clip``, one of its M kept persons is replaced by the
+        newcomer — and its derived attributes — size, householder's attributes, presence of
+        children … — may change; or a whole household of ≤ M persons appears or disappears):
           group, S_I = ∅: the household moves cell: 2 / √2;
-          group, S_I ≠ ∅: before the change the household had at most M−1 persons, so it leaves at
-            most a = min(M−1, |dom S_I|) cells and enters at most b = min(M, |dom S_I|) cells, each
-            by one: a+b / √(a+b) (2M−1 when |dom S_I| ≥ M; attained when a derived group attribute
-            such as NP moves the household);
-          person: the existing persons (≤ M−1) may all move from one cell to another and the added
-            person joins one: with a = min(M−1, first) counted before and b = min(M, first) after,
-            L1 = a + b, L2 = √(a² + b²) (2(M−1)+1 and √((M−1)² + M²) without ``first``; with
-            ``first`` a person inserted among the first pushes the last counted one out, within
-            the same bound).
-          The person that forms a new one-person household (or the removal of a household's only
-          person) changes each vector by one cell, within every bound above.
+          group, S_I ≠ ∅: the household leaves at most c = min(M, |dom S_I|) cells and enters at
+            most c, each by one: 2c / √(2c) (attained at the cap under ``clip``, a replaced person
+            changing a derived group attribute such as the presence of children);
+          person: the m = min(M, first) persons counted before may all move to another cell and
+            m are counted after: 2m / √2·m (with ``first`` a person inserted among the first
+            pushes the last counted one out, within the same bound).
+          A household appearing or disappearing changes each vector by at most its household-unit
+          bound, within the bounds above. Under ``oversize: exclude`` no household keeps M persons
+          on both sides, so 2M−1 would do there when |dom S_I| ≥ M; one bound serves every rule.
         """
         M = domain.max_size
         if self.normalised:
@@ -159,13 +179,11 @@ class Workload:
             c = min(M, dom_i)
             if unit == "household":
                 return float(c), math.sqrt(c)
-            moved = min(M - 1, dom_i) + c
-            return float(moved), math.sqrt(moved)
-        b = self.counted_persons(M)
+            return float(2 * c), math.sqrt(2 * c)
+        m = self.counted_persons(M)
         if unit == "household":
-            return float(b), float(b)
-        a = min(M - 1, b)
-        return float(a + b), math.sqrt(a**2 + b**2)
+            return float(m), float(m)
+        return float(2 * m), math.sqrt(2.0) * m
 
     def _normalised_sensitivity(self, domain: Domain, unit: PrivacyUnit) -> tuple[float, float]:
         """A normalised workload (class docstring): every household's column is a non-negative

@@ -8,6 +8,14 @@ silently):
 - ``oversize`` (households above the size cap M): ``clip`` (default) keeps the householder and the
   next M−1 persons by SPORDER and counts the persons removed; ``exclude`` drops the whole household
   and counts households and persons.
+- ``householders`` (a housing unit without exactly one householder): ``refuse`` (the household
+  unit) makes it an input error; ``exclude`` (the person unit, where removing one person — the
+  householder — or adding a second householder must still give a release) drops the whole unit
+  and counts units and persons. Every household encoded therefore has its householder first.
+
+What each rule makes of a neighbour (one household, or one person, added or removed) is worked
+out in ``docs/privacy.md`` and charged by ``engine.queries.Workload.sensitivity`` and
+``engine.privacy.session.size_counts_sensitivity``.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import numpy as np
 from engine import encoding
 from engine.hierarchical_data import HierarchicalData
 from schemas.domain_spec import DomainSpec
-from schemas.pums_reader import PersonTable, read_person_file
+from schemas.pums_reader import PersonTable, householder_counts, read_person_file
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,7 @@ class HouseholdRules:
     max_household_size: int = 8
     group_quarters: Literal["exclude", "single_person_households"] = "exclude"
     oversize: Literal["clip", "exclude"] = "clip"
+    householders: Literal["refuse", "exclude"] = "refuse"
 
 
 def encode_person_table(t: PersonTable, spec: DomainSpec, rules: HouseholdRules) -> tuple[HierarchicalData, dict]:
@@ -48,9 +57,18 @@ def encode_person_table(t: PersonTable, spec: DomainSpec, rules: HouseholdRules)
         "oversize_households": 0,
         "oversize_persons_removed": 0,
         "oversize_households_excluded": 0,
+        "householders_rule": rules.householders,
+        "units_without_one_householder_excluded": 0,
+        "persons_of_units_without_one_householder": 0,
     }
     keep = np.ones(len(hh), dtype=bool)
     is_head = relp == spec.householder_code
+    if rules.householders == "exclude":
+        headless = householder_counts(hh, relp, t.is_gq, spec.householder_code, t.n_households) != 1
+        drop = headless[hh] & ~t.is_gq
+        report["units_without_one_householder_excluded"] = int(np.unique(hh[drop]).size)
+        report["persons_of_units_without_one_householder"] = int(drop.sum())
+        keep &= ~drop
     if rules.group_quarters == "exclude":
         keep &= ~t.is_gq
         report["group_quarters_persons_excluded"] = int(t.is_gq.sum())
@@ -82,4 +100,5 @@ def encode_person_table(t: PersonTable, spec: DomainSpec, rules: HouseholdRules)
 
 
 def load_person_file(path, spec: DomainSpec, rules: HouseholdRules, layout: str = "auto", housing=None) -> tuple[HierarchicalData, dict]:
-    return encode_person_table(read_person_file(path, spec, layout=layout, housing=housing), spec, rules)
+    table = read_person_file(path, spec, layout=layout, housing=housing, householders=rules.householders)
+    return encode_person_table(table, spec, rules)

@@ -22,6 +22,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -156,8 +157,13 @@ def _locate_bad_row(name: str, data: bytes, n_fields: int) -> InputIssue:
     return InputIssue(name, "the CSV cannot be parsed", check="row")
 
 
-def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", housing: str | Path | None = None) -> PersonTable:
-    """Read, validate and parse one person file. Raises :class:`InputError` listing every issue."""
+def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", housing: str | Path | None = None,
+                     householders: Literal["refuse", "exclude"] = "refuse") -> PersonTable:
+    """Read, validate and parse one person file. Raises :class:`InputError` listing every issue.
+
+    ``householders``: a housing unit without exactly one householder is an input error
+    (``refuse``), or is left to the encoding to exclude (``exclude``: the rule of the person unit,
+    ``schemas.ingestion.HouseholdRules.householders``)."""
     path = Path(path)
     layout = detect_layout(path) if layout == "auto" else layout
     if layout not in LAYOUTS:
@@ -271,14 +277,14 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
         dmask = np.isin(key, np.unique(key)[dup_keys])
         dlines = line[dmask]
         issues.append(InputIssue(name, "duplicate person (SERIALNO, SPORDER): the same person number appears twice in one household", line=int(dlines[1] if len(dlines) > 1 else dlines[0]), column="SPORDER", count=int(dup_keys.sum()), check="households"))
-    # exactly one householder per housing unit
-    hu = ~is_gq
-    n_head = np.bincount(hh[hu], weights=(relp[hu] == spec.householder_code).astype(np.float64), minlength=n_hh)
-    hu_hh = np.bincount(hh[hu], minlength=n_hh) > 0
-    for bad, msg in ((hu_hh & (n_head == 0), "household without a householder (no person with RELP 00)"), (n_head > 1, "household with more than one householder (RELP 00)")):
-        if bad.any():
-            first_line = int(line[bad[hh]][0])
-            issues.append(InputIssue(name, msg, line=first_line, column=spec.relationship_column, count=int(bad.sum()), check="households"))
+    # exactly one householder per housing unit (unless the encoding excludes the others)
+    if householders == "refuse":
+        n_head = householder_counts(hh, relp, is_gq, spec.householder_code, n_hh)
+        hu_hh = np.bincount(hh[~is_gq], minlength=n_hh) > 0
+        for bad, msg in ((hu_hh & (n_head == 0), "household without a householder (no person with RELP 00)"), (n_head > 1, "household with more than one householder (RELP 00)")):
+            if bad.any():
+                first_line = int(line[bad[hh]][0])
+                issues.append(InputIssue(name, msg, line=first_line, column=spec.relationship_column, count=int(bad.sum()), check="households"))
     # geography constant within a household
     for g in spec.geography:
         v = cols[g]
@@ -292,6 +298,13 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
     if issues:
         raise InputError(issues)
     return PersonTable(name, layout, sha, cols | {"_household": hh}, n_hh, is_gq, line, vacant, extra)
+
+
+def householder_counts(hh: np.ndarray, relp: np.ndarray, is_gq: np.ndarray, householder_code: int, n_hh: int) -> np.ndarray:
+    """Householders (relationship code ``householder_code``) among the housing-unit persons of
+    every unit, ``(n_hh,)`` int64 (0 for group-quarters units)."""
+    hu = ~is_gq
+    return np.bincount(hh[hu], weights=(relp[hu] == householder_code).astype(np.float64), minlength=n_hh).astype(np.int64)
 
 
 def _parse_int_column(name: str, c: str, s: SourceColumn, raw: pd.Series, blanks, line: np.ndarray, cols: dict) -> list[InputIssue]:

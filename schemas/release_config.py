@@ -115,6 +115,10 @@ class AllocationSpec(_Strict):
 
 
 class HouseholdRulesSpec(_Strict):
+    """The ingestion rules (``schemas.ingestion.HouseholdRules``). Every combination with either
+    privacy unit is accepted: each is charged its worst-case neighbour (``docs/privacy.md``), and
+    under the person unit a housing unit without exactly one householder is excluded."""
+
     max_household_size: int = Field(default=8, ge=1, le=20)
     group_quarters: Literal["exclude", "single_person_households"] = "exclude"
     oversize: Literal["clip", "exclude"] = "clip"

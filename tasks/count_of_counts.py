@@ -4,10 +4,10 @@ charged measurements, unless the release declares ``invariants: [puma_household_
 
 - ``count_of_counts_task``: per node of every level, the household sizes 1..K measured with the
   discrete Gaussian (default) or the paper's discrete Laplace, in the form that is cheaper for the
-  privacy unit (``engine.privacy.session.size_form``: the size histogram under the household
-  unit, the households of size ≥ k under the person unit). The noisy G of every node (and of the
-  ``group_counts`` stage, when it has a share) are merged by inverse variance and made consistent
-  (nonnegative integers, children summing to their parent; exact integer least squares). Then
+  privacy unit (``engine.privacy.session.size_form``: the size histogram under both units). The
+  noisy G of every node (and of the ``group_counts`` stage, when it has a share) are merged by
+  inverse variance and made consistent (nonnegative integers, children summing to their parent;
+  exact integer least squares). Then
   Hc[i] = G − (households of size ≥ i+1) is estimated per node (isotonic L1) and made consistent
   top-down. Synthesis uses the raw noisy size histograms as measurements of the size marginal
   (``size_measurements``: independent noise of the known σ), weighed against its own
@@ -168,9 +168,9 @@ def has_histograms(path: str) -> bool:
 
 def size_measurements(path: str, level: str) -> dict[tuple[int, ...], tuple[list[float], float]]:
     """{node: (noisy households of size 1..K, noise sd of one entry)} of one level of a
-    count-of-counts result: the raw size measurements (histogram form; under the person unit the
-    differences of the measured at-least counts, whose sd is √2 σ), which synthesis fits with its
-    own measurements."""
+    count-of-counts result: the raw size measurements (histogram form; from a measurement of the
+    at-least counts, their differences, whose sd is √2 σ), which synthesis fits with its own
+    measurements."""
     lv_index = LEVELS.index(level)
     with np.load(path, allow_pickle=False) as z:
         keys, lv, raw, sd = z["keys"], z["level"], z["raw_histograms"], z["histogram_sd"]

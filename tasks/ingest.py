@@ -16,8 +16,12 @@ from tasks.run_context import RunPaths, save_npz_atomic, write_json_atomic
 
 
 def household_rules(cfg: ReleaseConfig) -> HouseholdRules:
+    """The config's household rules; under the person unit a housing unit without exactly one
+    householder is excluded rather than refused, so that every neighbour (a householder removed,
+    a second one added) still gives a release (``docs/privacy.md``)."""
     r = cfg.household_rules
-    return HouseholdRules(r.max_household_size, r.group_quarters, r.oversize)
+    return HouseholdRules(r.max_household_size, r.group_quarters, r.oversize,
+                          householders="exclude" if cfg.privacy_unit == "person" else "refuse")
 
 
 def load_input(cfg: ReleaseConfig, spec: InputSpec) -> tuple[HierarchicalData, dict]:

@@ -10,17 +10,30 @@ Neighbouring relations (design/hierarchical_queries.md, "Privacy unit"):
   min(M, |dom|) persons have pairwise different values there) — by default one such household for
   every subset of ≤ 3 person attributes, which attains c = min(M, |dom S_I|) for any workload
   with |S_I| ≤ 3.
-* ``person``: D' = D with one person added to (or removed from) an existing household. The
-  household's group attributes that are functions of its persons are re-derived through the
-  ``rederive(group_row, persons, domain) -> group_row`` callable. The default
-  :func:`rederive_size_only` recomputes NP and keeps all other group attributes — correct for
-  domains whose other group attributes are not derived from persons; pass your own callable when
-  they are (the engine tests derive a HAS_CHILD attribute that way). Worst cases: a household of
-  M−1 persons (all identical / all different as above) is added to the base data, and the neighbour
-  has the same household with an M-th person (a copy, a "new" mixed-radix person, random persons).
-  Households of size M get no person added (the domain caps size at M). A person may also arrive
-  alone and form a new one-person household, or a one-person household may lose its only person
-  and disappear: household counts are therefore not invariant under the person unit either.
+* ``person``: D' = D with one person added to (or removed from) an existing household, as the
+  ingestion (``schemas.ingestion``) encodes it under the rules passed (``oversize``,
+  ``group_quarters``). The household's group attributes that are functions of its persons are
+  re-derived through the ``rederive(group_row, persons, domain) -> group_row`` callable. The
+  default :func:`rederive_size_only` recomputes NP and keeps all other group attributes — correct
+  for domains whose other group attributes are not derived from persons; pass your own callable
+  when they are (the engine tests derive a HAS_CHILD attribute that way). The first person of a
+  household is its householder. Raw neighbours and what the encoded data see:
+  a person joins a household of s < M persons (s + 1); one joins a household at the cap M, or
+  above it (the kept persons are the same M) — ``clip`` keeps the first M by person number, so
+  the newcomer replaces the last kept person or is not kept, ``exclude`` drops the household of M
+  (and leaves one already above M excluded: no change); a non-householder leaves; the householder
+  leaves, or a second householder joins — the unit is excluded whole; a person arrives alone (a
+  new one-person household) or a one-person household loses its only person; under
+  ``group_quarters: single_person_households`` a group-quarters person arrives as a one-person
+  household (under ``exclude`` that neighbour changes nothing). Worst cases: households of M − 1
+  and of M persons (all identical / all different as above, the others' attributes constant) gain
+  a newcomer right after the householder and last — a copy, random persons, copies of the
+  householder but for one attribute (so a derived attribute such as "any child" flips while the
+  persons stay in one cell), and persons in a new cell of the focus set differing from the
+  householder elsewhere — or lose their householder.
+  Household counts are therefore not invariant under the person unit either.
+  The household unit's pairs serve every rule: an oversize household is clipped to M persons or
+  dropped, a group-quarters person dropped or a one-person household — one household of ≤ M.
 
 ``check_sensitivity`` returns the maximum observed (L1, L2) change so tests can also assert that a
 bound is attained. Randomness here only builds test data (a seeded numpy Generator is fine).
@@ -42,6 +55,7 @@ Pair = tuple[HierarchicalData, HierarchicalData]
 
 __all__ = [
     "check_sensitivity",
+    "join_household",
     "neighbour_pairs",
     "rederive_size_only",
     "household_data",
@@ -79,10 +93,17 @@ def random_household(domain: Domain, m: int, rng: np.random.Generator, rederive:
     return rederive(group, persons, domain), persons
 
 
-def _distinct_persons(domain: Domain, m: int, attrs: Sequence[str], rng: np.random.Generator, start: int = 0) -> np.ndarray:
+def _constant_persons(domain: Domain, m: int, k: int) -> np.ndarray:
+    """m identical persons, every attribute at value k (modulo its size)."""
+    return np.tile(np.array([k % s for s in domain.person_sizes], dtype=np.int64), (m, 1))
+
+
+def _distinct_persons(domain: Domain, m: int, attrs: Sequence[str], rng: np.random.Generator, start: int = 0,
+                      constant: int | None = None) -> np.ndarray:
     """m persons whose values on ``attrs`` enumerate dom(attrs) in mixed radix from ``start``
-    (pairwise different for the first |dom(attrs)| of them); other attributes random."""
-    p = _random_persons(domain, m, rng)
+    (pairwise different for the first |dom(attrs)| of them); other attributes random, or all at
+    value ``constant`` (modulo their size)."""
+    p = _random_persons(domain, m, rng) if constant is None else _constant_persons(domain, m, constant)
     sizes = [domain.person_attribute(a).size for a in attrs]
     n = int(np.prod(sizes))
     idx = (np.arange(start, start + m) % n).astype(np.int64)
@@ -112,10 +133,16 @@ def neighbour_pairs(
     rederive: Rederive = rederive_size_only,
     focus: Iterable[Sequence[str]] | None = None,
     identical_variants: int = 3,
+    oversize: str = "clip",
+    group_quarters: str = "exclude",
 ) -> list[Pair]:
-    """Random and worst-case neighbouring pairs (D, D') of ``data`` under the privacy unit."""
+    """Random and worst-case neighbouring pairs (D, D') of ``data`` under the privacy unit and
+    the ingestion rules (``schemas.ingestion.HouseholdRules``: ``oversize``, ``group_quarters``;
+    under the person unit a housing unit without exactly one householder is excluded)."""
     if unit not in ("household", "person"):
         raise ValueError(f"unit must be 'household' or 'person', got {unit!r}")
+    if oversize not in ("clip", "exclude") or group_quarters not in ("exclude", "single_person_households"):
+        raise ValueError(f"unknown ingestion rules oversize={oversize!r}, group_quarters={group_quarters!r}")
     rng = np.random.default_rng() if rng is None else rng
     d = data.domain
     M = d.max_size
@@ -143,49 +170,87 @@ def neighbour_pairs(
             pairs.append((data, _with(data, geo0, g, p)))
         return pairs
 
-    # person unit
-    sizes = data.sizes
+    # person unit: each raw neighbour, then what the ingestion rules make of it (join_household)
+    assert data.sizes.max() <= M
+
+    def replaced(h: int, persons: np.ndarray | None) -> HierarchicalData:
+        """``data`` with household h's persons replaced (None: the household excluded)."""
+        keep = np.ones(n, dtype=bool)
+        keep[h] = False
+        rest = data.select(keep)
+        if persons is None:
+            return rest
+        return _with(rest, data.geo[h], rederive(data.group[h].astype(np.int64), persons, d), persons)
+
     for _ in range(trials):
         h = int(rng.integers(n))
         start, stop = int(data.person_offsets[h]), int(data.person_offsets[h + 1])
         persons = data.person[start:stop].astype(np.int64)
-        if rng.random() < 0.2:  # the person arrives alone (new household) or leaves a one-person one
+        r = rng.random()
+        if r < 0.15:  # the person arrives alone (new household) or leaves a one-person one
             if len(persons) == 1:
-                keep = np.ones(n, dtype=bool)
-                keep[h] = False
-                pairs.append((data, data.select(keep)))
+                pairs.append((data, replaced(h, None)))
             else:
                 g, p = random_household(d, 1, rng, rederive)
                 pairs.append((data, _with(data, data.geo[h], g, p)))
-            continue
-        can_add, can_remove = len(persons) < M, len(persons) >= 2
-        if not (can_add or can_remove):
-            continue
-        if can_add and (not can_remove or rng.random() < 0.5):
-            new_p = _random_persons(d, 1, rng)
-            pos = int(rng.integers(0, len(persons) + 1))
-            new_persons = np.insert(persons, pos, new_p[0], axis=0)
-        else:
-            new_persons = np.delete(persons, int(rng.integers(len(persons))), axis=0)
-        new_group = rederive(data.group[h].astype(np.int64), new_persons, d)
-        keep = np.ones(n, dtype=bool)
-        keep[h] = False
-        pairs.append((data, _with(data.select(keep), data.geo[h], new_group, new_persons)))
-    assert sizes.max() <= M
-    if M >= 2:
-        bases = [np.repeat(_random_persons(d, 1, rng), M - 1, axis=0) for _ in range(identical_variants)]
-        bases += [_distinct_persons(d, M - 1, fs, rng) for fs in focus_sets]
-        for i, p in enumerate(bases):
-            g0 = rederive(np.array([rng.integers(0, s) for s in d.group_sizes], dtype=np.int64), p, d)
-            before = _with(data, geo0, g0, p)
-            fs = focus_sets[i - identical_variants] if i >= identical_variants else None
-            additions = [p[:1], _random_persons(d, 1, rng), _random_persons(d, 1, rng)]
-            if fs is not None:
-                additions.append(_distinct_persons(d, 1, fs, rng, start=M - 1))
-            for extra in additions:
-                q = np.vstack([p, extra])
-                pairs.append((before, _with(data, geo0, rederive(g0, q, d), q)))
+        elif r < 0.25:  # the householder leaves, or a second one joins: the unit is excluded
+            pairs.append((data, replaced(h, None)))
+        elif r < 0.6 and len(persons) >= 2:  # a person other than the householder leaves
+            pairs.append((data, replaced(h, np.delete(persons, int(rng.integers(1, len(persons))), axis=0))))
+        else:  # a person joins, after the householder
+            pos = int(rng.integers(1, len(persons) + 1))
+            pairs.append((data, replaced(h, join_household(persons, _random_persons(d, 1, rng)[0], pos, M, oversize))))
+    if group_quarters == "single_person_households":  # a group-quarters person: a one-person household
+        g, p = random_household(d, 1, rng, rederive)
+        pairs.append((data, _with(data, geo0, g, p)))
+    # worst cases: households of M − 1 and of M persons (all identical / all different as above,
+    # the others' values held constant) gain a newcomer right after the householder or last — a
+    # copy, random persons, the householder's copy but for one attribute, persons in a new cell of
+    # the focus set differing from the householder elsewhere — or lose their householder
+    width = max(d.person_sizes)
+    bases = [_constant_persons(d, m, k) for m in (M - 1, M) if m >= 1 for k in range(identical_variants)]
+    focus_bases = [(fs, _distinct_persons(d, m, fs, rng, constant=k)) for m in (M - 1, M) if m >= 1
+                   for fs in focus_sets for k in range(2)]
+    for fs, p in [(None, p) for p in bases] + focus_bases:
+        g0 = rederive(np.array([rng.integers(0, s) for s in d.group_sizes], dtype=np.int64), p, d)
+        before = _with(data, geo0, g0, p)
+        pairs.append((before, data))  # the householder leaves: the unit is excluded
+        newcomers = [p[0], _random_persons(d, 1, rng)[0], _random_persons(d, 1, rng)[0]]
+        for j, size in enumerate(d.person_sizes):  # the householder's copy but for one attribute
+            for k in range(1, size):
+                q = p[0].copy()
+                q[j] = (q[j] + k) % size
+                newcomers.append(q)
+        if fs is not None:
+            nxt = _distinct_persons(d, 1, fs, rng, start=len(p))[0]
+            focus_idx = [d.person_index(a) for a in fs]
+            for k in range(1, width):
+                q = (p[0] + k) % np.asarray(d.person_sizes)
+                q[focus_idx] = nxt[focus_idx]
+                newcomers.append(q)
+        for extra in newcomers:
+            for pos in sorted({1, len(p)}):
+                q = join_household(p, extra, pos, M, oversize)
+                pairs.append((before, data if q is None else _with(data, geo0, rederive(g0, q, d), q)))
     return pairs
+
+
+def join_household(persons: np.ndarray, newcomer: np.ndarray, pos: int, M: int, oversize: str) -> np.ndarray | None:
+    """The encoded household after ``newcomer`` joins the raw one whose kept persons are
+    ``persons`` (householder first), at person-number position ``pos`` ≥ 1, under the ingestion's
+    oversize rule (``schemas.ingestion.encode_person_table``): below the cap it gains the person;
+    at the cap M (or above it: the kept persons are the same) ``clip`` keeps the first M — the
+    newcomer replaces the last kept person, or is not kept — and ``exclude`` drops the household
+    (None). Under ``exclude`` a raw household already above M stays excluded: no change, no pair."""
+    if pos < 1:
+        raise ValueError("the householder stays first: a newcomer joins after them")
+    if len(persons) < M:
+        return np.insert(persons, pos, newcomer, axis=0)
+    if oversize == "exclude":
+        return None
+    if oversize != "clip":
+        raise ValueError(f"unknown oversize rule {oversize!r}")
+    return np.insert(persons, pos, newcomer, axis=0)[:M]
 
 
 def check_sensitivity(
@@ -201,6 +266,8 @@ def check_sensitivity(
     focus: Iterable[Sequence[str]] | None = None,
     pairs: Sequence[Pair] | None = None,
     tol: float = 1e-9,
+    oversize: str = "clip",
+    group_quarters: str = "exclude",
 ) -> tuple[float, float]:
     """Assert that ``workload_fn`` moves by at most (l1_bound, l2_bound) between neighbours.
 
@@ -209,7 +276,8 @@ def check_sensitivity(
     Raises ``AssertionError`` naming the offending pair's change when a bound is violated.
     """
     if pairs is None:
-        pairs = neighbour_pairs(data, unit, trials=trials, rng=rng, rederive=rederive, focus=focus)
+        pairs = neighbour_pairs(data, unit, trials=trials, rng=rng, rederive=rederive, focus=focus, oversize=oversize,
+                                group_quarters=group_quarters)
     cache: dict[int, np.ndarray] = {}
 
     def ans(x: HierarchicalData) -> np.ndarray:

@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from schemas.domain_spec import load_domain_spec
 from schemas.ingestion import HouseholdRules, load_person_file
+from schemas.release_config import load_config
 from schemas.release_schema import to_tables
 from tests.conftest import ACS2013_DE, ACS2018
 
@@ -106,3 +108,74 @@ def test_all_twelve_states_load(domain_spec):
         assert len(np.unique(data.geo[:, 0])) == 1
         total += data.n_households
     assert 50_000 < total < 60_000
+
+
+@pytest.mark.parametrize("name", ["no_householder", "two_householders"])
+def test_person_unit_excludes_a_unit_without_exactly_one_householder(tmp_path, name):
+    """A householder removed, or a second one added (person-unit neighbours), still gives an input:
+    under the person unit the unit is excluded whole and counted; under the household unit the
+    same file is refused (the negative control: without the rule the neighbour is an error)."""
+    from schemas.pums_reader import InputError
+    from tasks.ingest import household_rules
+    from tests import broken_inputs as bi
+    from tests.test_config import DEFAULT, write
+
+    if not bi.data_available():
+        pytest.skip(f"shared PUMS data missing at {bi.DATA}")
+    broken = bi.BUILDERS[name](tmp_path)
+    spec = broken.spec()
+    person_cfg = load_config(write(tmp_path, lambda r: r.update(privacy_unit="person")))
+    assert household_rules(person_cfg).householders == "exclude" and household_rules(load_config(DEFAULT)).householders == "refuse"
+    with pytest.raises(InputError, match="householder"):
+        load_person_file(broken.path, spec, household_rules(load_config(DEFAULT)))
+    data, report = load_person_file(broken.path, spec, household_rules(person_cfg))
+    intact, _ = load_person_file(bi.base_2018().write(tmp_path / "intact.csv"), spec, household_rules(person_cfg))
+    assert report["units_without_one_householder_excluded"] == 1 and data.n_households == intact.n_households - 1
+    assert report["persons_of_units_without_one_householder"] == 2 and data.n_persons == intact.n_persons - 2
+    assert report["persons_read"] == (report["persons_encoded"] + report["group_quarters_persons_excluded"]
+                                      + report["oversize_persons_removed"] + report["persons_of_units_without_one_householder"])
+    relp_group = data.person[:, data.domain.person_index("RELP_GROUP")]
+    assert np.all(relp_group[data.person_offsets[:-1]] == 0)  # every household kept has its householder first
+
+
+@pytest.mark.parametrize("oversize", ["clip", "exclude"])
+@pytest.mark.parametrize("above_cap", [False, True])
+def test_a_person_joining_at_the_cap_is_encoded_as_the_sensitivity_harness_models_it(tmp_path, oversize, above_cap):
+    """The person-unit neighbour the sensitivities are charged for, through the real ingestion: a
+    person (a copy of the second one) joins a household of 4 right after its householder, with the
+    cap M = 4 (at the cap) or M = 3 (already above it). The encoded data are the harness's model
+    (``tests.sensitivity_harness.join_household``): under ``clip`` the newcomer replaces the last
+    kept person, under ``exclude`` a household at the cap leaves whole, one above it stays out."""
+    from tests import broken_inputs as bi
+    from tests.sensitivity_harness import join_household
+
+    if not bi.data_available():
+        pytest.skip(f"shared PUMS data missing at {bi.DATA}")
+    spec = load_domain_spec("acs_pums")
+    M = 3 if above_cap else 4
+    rules = HouseholdRules(max_household_size=M, oversize=oversize, householders="exclude")
+    t = bi.base_2018()
+    idx = t.find_household(4)
+    serial = t.serial(idx[0])
+    assert [t.get(i, "RELP") == "00" for i in idx] == [True, False, False, False]
+    before, _ = load_person_file(t.write(tmp_path / "before.csv"), spec, rules)
+    for k, i in enumerate(idx[1:], start=3):
+        t.set(i, "SPORDER", f"{k:02d}")
+    newcomer = list(t.rows[idx[1]])
+    t.rows.insert(idx[1], newcomer)
+    t.set(idx[1], "SPORDER", "02")
+    after, _ = load_person_file(t.write(tmp_path / "after.csv"), spec, rules)
+
+    hu_serials = [s for s, rows in t.households().items() if t.get(rows[0], "RELP") not in ("16", "17")]
+    sizes_raw = [len(t.households()[s]) - (s == serial) for s in hu_serials]
+    kept = [s for s, n in zip(hu_serials, sizes_raw) if oversize == "clip" or n <= M]
+    if serial not in kept:  # excluded before and after
+        assert after.equals(before)
+        return
+    h = kept.index(serial)
+    persons = before.person[before.person_offsets[h]:before.person_offsets[h + 1]]
+    joined = join_household(persons, persons[1], 1, M, oversize)
+    want = [before.person[before.person_offsets[g]:before.person_offsets[g + 1]] for g in range(before.n_households)]
+    want = [p for g, p in enumerate(want) if g != h] if joined is None else [joined if g == h else p for g, p in enumerate(want)]
+    got = [after.person[after.person_offsets[g]:after.person_offsets[g + 1]] for g in range(after.n_households)]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))

@@ -16,7 +16,7 @@ import pytest
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementIntegrityError, MeasurementStore
-from engine.privacy.session import PrivateSession
+from engine.privacy.session import PrivateSession, size_counts, size_counts_sensitivity
 from engine.queries import Workload, answer
 from schemas.release_schema import MEASUREMENTS_SCHEMA
 from tasks.measurements_table import cell_labels, manifest_entry, measurements_table, store_measurements_table
@@ -36,16 +36,19 @@ def data():
 @pytest.fixture
 def store(tmp_path, data) -> MeasurementStore:
     """A store with measurements of every kind the pipeline makes: marginal workloads (group and
-    person level), size histogram (household unit), size at-least counts (person unit, discrete
-    Laplace), a household count and an exponential-mechanism selection."""
+    person level), size histogram (household unit), size at-least counts (discrete Laplace; the
+    form the table reads, at its whole-household sensitivity — the session measures the histogram,
+    the cheaper form under both units), a household count and an exponential-mechanism selection."""
     ledger = PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(5000, {"s": 1}, {"s": LEVELS}))
     store = MeasurementStore(tmp_path / "m")
     hh = PrivateSession(data, "household", ledger, store)
-    pp = PrivateSession(data, "person", ledger, store)
     hh.measure_workload("s", "state", (10,), WIDE, LOW_RHO)
     hh.measure_workload("s", "puma", (10, 200), PERSONS, Fraction(1, 10), tag="round-1")
     hh.measure_sizes("s", "nation", (), 4, Fraction(1, 10))
-    pp.measure_sizes("s", "state", (10,), 4, Fraction(1, 10), "laplace")
+    state = data.select(data.node_mask((10,)))
+    store.measure_laplace(key="s/ST=10/sizes", ledger=ledger, stage="s", level="state", node="ST=10", workload_id="size_at_least",
+                          true_answer=size_counts(state.sizes, 4), l1_sensitivity=size_counts_sensitivity(4, "person", "at_least")[0],
+                          rho=Fraction(1, 10))
     hh.measure_household_count("s", "puma", (10, 100), Fraction(1, 10))
     ws = [Workload("group", ("TEN",)), Workload("person", (), ("SEX",)), Workload("group", ("NP",))]
     hh.select_worst_workload("s", "state", (10,), "round-2", ws, [300.0, 600.0, 300.0], np.zeros(2 + 2 + 4), 1.0, 1.0 / 100)

@@ -132,7 +132,8 @@ def cell_sensitivity(w: Workload, domain: Domain, unit: PrivacyUnit) -> float:
 
     group level: one household is in or out of a cell (a moved household leaves one cell and
     enters another): 1. person level: a household's ≤ M persons can all fall into one cell: M
-    (under the person unit, M − 1 movers plus the added person). Never above the L1 bound of
+    (under the person unit too: a household's M persons leave one cell for another, or a whole
+    household of M appears). Never above the L1 bound of
     ``Workload.sensitivity``.
     """
     l1, _ = w.sensitivity(domain, unit)

@@ -18,9 +18,11 @@ What a session gives without a charge is public by declaration:
 Measurement keys are ``<stage>/<node key>/[<tag>/]<name>`` (node keys from
 :func:`engine.geography.node_key`), one key per measurement of a run.
 
-Neighbouring relations (``unit``): ``household`` — add or remove one household with all its
-persons; ``person`` — add or remove one person, who joins (or leaves) an existing household or
-forms (or was) a one-person household.
+Neighbouring relations (``unit``, :data:`engine.queries.PrivacyUnit`): ``household`` — add or
+remove one household with all its persons; ``person`` — add or remove one person, who joins (or
+leaves) an existing household or forms (or was) a one-person household, and which — through the
+ingestion rules — may also replace a kept person of a household at the size cap, or add or
+remove a whole household (oversize ``exclude``; a housing unit losing its householder).
 """
 
 from __future__ import annotations
@@ -55,9 +57,8 @@ class InvariantNotDeclared(DPReleaseError, PermissionError):
 def size_counts(sizes: np.ndarray, K: int) -> np.ndarray:
     """Households of size at least k, k = 1..K (sizes above K count as K): ``(K,)`` int64.
 
-    Entry 0 is the household count G. The upper-cumulative form makes the person unit cheap:
-    a person joining a household of size s < K raises entry s by one; a person forming a new
-    household raises entry 0 by one.
+    Entry 0 is the household count G. A person joining a household of size s < K raises entry s
+    by one, but a whole household (of any size, under either unit) moves min(size, K) entries.
     """
     return np.cumsum(size_histogram(sizes, K)[::-1])[::-1].astype(np.int64)
 
@@ -73,32 +74,39 @@ SizeForm = Literal["histogram", "at_least"]
 
 def size_form(unit: PrivacyUnit) -> SizeForm:
     """The form in which a node's household sizes are measured, the cheaper one for the unit:
-    the histogram under the household unit (one household enters one entry: sensitivity 1,
-    where the at-least form has √K), the at-least counts under the person unit (one person moves
-    one entry: sensitivity 1, where the histogram has 2)."""
-    if unit == "household":
-        return "histogram"
-    if unit == "person":
-        return "at_least"
-    raise ValueError(f"unknown privacy unit {unit!r}")
+    the histogram under both units (:func:`size_counts_sensitivity`: √1 and √2 where the
+    at-least counts have √K under both, a whole household of size K entering or leaving under the
+    person unit too — oversize ``exclude``, a housing unit losing its householder)."""
+    if unit not in ("household", "person"):
+        raise ValueError(f"unknown privacy unit {unit!r}")
+    return "histogram"
 
 
 def size_counts_sensitivity(K: int, unit: PrivacyUnit, form: SizeForm | None = None) -> tuple[float, float]:
-    """(L1, L2) sensitivity of a node's size measurement in ``form`` (default: :func:`size_form`).
+    """(L1, L2) sensitivity of a node's size measurement in ``form`` (default: :func:`size_form`),
+    K the size cap of the measurement, at most the ingestion's M (sizes above K count as K).
 
-    at_least (:func:`size_counts`): household unit — a household of size s enters entries
-    1..min(s, K): L1 = K, L2 = √K; person unit — one entry changes by one: 1, 1.
-    histogram (:func:`size_histogram`): household unit — one entry: 1, 1; person unit — a
-    household moves from size s to s+1 (two entries), or a new one-person household: 2, √2.
-    Checked on worst-case neighbours in ``tests/count_of_counts/test_pipeline_sensitivity.py``.
+    The neighbours (:data:`engine.queries.PrivacyUnit`): household unit — one household of size
+    s ≤ M appears or disappears; person unit — a household goes from size s to s ± 1, a kept
+    person is replaced at the cap (size unchanged), or a whole household of size s ≤ M appears
+    or disappears (a new one-person household; oversize ``exclude``: a household of M gains a
+    person and is excluded; a housing unit loses its householder or gains a second one).
+    at_least (:func:`size_counts`): a household of size s enters entries 1..min(s, K): L1 = K,
+    L2 = √K under both units (the person unit's s → s + 1 moves one entry, within that).
+    histogram (:func:`size_histogram`): household unit — one entry: 1, 1; person unit — s → s+1
+    moves two entries (2, √2) when K ≥ 2 (at K = 1 the one entry is the household count: 1, 1),
+    a household appearing one.
+    The L2 bound is charged ρ = Δ₂²/(2σ²) by the discrete Gaussian (Canonne, Kamath & Steinke
+    2020, Thm. 14), the L1 bound ε = Δ₁/b by the discrete Laplace (ρ = ε²/2, Bun & Steinke 2016,
+    Prop. 1.4). Checked on worst-case neighbours in ``tests/count_of_counts/test_pipeline_sensitivity.py``.
     """
     form = form or size_form(unit)
     if unit not in ("household", "person"):
         raise ValueError(f"unknown privacy unit {unit!r}")
     if form == "at_least":
-        return (float(K), float(np.sqrt(K))) if unit == "household" else (1.0, 1.0)
+        return float(K), float(np.sqrt(K))
     if form == "histogram":
-        return (1.0, 1.0) if unit == "household" else (2.0, float(np.sqrt(2.0)))
+        return (1.0, 1.0) if unit == "household" or K < 2 else (2.0, float(np.sqrt(2.0)))
     raise ValueError(f"unknown size form {form!r}")
 
 
@@ -108,7 +116,8 @@ class NoisySizes:
 
     ``histogram_sd``: the noise standard deviation of one ``histogram`` entry; ``count_variance``:
     the noise variance of ``at_least[0]`` (the household count G), the largest of the ``at_least``
-    entries' (household unit: entry i sums K − i histogram entries; person unit: all equal)."""
+    entries' (measured as a histogram: entry i sums K − i histogram entries; measured at least:
+    all equal)."""
 
     at_least: np.ndarray
     histogram: np.ndarray
@@ -255,7 +264,8 @@ class PrivateSession:
         return NoisySizes.of(self._store.measure(l2_sensitivity=l2, **common), form)
 
     def measure_household_count(self, stage: str, level: str, node: Node, rho: Fraction) -> MeasurementRecord:
-        """Discrete Gaussian on the node's household count (sensitivity 1 under both units)."""
+        """Discrete Gaussian on the node's household count (sensitivity 1 under both units: every
+        neighbour adds or removes at most one household, :func:`size_counts_sensitivity`)."""
         g = np.array([self._node_sizes(node).size], dtype=np.int64)
         return self._store.measure(
             key=self.key(stage, node, "households"), ledger=self._ledger, stage=stage, level=level,

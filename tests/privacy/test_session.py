@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from fractions import Fraction
 
@@ -11,7 +12,7 @@ import pytest
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementStore
-from engine.privacy.session import InvariantNotDeclared, PrivateSession, max_abs_error_scores, size_counts, size_histogram
+from engine.privacy.session import InvariantNotDeclared, NoisySizes, PrivateSession, max_abs_error_scores, size_counts, size_histogram
 from engine.queries import Workload, answer
 from tests.engine.test_hierarchical_data import random_data
 
@@ -56,13 +57,18 @@ def test_household_and_size_counts(tmp_path, data):
     assert np.abs(sc.at_least - size_counts(data.sizes, 4)).max() < 8 * np.sqrt(sc.count_variance)
     assert sc.count_variance == pytest.approx(4 * m.variance)
     assert sc.histogram_sd == pytest.approx(m.scale)
-    # person unit: the at-least counts (sensitivity 1); a histogram entry is a difference of two
+    # person unit: the histogram too (L1 2: a household grows by one; the at-least counts would
+    # move K entries when a whole household leaves with its householder)
     lap = session(tmp_path / "p", data, unit="person").measure_sizes("s", "nation", (), 4, Fraction(1, 10), "laplace")
     m = lap.measurement
-    assert m.workload_id == "size_at_least" and m.mechanism == "discrete_laplace" and m.sensitivity == 1.0
+    assert m.workload_id == "size_histogram" and m.mechanism == "discrete_laplace" and m.sensitivity == 2.0
     assert m.variance == pytest.approx(2 * np.exp(-1 / m.scale) / (1 - np.exp(-1 / m.scale)) ** 2)
-    assert np.allclose(lap.histogram, m.noisy_answer - np.append(m.noisy_answer[1:], 0))
-    assert lap.histogram_sd == pytest.approx(np.sqrt(2 * m.variance)) and lap.count_variance == m.variance
+    assert np.allclose(lap.at_least, np.cumsum(m.noisy_answer[::-1])[::-1])
+    assert lap.histogram_sd == pytest.approx(np.sqrt(m.variance)) and lap.count_variance == pytest.approx(4 * m.variance)
+    # the at-least form as measured (NoisySizes.of): a histogram entry is a difference of two
+    y = np.array([9.0, 6.0, 2.0, 1.0])
+    got = NoisySizes.of(dataclasses.replace(m, noisy_answer=y), "at_least")
+    assert np.allclose(got.histogram, [3.0, 4.0, 1.0, 1.0]) and got.count_variance == m.variance
 
 
 def test_exact_counts_only_under_the_declared_invariant(tmp_path, data):

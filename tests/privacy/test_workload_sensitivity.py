@@ -2,18 +2,24 @@
 
 Domain: M = 4; group attributes NP (derived: #persons), TEN (free), HAS_CHILD (derived: any person
 with AGEB = 0); person attributes AGEB (3), SEX (2), REL (5) — so |dom S_I| is both < M and ≥ M.
-Under the person unit, NP and HAS_CHILD are re-derived after adding/removing a person.
+Under the person unit, NP and HAS_CHILD are re-derived after adding/removing a person, and the
+neighbours are built under every combination of the ingestion rules (``oversize``,
+``group_quarters``; a housing unit losing its householder is excluded).
 """
 
 import itertools
 import math
+import typing
 
 import numpy as np
 import pytest
 
 from engine.domain import Attribute, Domain
+from engine.hgem.privacy import cell_sensitivity
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import NORM_SCALE, Workload, answer
+from schemas.ingestion import HouseholdRules
+from schemas.release_config import ReleaseConfig, load_config
 from tests.sensitivity_harness import check_sensitivity, neighbour_pairs, random_household
 
 M = 4
@@ -66,13 +72,26 @@ WORKLOADS = [
 ]
 
 
+RULE_OPTIONS = typing.get_type_hints(HouseholdRules)
+OVERSIZE = typing.get_args(RULE_OPTIONS["oversize"])
+GROUP_QUARTERS = typing.get_args(RULE_OPTIONS["group_quarters"])
+UNITS = typing.get_args(typing.get_type_hints(ReleaseConfig)["privacy_unit"])
+COMBINATIONS = list(itertools.product(UNITS, OVERSIZE, GROUP_QUARTERS))
+
+
 @pytest.fixture(scope="module")
-def pairs():
+def all_pairs():
+    """Neighbours under every unit × oversize × group-quarters rule the config accepts."""
     rng = np.random.default_rng(2024)
-    return {
-        unit: neighbour_pairs(DATA, unit, trials=60, rng=rng, rederive=rederive)
-        for unit in ("household", "person")
-    }
+    return {(unit, oversize, gq): neighbour_pairs(DATA, unit, trials=60, rng=rng, rederive=rederive, oversize=oversize,
+                                                  group_quarters=gq)
+            for unit, oversize, gq in COMBINATIONS}
+
+
+@pytest.fixture(scope="module")
+def pairs(all_pairs):
+    """The default rules' neighbours (oversize clip), group-quarters persons kept as households."""
+    return {unit: all_pairs[(unit, "clip", "single_person_households")] for unit in UNITS}
 
 
 def dom_i(w):
@@ -89,14 +108,22 @@ def attained_household(w):
     return c, math.sqrt(c)
 
 
-def attained_person(w):
-    """The exact worst case under the person unit when NP ∈ S_G (the household always changes cell)."""
+def joined_below_cap(w):
+    """The worst case of a person joining a household of M − 1 when NP ∈ S_G (the household
+    always changes cell): the M − 1 counted before leave, the M counted after enter."""
     if w.level == "person":
         return 2 * (M - 1) + 1, math.sqrt((M - 1) ** 2 + M**2)
     if not w.person_attrs:
         return 2, math.sqrt(2)
     k = min(M - 1, dom_i(w)) + min(M, dom_i(w))  # leaves ≤ M−1 cells, enters ≤ M cells
     return k, math.sqrt(k)
+
+
+def replaced_at_cap_attains(w):
+    """Under ``clip`` a newcomer replacing the last kept person of a household of M flips HAS_CHILD:
+    the M counted persons (group level: the c cells) leave and M enter — the declared bound —
+    unless S_I holds AGEB (a household without a child then has fewer than 3 AGEB values)."""
+    return "HAS_CHILD" in w.group_attrs and "AGEB" not in w.person_attrs
 
 
 def test_workload_list_covers_every_type():
@@ -115,15 +142,72 @@ def test_household_unit(w, pairs):
     assert obs == pytest.approx((l1, l2))  # the declared bound is attained
 
 
+@pytest.mark.parametrize("oversize", OVERSIZE)
 @pytest.mark.parametrize("w", WORKLOADS, ids=lambda w: w.id)
-def test_person_unit(w, pairs):
+def test_person_unit(w, oversize, all_pairs):
     l1, l2 = w.sensitivity(DOMAIN, "person")
-    obs = check_sensitivity(lambda d: answer(d, w), DATA, "person", l1, l2, pairs=pairs["person"])
+    obs = check_sensitivity(lambda d: answer(d, w), DATA, "person", l1, l2,
+                            pairs=all_pairs[("person", oversize, "single_person_households")])
     if "NP" in w.group_attrs:
-        assert obs == pytest.approx(attained_person(w))
-        assert obs == pytest.approx((l1, l2))  # the declared bound is exact (2M−1 when |dom S_I| ≥ M)
-    if not w.group_attrs:
-        assert obs[0] <= 1 + 1e-12  # nothing moves but the added/removed person's own cell
+        assert all(o >= j - 1e-9 for o, j in zip(obs, joined_below_cap(w)))
+    if oversize == "clip" and replaced_at_cap_attains(w):
+        assert obs == pytest.approx((l1, l2))  # the declared bound is exact: 2M, or 2c
+    if oversize == "exclude":  # no household keeps M persons on both sides: one person below the declared bound
+        assert obs[0] <= joined_below_cap(w)[0] + 1e-9
+        if "NP" in w.group_attrs:
+            assert obs == pytest.approx(joined_below_cap(w))
+    if not w.group_attrs:  # a householder leaving takes the whole household: the household unit's worst case
+        assert obs == pytest.approx(w.sensitivity(DOMAIN, "household"))
+
+
+# one workload of every form, each with the group attributes that move a household between cells
+EVERY_FORM = [Workload("group", ("NP", "HAS_CHILD"), ()), Workload("group", ("HAS_CHILD",), ("REL",)),
+              Workload("group", (), ("REL",)), Workload("person", ("HAS_CHILD",), ("SEX",)), Workload("person", (), ("SEX",)),
+              Workload("person", ("NP",), ("REL",), 2), Workload("person", ("HAS_CHILD",), ("REL",), 0, True),
+              Workload("group", ("NP",), ("AGEB",), 0, True)]
+
+
+@pytest.mark.parametrize("unit,oversize,group_quarters", COMBINATIONS)
+def test_every_rule_combination_is_charged_enough(unit, oversize, group_quarters, all_pairs, tmp_path):
+    """Every combination is accepted by the config (none is refused) and reaches the ingestion;
+    the charged sensitivity of a workload of every form covers the observed change on that
+    combination's worst-case neighbours (every workload: ``test_household_unit``, ``test_person_unit``)."""
+    from tasks.ingest import household_rules
+    from tests.test_config import write
+
+    rules = {"max_household_size": M, "oversize": oversize, "group_quarters": group_quarters}
+    cfg = load_config(write(tmp_path, lambda r: r.update(privacy_unit=unit, household_rules=rules)))
+    assert household_rules(cfg) == HouseholdRules(**rules, householders="exclude" if unit == "person" else "refuse")
+    pairs = all_pairs[(unit, oversize, group_quarters)]
+    for w in EVERY_FORM:
+        check_sensitivity(lambda d, w=w: answer(d, w), DATA, unit, *w.sensitivity(DOMAIN, unit), pairs=pairs)
+        if not w.normalised:  # H-GEM's selection score moves by at most one cell's change
+            worst_cell = max(float(np.abs(answer(b, w) - answer(a, w)).max()) for a, b in pairs)
+            assert worst_cell <= cell_sensitivity(w, DOMAIN, unit)
+    # the household count (session.measure_household_count): one household in or out
+    assert check_sensitivity(lambda d: np.array([d.n_households]), DATA, unit, 1, 1, pairs=pairs) == (1, 1)
+
+
+def test_harness_catches_the_bound_that_ignores_a_person_replaced_at_the_cap(all_pairs):
+    """Negative control: the bound of a person joining below the cap (2M − 1) is broken under
+    ``clip`` by a newcomer replacing the last kept person of a household of M."""
+    w = Workload("person", ("HAS_CHILD",), ("SEX",))
+    with pytest.raises(AssertionError, match="violated"):
+        check_sensitivity(lambda d: answer(d, w), DATA, "person", *joined_below_cap(w),
+                          pairs=all_pairs[("person", "clip", "exclude")])
+    w = Workload("group", ("HAS_CHILD",), ("REL",))
+    with pytest.raises(AssertionError, match="violated"):
+        check_sensitivity(lambda d: answer(d, w), DATA, "person", *joined_below_cap(w),
+                          pairs=all_pairs[("person", "clip", "exclude")])
+
+
+def test_harness_catches_a_person_bound_that_ignores_the_householder(all_pairs):
+    """Negative control: charging a workload without group attributes for one person's cell
+    (1, 1) is broken by a householder leaving, which excludes the whole household."""
+    w = Workload("person", (), ("SEX",))
+    for oversize in OVERSIZE:
+        with pytest.raises(AssertionError, match="violated"):
+            check_sensitivity(lambda d: answer(d, w), DATA, "person", 1, 1, pairs=all_pairs[("person", oversize, "exclude")])
 
 
 FIRST = [Workload("person", g, p, k) for k in (1, 2, 3) for g, p in
@@ -151,9 +235,9 @@ def test_first_persons_person_unit(w, pairs):
 
 
 def test_harness_catches_a_first_persons_bound_that_ignores_the_push_out(pairs):
-    """Without group attributes an inserted person moves two cells (in, and the pushed-out one):
-    a bound of 1 is caught by the random insertions."""
-    w = Workload("person", (), ("REL",), 1)
+    """Without group attributes a person inserted after the householder moves two cells (in, and
+    the pushed-out second one): a bound of 1 is caught by the insertions."""
+    w = Workload("person", (), ("REL",), 2)
     with pytest.raises(AssertionError, match="violated"):
         check_sensitivity(lambda d: answer(d, w), DATA, "person", 1, 1, pairs=pairs["person"])
 
@@ -163,9 +247,10 @@ def test_counts_n_g_and_n_i(pairs):
     n_i = lambda d: np.array([d.n_persons])  # noqa: E731
     assert check_sensitivity(n_g, DATA, "household", 1, 1, pairs=pairs["household"]) == (1, 1)
     assert check_sensitivity(n_i, DATA, "household", M, M, pairs=pairs["household"]) == (M, M)
-    # a person arriving alone forms a new household: N_G is not invariant under the person unit
+    # a person arriving alone forms a new household: N_G is not invariant under the person unit;
+    # a householder leaving takes the household's M persons with them
     assert check_sensitivity(n_g, DATA, "person", 1, 1, pairs=pairs["person"]) == (1, 1)
-    assert check_sensitivity(n_i, DATA, "person", 1, 1, pairs=pairs["person"]) == (1, 1)
+    assert check_sensitivity(n_i, DATA, "person", M, M, pairs=pairs["person"]) == (M, M)
 
 
 def test_harness_catches_wrong_bounds(pairs):
