@@ -20,6 +20,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from engine.hierarchical_data import HierarchicalData
+from schemas.input_independence import sha256_file
 from schemas.release_contract import validate_release_tables
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
 from tasks.audit import AuditLog
@@ -32,14 +33,6 @@ ReleaseGate = Callable[[pa.Table, pa.Table, "pa.Table | None"], bytes]
 GATE_RESULT = "validation/gx_release.json"
 MEASUREMENTS = "measurements.parquet"
 INTERVALS = "intervals.parquet"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def hash_tree(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
