@@ -19,10 +19,14 @@ def _prefect_env() -> None:
 def cmd_run(args) -> int:
     from datetime import UTC, datetime
 
+    from schemas.input_independence import check_inputs
     from schemas.release_config import load_config
+    from tasks.run_binding import check_binding, run_binding
 
-    # clear config errors before Prefect starts (a templated name is checked with today's date)
-    load_config(args.config, name=args.name, run=(datetime.now(UTC).strftime("%Y-%m-%d"), "check"))
+    # clear refusals before Prefect starts (the flow checks again: it is also called as a library);
+    # a templated name is checked with today's date
+    cfg = load_config(args.config, name=args.name, run=(datetime.now(UTC).strftime("%Y-%m-%d"), "check"))
+    check_binding(cfg.run_dir(), run_binding(cfg, check_inputs(cfg)))
     _prefect_env()
     from flows.local_api import LocalPrefectApi
 
@@ -60,9 +64,11 @@ def cmd_validate(args) -> int:
 
 def cmd_plan(args) -> int:
     from flows.plan import render_plan
+    from schemas.input_independence import check_inputs
     from schemas.release_config import load_config
 
-    print(render_plan(load_config(args.config)))
+    cfg = load_config(args.config)
+    print(render_plan(cfg, check_inputs(cfg, skip_missing=True)))
     return 0
 
 
@@ -139,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--housing", default=None, help="legacy layout: the housing file (ssYYhXX.csv) to cross-check")
     v.add_argument("--domain", default=None, help="domain spec: a YAML path or a shipped spec's name, e.g. acs_pums_core for files without SCHL/MAR/CIT (default: acs_pums)")
     v.set_defaults(func=cmd_validate)
-    pl = sub.add_parser("plan", help="print the privacy budget plan of a config", description="Print the budget allocation table and the resulting (epsilon, delta) without reading any data.")
+    pl = sub.add_parser("plan", help="print the privacy budget plan of a config", description="Print the budget allocation table and the resulting (epsilon, delta); of the data it reads only "
+                                                                                            "the inputs' identity, to refuse inputs that are not independent.")
     pl.add_argument("config", type=Path, help="release config YAML")
     pl.set_defaults(func=cmd_plan)
     from flows.deployment import add_deploy_parser

@@ -1,8 +1,10 @@
-"""`dprelease plan`: the budget allocation of a config and what its (ε, δ) covers, without
-reading any data."""
+"""`dprelease plan`: the budget allocation of a config and what its (ε, δ) covers, reading
+nothing of the data but the inputs' identity (the independence check of
+:mod:`schemas.input_independence`, on the input files present)."""
 
 from __future__ import annotations
 
+from schemas.input_independence import InputFile
 from schemas.release_config import ReleaseConfig
 from tasks.context import budget_plan
 
@@ -25,7 +27,16 @@ def invariants_statement(cfg: ReleaseConfig) -> dict:
     }
 
 
-def render_plan(cfg: ReleaseConfig) -> str:
+def inputs_line(cfg: ReleaseConfig, checked: list[InputFile]) -> str:
+    """How many of the config's input files passed the independence check (those not found here are not checked)."""
+    listed = sum(1 + (spec.housing is not None) for spec in cfg.private + cfg.public)
+    line = (f"inputs: {len(checked)} of {listed} files checked for independence (no file or content listed twice, "
+            "no public input covering a private state in a shared survey year)")
+    return line + (f"; {listed - len(checked)} not found here, not checked" if len(checked) < listed else "")
+
+
+def render_plan(cfg: ReleaseConfig, checked: list[InputFile] | None = None) -> str:
+    """The plan's text; with ``checked`` (the input files the independence check passed), a line saying so."""
     plan = budget_plan(cfg)
     b = cfg.budget
     target = f"rho = {b.rho}" if b.rho is not None else f"(epsilon, delta) = ({b.epsilon}, {b.delta:g}) converted to rho by {b.conversion}"
@@ -34,6 +45,7 @@ def render_plan(cfg: ReleaseConfig) -> str:
         f"release {cfg.name}: privacy unit {cfg.privacy_unit}, synthesizer {cfg.synthesizer}",
         f"budget: {target}",
         f"invariants: {', '.join(cfg.invariants) if cfg.invariants else 'none'}",
+        *([] if checked is None else [inputs_line(cfg, checked)]),
         *([f"synthesis split: public_simulation (the state_synthesis + puma_synthesis shares' sum, "
            f"{cfg.allocation.stages['state_synthesis'] + cfg.allocation.stages['puma_synthesis']:g}, is divided between the state and "
            "the PUMA level at run time by the expected error simulated on the public data; the table shows the config's split)"]

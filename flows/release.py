@@ -29,6 +29,7 @@ from engine.strength_floor import played_states
 from engine.workload_selection import PUMA_ATTRIBUTES
 from flows.plan import invariants_statement
 from schemas.gx_suites import expectations
+from schemas.input_independence import check_inputs
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
 from tasks.audit import AuditLog
@@ -49,9 +50,10 @@ from tasks.intervals import count_of_counts_intervals, intervals_table, marginal
 from tasks.intervals import manifest_entry as intervals_entry
 from tasks.measurements_table import manifest_entry as measurements_entry
 from tasks.measurements_table import measurements_table
-from tasks.publish import code_version, input_identity, library_versions, sha256_file, write_release
+from tasks.publish import code_version, library_versions, manifest_inputs, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
+from tasks.run_binding import check_binding, run_binding, write_binding
 from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
 from tasks.synthesize import (
     PumaJob,
@@ -338,7 +340,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         "release": cfg.name,
         "description": cfg.description,
         "config": cfg.model_dump(mode="json"),
-        "inputs": [input_identity(r, paths.run_dir) for r in reports],
+        "inputs": manifest_inputs(cfg, reports, paths.run_dir),
         "code": code_version(),
         "libraries": library_versions(),
         "privacy_unit": cfg.privacy_unit,
@@ -463,9 +465,11 @@ def run_identity() -> tuple[str, str]:
 @flow(name="dprelease-release")
 def release_flow(config_path: str, dask_address: str | None = None, name: str | None = None) -> str:
     cfg = load_config(config_path, name=name, run=run_identity())
+    binding = run_binding(cfg, check_inputs(cfg))  # before anything is written: inputs that are not independent are refused
     paths = prepare(cfg.run_dir(), cfg.release_dir())
     ctx = RunContext(cfg, paths)
     with RunLock(paths), dask_scheduler(dask_address) as address:
+        check_binding(paths.run_dir, binding)
         audit = AuditLog(paths.audit_path)
         resumed = bool(audit.events())
         audit.append(
@@ -494,6 +498,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             return out
 
         reports = stage("ingest", ingest_stage, cfg, paths, charges=False)
+        write_binding(paths.run_dir, binding)
         write_json_atomic(paths.summary_path, {"inputs": [read_report(r) for r in reports]})
         seed = sampling_seed(cfg, paths)
         ctx = ctx.with_inputs(*merged_inputs(paths, reports))

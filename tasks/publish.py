@@ -20,6 +20,8 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from engine.hierarchical_data import HierarchicalData
+from schemas.input_independence import sha256_file
+from schemas.release_config import ReleaseConfig
 from schemas.release_contract import validate_release_tables
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
 from tasks.audit import AuditLog
@@ -32,14 +34,6 @@ ReleaseGate = Callable[[pa.Table, pa.Table, "pa.Table | None"], bytes]
 GATE_RESULT = "validation/gx_release.json"
 MEASUREMENTS = "measurements.parquet"
 INTERVALS = "intervals.parquet"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def hash_tree(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
@@ -83,17 +77,29 @@ def keyed_file_hash(path: Path, key: bytes) -> str:
     return h.hexdigest()
 
 
-def input_identity(record: dict, run_dir: Path) -> dict:
-    """How the manifest names an input: public inputs by SHA-256; confidential (private) inputs by
-    HMAC-SHA256 under the secret input key (a bare hash would let anyone test a guess)."""
-    out = {k: record[k] for k in ("role", "file", "layout")}
-    if record["role"] == "public":
-        out["sha256"] = record["sha256"]
-    else:
-        key = input_key(run_dir)
-        out["hmac_sha256"] = keyed_file_hash(Path(record["path"]), key)
-        out["hmac_key_id"] = hashlib.sha256(b"dprelease-input-key-id:" + key).hexdigest()[:16]
+def file_identity(role: str, path: Path, run_dir: Path) -> dict:
+    """How the manifest names a file a run read: a public file by SHA-256; a confidential
+    (private) one by HMAC-SHA256 under the secret input key (a bare hash would let anyone test a guess)."""
+    if role == "public":
+        return {"sha256": sha256_file(path)}
+    key = input_key(run_dir)
+    return {"hmac_sha256": keyed_file_hash(path, key), "hmac_key_id": hashlib.sha256(b"dprelease-input-key-id:" + key).hexdigest()[:16]}
+
+
+def input_identity(record: dict, run_dir: Path, housing: Path | None = None) -> dict:
+    """The manifest's entry of one ingested input: its person file and, in the legacy layout, the
+    housing file read beside it (vacant units, group quarters), each named by :func:`file_identity`."""
+    out = {k: record[k] for k in ("role", "file", "layout")} | file_identity(record["role"], Path(record["path"]), run_dir)
+    if housing is not None:
+        out["housing"] = {"file": housing.name, **file_identity(record["role"], housing, run_dir)}
     return out
+
+
+def manifest_inputs(cfg: ReleaseConfig, records: list[dict], run_dir: Path) -> list[dict]:
+    """The manifest's ``inputs``: every file the run read (:func:`input_identity` of each ingested input)."""
+    housing = {(role, str(cfg.input_path(spec))): cfg.housing_path(spec)
+               for role, specs in (("private", cfg.private), ("public", cfg.public)) for spec in specs}
+    return [input_identity(r, run_dir, housing[(r["role"], r["path"])]) for r in records]
 
 
 def code_version() -> dict:

@@ -2,6 +2,7 @@
 
 work/<name>/                  created 0700; never published
   lock                        held (flock) by the one run in progress
+  binding.json                the config and input identities the run is bound to (tasks/run_binding.py)
   validation.json             the ingestion gate's result (every check, every issue)
   run_summary.json            exclusion counts and stage summaries (internal: exact counts)
   inputs/<role>-<i>.npz       encoded HierarchicalData of each input

@@ -11,6 +11,7 @@ from engine.privacy.measurements import MeasurementIntegrityError
 from engine.privacy.session import InvariantNotDeclared
 from flows import cli
 from schemas.input_expectations import InputGateError
+from schemas.input_independence import InputsNotIndependent
 from schemas.pums_reader import InputError, InputIssue
 from schemas.release_config import ConfigError
 from schemas.release_contract import ReleaseContractError
@@ -23,6 +24,7 @@ KINDS = [
     (MeasurementIntegrityError("hash differs"), EXIT_INTEGRITY, RuntimeError),
     (InputError([InputIssue("csv_pvt.zip", "file is empty (0 bytes)", check="file")]), EXIT_BAD_INPUT, ValueError),
     (InputGateError("bad input"), EXIT_BAD_INPUT, ValueError),
+    (InputsNotIndependent("the same file"), EXIT_BAD_INPUT, ValueError),
     (ConfigError("bad key"), EXIT_BAD_INPUT, ValueError),
     (ReleaseGateError("refused", {}), EXIT_BAD_INPUT, ValueError),
     (ReleaseContractError("bad table"), EXIT_BAD_INPUT, ValueError),

@@ -67,3 +67,33 @@ def test_release_contract_catches_broken_tables(vermont):
     bad_puma = hh.set_column(hh.schema.get_field_index("PUMA"), "PUMA", pc.utf8_slice_codeunits(hh.column("PUMA"), 1))
     with pytest.raises(ReleaseContractError, match="households: column PUMA"):
         validate_release_tables(bad_puma, pp, data.domain)
+
+
+@pytest.mark.parametrize("role", ["public", "private"])
+def test_manifest_identifies_the_housing_file_by_the_rule_of_its_person_file(tmp_path, role, data_root, monkeypatch):
+    """The legacy layout reads a housing file beside the persons (vacant units, group quarters): the
+    manifest names it as it names its person file, by SHA-256 when public, by the keyed hash alone
+    when private."""
+    from schemas.release_config import load_config
+    from tests.conftest import PROJECT_ROOT
+
+    monkeypatch.delenv(publish.HMAC_KEY_ENV, raising=False)
+    cfg = load_config(PROJECT_ROOT / "deploy" / "releases" / "de_2018_from_2013.yaml")
+    legacy = cfg.public[0]
+    if role == "private":  # the 2013 pair as the confidential input
+        cfg = cfg.model_copy(update={"private": [legacy], "public": cfg.private})
+    person, housing = cfg.input_path(legacy), cfg.housing_path(legacy)
+    assert housing is not None
+    record = {"role": role, "path": str(person), "file": person.name, "layout": "pums_legacy"}
+    other_role = "private" if role == "public" else "public"
+    other_record = {"role": other_role, "path": str(cfg.input_path(getattr(cfg, other_role)[0])), "file": "csv_pde.zip:psam_p10.csv", "layout": "pums2017"}
+    entry, other = publish.manifest_inputs(cfg, [record, other_record], tmp_path)
+    assert entry["housing"]["file"] == "ss13hde.csv" and "housing" not in other
+    plain = {publish.sha256_file(person), publish.sha256_file(housing)}
+    if role == "public":
+        assert entry["sha256"] == publish.sha256_file(person) and entry["housing"]["sha256"] == publish.sha256_file(housing)
+    else:
+        key = publish.input_key(tmp_path)
+        assert entry["housing"]["hmac_sha256"] == publish.keyed_file_hash(housing, key) != entry["hmac_sha256"]
+        assert entry["housing"]["hmac_key_id"] == entry["hmac_key_id"]
+        assert not any(h in json.dumps(entry) for h in plain)  # no bare hash of a confidential file

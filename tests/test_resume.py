@@ -5,6 +5,7 @@ ledger. A second concurrent run is refused. (Issue #8; starts Prefect: marked fl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +37,9 @@ def run_cli(cfg, *, own_server=False, **kw):
 
 @pytest.mark.flow
 def test_kill_9_mid_stage_then_rerun_completes_with_unchanged_ledger(tmp_path, data_root):
-    cfg = small_config(tmp_path, data_root)
+    private = tmp_path / "private.zip"  # a copy the test can replace (the run's private file changed under it)
+    shutil.copyfile(data_root / "acs2018_1yr" / "csv_pvt.zip", private)
+    cfg = small_config(tmp_path, data_root, private=[{"path": str(private)}])
     work = tmp_path / "work" / "e2e"
     proc = run_cli(cfg, own_server=True)
     deadline = time.time() + 240
@@ -61,6 +64,22 @@ def test_kill_9_mid_stage_then_rerun_completes_with_unchanged_ledger(tmp_path, d
     assert not (tmp_path / "releases" / "e2e").exists()
     ledger_before, meas_before = snapshot(work)
     assert ledger_before and meas_before
+    # resumed under another budget or another private file (Vermont replaced by Delaware at the same path):
+    # refused in one line naming what changed, by the command line before Prefect starts and by the flow
+    # itself (a library caller), with nothing read or written
+    audit_before = (work / "audit.jsonl").read_bytes()
+    small_config(tmp_path, data_root, private=[{"path": str(private)}], budget={"epsilon": 2.0, "delta": 1e-10})
+    changed = run_cli(cfg)
+    out = changed.communicate(timeout=120)[0].decode()
+    assert changed.returncode == 2 and "config budget.epsilon; the budget plan" in out and "Traceback" not in out, out[-3000:]
+    small_config(tmp_path, data_root, private=[{"path": str(private)}])
+    shutil.copyfile(data_root / "acs2018_1yr" / "csv_pde.zip", private)
+    from flows.release import release_flow
+
+    with pytest.raises(RunRefused, match=r"\(input private\.0\.path \(its content\)\)"):
+        release_flow.fn(str(cfg))
+    shutil.copyfile(data_root / "acs2018_1yr" / "csv_pvt.zip", private)
+    assert snapshot(work) == (ledger_before, meas_before) and (work / "audit.jsonl").read_bytes() == audit_before
     # rerun the same command: completes, reusing what was persisted
     again = run_cli(cfg)
     out = again.communicate(timeout=300)[0].decode()
