@@ -136,7 +136,7 @@ def _read_bytes(path: Path) -> tuple[str, bytes, str]:
     kind = _compression(raw)
     is_zip = path.suffix.lower() == ".zip"
     if kind is not None and kind != "zip":
-        raise InputError([InputIssue(path.name, f"a {kind}-compressed file: {_EXPECTED_FILE} (decompress it first)", check="file")])
+        raise InputError([InputIssue(path.name, f"{kind}-compressed data: {_EXPECTED_FILE} (decompress it first)", check="file")])
     if kind == "zip" and not is_zip:
         raise InputError([InputIssue(path.name, f"a zip archive named {path.suffix or 'without a suffix'}: {_EXPECTED_FILE} (name the archive .zip)", check="file")])
     if not is_zip:

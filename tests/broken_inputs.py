@@ -525,7 +525,7 @@ NOT_PLAIN = "expected the Census .zip archive (csv_pXX.zip) or a plain CSV"
 def _compressed(tmp: Path, file: str, compress: Callable[[bytes], bytes], kind: str) -> Broken:
     p = tmp / file
     p.write_bytes(compress(base_2018().to_bytes()))
-    msg = f"a {kind}-compressed file: {NOT_PLAIN} (decompress it first)"
+    msg = f"{kind}-compressed data: {NOT_PLAIN} (decompress it first)"
     return Broken(p, file, "file", None, None, msg, (kind, "plain CSV"))
 
 
