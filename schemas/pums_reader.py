@@ -103,6 +103,7 @@ _MAGIC = (
     (re.compile(rb"PK(?:\x03\x04|\x05\x06)"), "zip"),
 )
 _PERSON_MEMBER = re.compile(r"psam_p\d+\.csv|ss\d\dp[a-z]{2}\.csv", re.I)
+_WORKBOOKS = (".xlsx", ".xlsm", ".ods")  # zip containers too, but not archives to unpack
 _EXPECTED_FILE = "expected the Census .zip archive (csv_pXX.zip) or a plain CSV"
 
 
@@ -137,6 +138,8 @@ def _read_bytes(path: Path) -> tuple[str, bytes, str]:
     is_zip = path.suffix.lower() == ".zip"
     if kind is not None and kind != "zip":
         raise InputError([InputIssue(path.name, f"{kind}-compressed data: {_EXPECTED_FILE} (decompress it first)", check="file")])
+    if kind == "zip" and path.suffix.lower() in _WORKBOOKS:
+        raise InputError([InputIssue(path.name, f"a spreadsheet workbook: {_EXPECTED_FILE} (save the sheet as CSV)", check="file")])
     if kind == "zip" and not is_zip:
         raise InputError([InputIssue(path.name, f"a zip archive named {path.suffix or 'without a suffix'}: {_EXPECTED_FILE} (name the archive .zip)", check="file")])
     if not is_zip:
@@ -391,21 +394,23 @@ def _check_housing(path: Path, serial: np.ndarray, hh: np.ndarray, n_hh: int, gq
         t = pacsv.read_csv(
             io.BytesIO(data),
             read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False),  # one record per line, as _record_lines counts
             convert_options=pacsv.ConvertOptions(include_columns=wanted, column_types=dict.fromkeys(wanted, pa.string())),
         )
     except pa.ArrowInvalid:
         return 0, {}, [_locate_bad_row(name, data, len(header))]
+    h_line = _record_lines(data)
     h_serial = t.column("SERIALNO").to_numpy(zero_copy_only=False)
     h_type = pd.to_numeric(pd.Series(t.column("TYPE").to_numpy(zero_copy_only=False)), errors="coerce").to_numpy()
     h_np = pd.to_numeric(pd.Series(t.column("NP").to_numpy(zero_copy_only=False)), errors="coerce").to_numpy()
     issues = []
     bad = np.isnan(h_type) | ~np.isin(h_type, [1, 2, 3])
     if bad.any():
-        issues.append(InputIssue(name, "TYPE must be 1 (housing unit), 2 or 3 (group quarters)", line=int(np.flatnonzero(bad)[0]) + 2, column="TYPE", count=int(bad.sum()), check="housing"))
+        issues.append(InputIssue(name, "TYPE must be 1 (housing unit), 2 or 3 (group quarters)", line=int(h_line[bad][0]), column="TYPE", count=int(bad.sum()), check="housing"))
         return 0, {}, issues
     dup = pd.Index(h_serial).duplicated()
     if dup.any():
-        issues.append(InputIssue(name, "duplicate SERIALNO in the housing file (one record per unit expected)", line=int(np.flatnonzero(dup)[0]) + 2, column="SERIALNO", count=int(dup.sum()), check="housing"))
+        issues.append(InputIssue(name, "duplicate SERIALNO in the housing file (one record per unit expected)", line=int(h_line[dup][0]), column="SERIALNO", count=int(dup.sum()), check="housing"))
         return 0, {}, issues
     person_serials = pd.Index(pd.unique(serial))
     pos = pd.Index(h_serial).get_indexer(person_serials)
@@ -418,7 +423,7 @@ def _check_housing(path: Path, serial: np.ndarray, hh: np.ndarray, n_hh: int, gq
     type_h = h_type[pos]
     bad_np = (type_h == 1) & (np_h != n_persons)
     if bad_np.any():
-        issues.append(InputIssue(name, "NP of the housing record differs from the number of persons in the person file", line=int(pos[bad_np][0]) + 2, column="NP", count=int(bad_np.sum()), check="housing"))
+        issues.append(InputIssue(name, "NP of the housing record differs from the number of persons in the person file", line=int(h_line[pos[bad_np][0]]), column="NP", count=int(bad_np.sum()), check="housing"))
     gq_from_type = np.isin(type_h, [2, 3])[hh]
     mismatch = gq_from_type != gq_rel
     if mismatch.any():

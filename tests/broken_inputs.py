@@ -25,7 +25,7 @@ import os
 import re
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -557,6 +557,14 @@ def build_zip_named_csv(tmp: Path) -> Broken:
 
 
 @builder
+def build_workbook(tmp: Path) -> Broken:
+    """A spreadsheet workbook (a zip container) given where a CSV is expected."""
+    p = write_zip(tmp / "psam_p50.xlsx", {"xl/worksheets/sheet1.csv": base_2018().to_bytes()})
+    msg = f"a spreadsheet workbook: {NOT_PLAIN} (save the sheet as CSV)"
+    return Broken(p, "psam_p50.xlsx", "file", None, None, msg, ("spreadsheet", "CSV"))
+
+
+@builder
 def build_truncated_zip(tmp: Path) -> Broken:
     full = write_zip(tmp / "full.zip", {VT_MEMBER: base_2018().to_bytes()})
     raw = full.read_bytes()
@@ -627,6 +635,17 @@ def build_legacy_housing_np_mismatch(tmp: Path) -> Broken:
     h = housing.write(tmp / LEGACY_HCSV)
     msg = "NP of the housing record differs from the number of persons in the person file"
     return Broken(p, LEGACY_HCSV, "housing", housing.line(j), "NP", msg, ("NP", "differs"), (serial,), housing=h, domain=CORE)
+
+
+@builder
+def build_legacy_housing_blank_line_shifts_lines(tmp: Path) -> Broken:
+    """The NP mismatch above with an empty line after the housing header: its real line is named."""
+    b = build_legacy_housing_np_mismatch(tmp)
+    assert b.housing is not None and b.line is not None
+    lines = b.housing.read_bytes().split(b"\n")
+    lines.insert(1, b"")  # blank physical line 2
+    b.housing.write_bytes(b"\n".join(lines))
+    return replace(b, line=b.line + 1)
 
 
 @builder
