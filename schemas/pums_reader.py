@@ -92,6 +92,40 @@ def detect_layout(path: Path) -> str:
     return "pums2017"
 
 
+# Compressed formats recognised by their leading bytes, so that a compressed file is named as
+# such rather than reported as text that is not UTF-8. Only the zip archive the Census publishes
+# is read; any other compression is refused with what it is, so there is one way in.
+_MAGIC = (
+    (re.compile(rb"\x1f\x8b"), "gzip"),
+    (re.compile(rb"BZh[1-9]1AY&SY"), "bzip2"),
+    (re.compile(rb"\xfd7zXZ\x00"), "xz"),
+    (re.compile(rb"\x28\xb5\x2f\xfd"), "zstd"),
+    (re.compile(rb"7z\xbc\xaf\x27\x1c"), "7-Zip"),
+    (re.compile(rb"PK(?:\x03\x04|\x05\x06)"), "zip"),
+)
+_PERSON_MEMBER = re.compile(r"psam_p\d+\.csv|ss\d\dp[a-z]{2}\.csv", re.I)
+_WORKBOOKS = (".xlsx", ".xlsm", ".ods")  # zip containers too, but not archives to unpack
+_EXPECTED_FILE = "expected the Census .zip archive (csv_pXX.zip) or a plain CSV"
+
+
+def _compression(raw: bytes) -> str | None:
+    return next((kind for magic, kind in _MAGIC if magic.match(raw)), None)
+
+
+def _person_member(archive: str, names: list[str]) -> str:
+    """The one person CSV of a zip archive. A Census archive holds it beside a PDF readme; a second
+    CSV (a housing file, an edited copy) would make the choice a guess, so it is refused."""
+    real = [m for m in names if not m.endswith("/") and not m.startswith("__MACOSX/") and not Path(m).name.startswith("._")]  # macOS resource forks
+    csvs = [m for m in real if m.lower().endswith(".csv")]
+    persons = [m for m in csvs if _PERSON_MEMBER.fullmatch(Path(m).name)]
+    expected = "exactly one person CSV member, psam_pNN.csv (2017+) or ssYYpXX.csv (earlier years)"
+    if len(csvs) > 1:
+        raise InputError([InputIssue(archive, f"{len(csvs)} CSV members {csvs}: expected {expected}; PDF and text members are ignored", check="zip")])
+    if not persons:
+        raise InputError([InputIssue(archive, f"no person CSV member among {real}: expected {expected}", check="zip")])
+    return persons[0]
+
+
 def _read_bytes(path: Path) -> tuple[str, bytes, str]:
     """(display name, raw bytes of the person CSV, SHA-256 of the file) from a zip archive or a CSV
     file; the file is read once."""
@@ -101,25 +135,49 @@ def _read_bytes(path: Path) -> tuple[str, bytes, str]:
     sha = hashlib.sha256(raw).hexdigest()
     if not raw:
         raise InputError([InputIssue(path.name, "file is empty (0 bytes)", check="file")])
-    if path.suffix.lower() != ".zip":
+    kind = _compression(raw)
+    is_zip = path.suffix.lower() == ".zip"
+    if kind is not None and kind != "zip":
+        raise InputError([InputIssue(path.name, f"{kind}-compressed data: {_EXPECTED_FILE} (decompress it first)", check="file")])
+    if kind == "zip" and path.suffix.lower() in _WORKBOOKS:
+        raise InputError([InputIssue(path.name, f"a spreadsheet workbook: {_EXPECTED_FILE} (save the sheet as CSV)", check="file")])
+    if kind == "zip" and not is_zip:
+        raise InputError([InputIssue(path.name, f"a zip archive named {path.suffix or 'without a suffix'}: {_EXPECTED_FILE} (name the archive .zip)", check="file")])
+    if not is_zip:
         return path.name, raw, sha
     try:
         zf = zipfile.ZipFile(io.BytesIO(raw))
     except zipfile.BadZipFile:
         raise InputError([InputIssue(path.name, "not a readable zip archive (corrupt or truncated file)", check="zip")]) from None
     with zf:
-        members = [m for m in zf.namelist() if re.fullmatch(r"psam_p\d+\.csv|ss\d\dp[a-z]{2}\.csv", Path(m).name)]
-        if len(members) != 1:
-            raise InputError([InputIssue(path.name, f"expected exactly one person CSV member (psam_pNN.csv), found {len(members)} among {zf.namelist()}", check="zip")])
-        name = f"{path.name}:{members[0]}"
+        member = _person_member(path.name, zf.namelist())
+        name = f"{path.name}:{member}"
         try:
-            data = zf.read(members[0])
+            data = zf.read(member)
         except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-            kind = "CRC check failed" if "CRC" in str(e) else "cannot be decompressed"
-            raise InputError([InputIssue(name, f"corrupt zip member ({kind}): the archive is damaged or truncated", check="zip")]) from None
+            what = "CRC check failed" if "CRC" in str(e) else "cannot be decompressed"
+            raise InputError([InputIssue(name, f"corrupt zip member ({what}): the archive is damaged or truncated", check="zip")]) from None
     if not data:
         raise InputError([InputIssue(name, "file is empty (0 bytes)", check="file")])
     return name, data, sha
+
+
+def _without_bom(data: bytes) -> bytes:
+    """Drops a UTF-8 byte-order mark, as spreadsheet programs write one."""
+    return data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+
+
+def _header(name: str, data: bytes) -> list[str]:
+    """The column names on line 1. Quotes and surrounding spaces are stripped, as exports from
+    spreadsheets and databases add them: a padded name is still unambiguous, and one that the
+    stripping makes equal to another is refused as a duplicate. The CSV is then parsed with these
+    names, so what is checked is what is read."""
+    end = data.find(b"\n")
+    try:
+        line = data[: end if end >= 0 else len(data)].rstrip(b"\r").decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError([InputIssue(name, "the header line is not valid UTF-8 text", line=1, check="encoding")]) from None
+    return [h.strip().strip('"').strip() for h in line.split(",")]
 
 
 def _check_utf8(name: str, data: bytes, header: list[str]) -> None:
@@ -169,14 +227,9 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
     if layout not in LAYOUTS:
         raise InputError([InputIssue(path.name, f"unknown layout {layout!r}; expected one of {LAYOUTS}", check="layout")])
     name, data, sha = _read_bytes(path)
-    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark, as spreadsheet programs write
-        data = data[3:]
+    data = _without_bom(data)
     first_nl = data.find(b"\n")
-    header_line = data[: first_nl if first_nl >= 0 else len(data)].rstrip(b"\r")
-    try:
-        header = [h.strip().strip('"') for h in header_line.decode("utf-8").split(",")]
-    except UnicodeDecodeError:
-        raise InputError([InputIssue(name, "the header line is not valid UTF-8 text", line=1, check="encoding")]) from None
+    header = _header(name, data)
     if first_nl < 0 or not data[first_nl + 1 :].strip():
         raise InputError([InputIssue(name, "no person records after the header", line=1, check="file")])
     _check_utf8(name, data, header)
@@ -186,17 +239,22 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
     known = set(_KNOWN_2017) | (set(_LEGACY_EXTRA) if layout == "pums_legacy" else set())
     if not any(c in known for c in header):
         # never echo the names: a file without its header would show its first record here
-        raise InputError([InputIssue(name, f"line 1 is not a PUMS header (none of its {len(header)} names is a PUMS variable): is the header line missing?", line=1, check="columns")])
-    looks_legacy = layout == "pums2017" and (header[0] == "" or ("SPORDER" not in header and "SERIALNO" in header))
-    hint = " (is this a pre-2017 file? set layout: pums_legacy)" if looks_legacy else ""
+        raise InputError([InputIssue(name, f"not a PUMS header (none of its {len(header)} names is a PUMS person variable): is the header line missing?", line=1, check="columns")])
     needed = [c for c, s in spec.source_columns.items() if not (layout == "pums_legacy" and s.derivable)]
+    # A pre-2017 export read as pums2017 lacks SPORDER and may start with an unnamed row index:
+    # those two findings have one cause, so they are reported once, as that cause.
+    no_sporder = layout == "pums2017" and "SPORDER" in needed and "SPORDER" not in header and "SERIALNO" in header
+    row_index = layout == "pums2017" and header[0] == ""
+    if no_sporder or row_index:
+        signs = ["no SPORDER column"] * no_sporder + ["an unnamed first column (a row index)"] * row_index
+        issues.append(InputIssue(name, f"{' and '.join(signs)}, as in a pre-2017 file: expected the pums2017 header, or set layout: pums_legacy", line=1, column="SPORDER" if no_sporder else None, check="columns"))
     for c in needed:
-        if c not in header:
-            issues.append(InputIssue(name, f"missing column {c} (required by the domain spec, layout {layout}){hint}", line=1, column=c, check="columns"))
+        if c not in header and not (no_sporder and c == "SPORDER"):
+            issues.append(InputIssue(name, f"missing column {c} (required by the domain spec, layout {layout})", line=1, column=c, check="columns"))
     for pos, c in enumerate(header, start=1):
-        if c not in known:
+        if c not in known and not (row_index and pos == 1):
             shown = repr(c) if _VARIABLE_NAME.fullmatch(c) else f"number {pos} (its name is not a variable name)"
-            issues.append(InputIssue(name, f"unexpected column {shown}: not a PUMS person variable of layout {layout}{hint}", line=1, column=c if _VARIABLE_NAME.fullmatch(c) else None, check="columns"))
+            issues.append(InputIssue(name, f"unexpected column {shown}: not a PUMS person variable of layout {layout}", line=1, column=c if _VARIABLE_NAME.fullmatch(c) else None, check="columns"))
     dup = sorted({c for c in header if header.count(c) > 1 and c in known})
     if dup:
         issues.append(InputIssue(name, f"duplicate column names {dup}", line=1, column=dup[0], check="columns"))
@@ -206,6 +264,7 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
     try:
         table = pacsv.read_csv(
             io.BytesIO(data),
+            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
             parse_options=pacsv.ParseOptions(newlines_in_values=False),
             convert_options=pacsv.ConvertOptions(
                 include_columns=present,
@@ -338,21 +397,33 @@ def _parse_int_column(name: str, c: str, s: SourceColumn, raw: pd.Series, blanks
 def _check_housing(path: Path, serial: np.ndarray, hh: np.ndarray, n_hh: int, gq_rel: np.ndarray, blanks) -> tuple[int, dict, list[InputIssue]]:
     """Cross-check a legacy housing file (SERIALNO, TYPE, NP) against the persons."""
     name, data, _ = _read_bytes(path)
+    data = _without_bom(data)
+    header = _header(name, data)
+    wanted = ["SERIALNO", "TYPE", "NP"]
+    missing = [c for c in wanted if c not in header]
+    if missing:
+        return 0, {}, [InputIssue(name, f"missing column {missing[0]}: expected a housing file with columns SERIALNO, TYPE and NP", line=1, column=missing[0], check="housing")]
     try:
-        t = pacsv.read_csv(io.BytesIO(data), convert_options=pacsv.ConvertOptions(include_columns=["SERIALNO", "TYPE", "NP"], column_types={"SERIALNO": pa.string(), "TYPE": pa.string(), "NP": pa.string()}))
-    except (pa.ArrowInvalid, KeyError):
-        return 0, {}, [InputIssue(name, "housing file must be a CSV with columns SERIALNO, TYPE and NP", line=1, check="housing")]
+        t = pacsv.read_csv(
+            io.BytesIO(data),
+            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False),  # one record per line, as _record_lines counts
+            convert_options=pacsv.ConvertOptions(include_columns=wanted, column_types=dict.fromkeys(wanted, pa.string())),
+        )
+    except pa.ArrowInvalid:
+        return 0, {}, [_locate_bad_row(name, data, len(header))]
+    h_line = _record_lines(data)
     h_serial = t.column("SERIALNO").to_numpy(zero_copy_only=False)
     h_type = pd.to_numeric(pd.Series(t.column("TYPE").to_numpy(zero_copy_only=False)), errors="coerce").to_numpy()
     h_np = pd.to_numeric(pd.Series(t.column("NP").to_numpy(zero_copy_only=False)), errors="coerce").to_numpy()
     issues = []
     bad = np.isnan(h_type) | ~np.isin(h_type, [1, 2, 3])
     if bad.any():
-        issues.append(InputIssue(name, "TYPE must be 1 (housing unit), 2 or 3 (group quarters)", line=int(np.flatnonzero(bad)[0]) + 2, column="TYPE", count=int(bad.sum()), check="housing"))
+        issues.append(InputIssue(name, "TYPE must be 1 (housing unit), 2 or 3 (group quarters)", line=int(h_line[bad][0]), column="TYPE", count=int(bad.sum()), check="housing"))
         return 0, {}, issues
     dup = pd.Index(h_serial).duplicated()
     if dup.any():
-        issues.append(InputIssue(name, "duplicate SERIALNO in the housing file (one record per unit expected)", line=int(np.flatnonzero(dup)[0]) + 2, column="SERIALNO", count=int(dup.sum()), check="housing"))
+        issues.append(InputIssue(name, "duplicate SERIALNO in the housing file (one record per unit expected)", line=int(h_line[dup][0]), column="SERIALNO", count=int(dup.sum()), check="housing"))
         return 0, {}, issues
     person_serials = pd.Index(pd.unique(serial))
     pos = pd.Index(h_serial).get_indexer(person_serials)
@@ -365,7 +436,7 @@ def _check_housing(path: Path, serial: np.ndarray, hh: np.ndarray, n_hh: int, gq
     type_h = h_type[pos]
     bad_np = (type_h == 1) & (np_h != n_persons)
     if bad_np.any():
-        issues.append(InputIssue(name, "NP of the housing record differs from the number of persons in the person file", line=int(pos[bad_np][0]) + 2, column="NP", count=int(bad_np.sum()), check="housing"))
+        issues.append(InputIssue(name, "NP of the housing record differs from the number of persons in the person file", line=int(h_line[pos[bad_np][0]]), column="NP", count=int(bad_np.sum()), check="housing"))
     gq_from_type = np.isin(type_h, [2, 3])[hh]
     mismatch = gq_from_type != gq_rel
     if mismatch.any():

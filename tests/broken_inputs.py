@@ -18,11 +18,14 @@ Builders are registered in :data:`BUILDERS` (name -> builder) for parametrised t
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 import os
 import re
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -151,6 +154,9 @@ def base_legacy() -> tuple[Table, Table]:
     return p.copy(), h.copy()
 
 
+ONE_PERSON_MEMBER = "exactly one person CSV member, psam_pNN.csv (2017+) or ssYYpXX.csv (earlier years)"
+
+
 def write_zip(path: Path, members: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> Path:
     with zipfile.ZipFile(path, "w", compression=compression) as zf:
         for name, data in members.items():
@@ -266,10 +272,31 @@ def build_duplicate_column(tmp: Path) -> Broken:
     return Broken(t.write(tmp / CSV), CSV, "columns", 1, "PWGTP", msg, ("duplicate column", "PWGTP"))
 
 
+@builder
+def build_missing_header(tmp: Path) -> Broken:
+    """The header line is missing: the first record is taken as the header. The reader must say
+    so in one line without echoing that record's cells (a SERIALNO and confidential values)."""
+    t = base_2018()
+    first = [c.decode() for c in t.rows[0]]
+    data = b"".join(b",".join(r) + b"\n" for r in t.rows)
+    (tmp / CSV).write_bytes(data)
+    secrets = tuple(sorted({v for v in first if len(v) >= 2}))
+    msg = f"not a PUMS header (none of its {len(first)} names is a PUMS person variable): is the header line missing?"
+    return Broken(tmp / CSV, CSV, "columns", 1, None, msg, ("header", "missing"), secrets)
+
+
 def bom_header(tmp: Path) -> Path:
     """A valid file with a UTF-8 byte-order mark (as spreadsheet programs write): accepted."""
     t = base_2018()
     t.header[0] = b"\xef\xbb\xbf" + t.header[0]
+    return t.write(tmp / CSV)
+
+
+def padded_header(tmp: Path) -> Path:
+    """A valid file whose header names carry surrounding spaces and quotes, as spreadsheet and
+    database exports write them: accepted, read as the clean names."""
+    t = base_2018()
+    t.header = [b' "' + h + b'" ' if k % 2 else h + b" " for k, h in enumerate(t.header)]
     return t.write(tmp / CSV)
 
 
@@ -333,6 +360,12 @@ def build_non_utf8_header(tmp: Path) -> Broken:
     return Broken(t.write(tmp / CSV), CSV, "encoding", 1, None, msg, ("header", "not valid UTF-8"))
 
 
+@builder
+def build_exponent_notation_age(tmp: Path) -> Broken:
+    """'5e1' is not an integer as PUMS writes them (a spreadsheet's rendering of 50): refused."""
+    return _cell(tmp, 57, "AGEP", "5e1", "types", "not an integer: expected an integer 0..99", ("not an integer",), ("5e1",))
+
+
 # -- rows ----------------------------------------------------------------------------------
 @builder
 def build_short_row(tmp: Path) -> Broken:
@@ -367,6 +400,20 @@ def build_truncated_file(tmp: Path) -> Broken:
     n = len(t.header)
     msg = f"expected {n} fields, got {k} (truncated or malformed row)"
     return Broken(tmp / CSV, CSV, "row", t.line(len(t.rows) - 1), None, msg, ("truncated",), (t.serial(len(t.rows) - 1),))
+
+
+@builder
+def build_blank_line_shifts_lines(tmp: Path) -> Broken:
+    """An empty line between records: the value error below it must name its real line."""
+    t = base_2018()
+    i = 60
+    serial = t.serial(i)
+    t.set(i, "AGEP", "150")
+    data = t.to_bytes()
+    lines = data.split(b"\n")
+    lines.insert(11, b"")  # blank physical line 12
+    (tmp / CSV).write_bytes(b"\n".join(lines))
+    return Broken(tmp / CSV, CSV, "values", t.line(i) + 1, "AGEP", "implausible value: expected an integer 0..99", ("implausible",), (serial, "150"))
 
 
 # -- households ------------------------------------------------------------------------------
@@ -449,16 +496,72 @@ def build_zip_without_person_member(tmp: Path) -> Broken:
     with zipfile.ZipFile(VT_ZIP) as zf:
         others = {n: zf.read(n) for n in zf.namelist() if n != VT_MEMBER}
     p = write_zip(tmp / "csv_pvt.zip", others)
-    msg = f"expected exactly one person CSV member (psam_pNN.csv), found 0 among {sorted(others)}"
-    return Broken(p, "csv_pvt.zip", "zip", None, None, msg, ("exactly one person CSV member", "found 0"))
+    msg = f"no person CSV member among {list(others)}: expected {ONE_PERSON_MEMBER}"
+    return Broken(p, "csv_pvt.zip", "zip", None, None, msg, ("no person CSV member", "psam_pNN.csv"))
 
 
 @builder
 def build_zip_two_person_members(tmp: Path) -> Broken:
     data = base_2018().to_bytes()
     p = write_zip(tmp / "csv_pvt.zip", {VT_MEMBER: data, "psam_p10.csv": data})
-    msg = f"expected exactly one person CSV member (psam_pNN.csv), found 2 among {[VT_MEMBER, 'psam_p10.csv']}"
-    return Broken(p, "csv_pvt.zip", "zip", None, None, msg, ("exactly one person CSV member", "found 2"))
+    msg = f"2 CSV members {[VT_MEMBER, 'psam_p10.csv']}: expected {ONE_PERSON_MEMBER}; PDF and text members are ignored"
+    return Broken(p, "csv_pvt.zip", "zip", None, None, msg, ("2 CSV members", "exactly one"))
+
+
+@builder
+def build_zip_person_member_and_other_csv(tmp: Path) -> Broken:
+    """The real archive with an edited copy of its person CSV added: which one was meant is a guess."""
+    with zipfile.ZipFile(VT_ZIP) as zf:
+        readme = {n: zf.read(n) for n in zf.namelist() if n != VT_MEMBER}
+    data = base_2018().to_bytes()
+    p = write_zip(tmp / "csv_pvt.zip", {VT_MEMBER: data, **readme, "psam_p50_edited.csv": data})
+    msg = f"2 CSV members {[VT_MEMBER, 'psam_p50_edited.csv']}: expected {ONE_PERSON_MEMBER}; PDF and text members are ignored"
+    return Broken(p, "csv_pvt.zip", "zip", None, None, msg, ("2 CSV members", "psam_p50_edited.csv"))
+
+
+NOT_PLAIN = "expected the Census .zip archive (csv_pXX.zip) or a plain CSV"
+
+
+def _compressed(tmp: Path, file: str, compress: Callable[[bytes], bytes], kind: str) -> Broken:
+    p = tmp / file
+    p.write_bytes(compress(base_2018().to_bytes()))
+    msg = f"{kind}-compressed data: {NOT_PLAIN} (decompress it first)"
+    return Broken(p, file, "file", None, None, msg, (kind, "plain CSV"))
+
+
+@builder
+def build_gzip_file(tmp: Path) -> Broken:
+    return _compressed(tmp, CSV + ".gz", gzip.compress, "gzip")
+
+
+@builder
+def build_gzip_named_csv(tmp: Path) -> Broken:
+    return _compressed(tmp, CSV, gzip.compress, "gzip")
+
+
+@builder
+def build_bzip2_named_csv(tmp: Path) -> Broken:
+    return _compressed(tmp, CSV, bz2.compress, "bzip2")
+
+
+@builder
+def build_xz_named_zip(tmp: Path) -> Broken:
+    return _compressed(tmp, "csv_pvt.zip", lzma.compress, "xz")
+
+
+@builder
+def build_zip_named_csv(tmp: Path) -> Broken:
+    p = write_zip(tmp / CSV, {VT_MEMBER: base_2018().to_bytes()})
+    msg = f"a zip archive named .csv: {NOT_PLAIN} (name the archive .zip)"
+    return Broken(p, CSV, "file", None, None, msg, ("zip archive", ".zip"))
+
+
+@builder
+def build_workbook(tmp: Path) -> Broken:
+    """A spreadsheet workbook (a zip container) given where a CSV is expected."""
+    p = write_zip(tmp / "psam_p50.xlsx", {"xl/worksheets/sheet1.csv": base_2018().to_bytes()})
+    msg = f"a spreadsheet workbook: {NOT_PLAIN} (save the sheet as CSV)"
+    return Broken(p, "psam_p50.xlsx", "file", None, None, msg, ("spreadsheet", "CSV"))
 
 
 @builder
@@ -535,6 +638,17 @@ def build_legacy_housing_np_mismatch(tmp: Path) -> Broken:
 
 
 @builder
+def build_legacy_housing_blank_line_shifts_lines(tmp: Path) -> Broken:
+    """The NP mismatch above with an empty line after the housing header: its real line is named."""
+    b = build_legacy_housing_np_mismatch(tmp)
+    assert b.housing is not None and b.line is not None
+    lines = b.housing.read_bytes().split(b"\n")
+    lines.insert(1, b"")  # blank physical line 2
+    b.housing.write_bytes(b"\n".join(lines))
+    return replace(b, line=b.line + 1)
+
+
+@builder
 def build_legacy_na_in_required(tmp: Path) -> Broken:
     persons, housing = base_legacy()
     i = 77
@@ -578,62 +692,23 @@ def build_legacy_as_pums2017(tmp: Path) -> Broken:
     return Broken(p, "psam_p10.csv", "households", 2, "SERIALNO", msg, ("2017+ form", "pums_legacy"), (t.serial(0),), count=len(rows), layout="pums2017", domain=CORE)
 
 
-# -- inputs the reader gets wrong today (see tests marked xfail) -------------------------------
-KNOWN_BUGS: dict[str, Callable[[Path], Broken]] = {}
-
-
-def known_bug(fn: Callable[[Path], Broken]) -> Callable[[Path], Broken]:
-    KNOWN_BUGS[fn.__name__.removeprefix("build_")] = fn
-    return fn
-
-
-@known_bug
-def build_blank_line_shifts_lines(tmp: Path) -> Broken:
-    """An empty line between records: the value error below it must name its real line."""
-    t = base_2018()
-    i = 60
-    serial = t.serial(i)
-    t.set(i, "AGEP", "150")
-    data = t.to_bytes()
-    lines = data.split(b"\n")
-    lines.insert(11, b"")  # blank physical line 12
-    (tmp / CSV).write_bytes(b"\n".join(lines))
-    return Broken(tmp / CSV, CSV, "values", t.line(i) + 1, "AGEP", "implausible value: expected an integer 0..99", ("implausible",), (serial, "150"))
-
-
-@known_bug
-def build_missing_header(tmp: Path) -> Broken:
-    """The header line is missing: the first record is taken as the header. The reader must say
-    so in one line without echoing that record's cells (a SERIALNO and confidential values)."""
-    t = base_2018()
-    first = [c.decode() for c in t.rows[0]]
-    data = b"".join(b",".join(r) + b"\n" for r in t.rows)
-    (tmp / CSV).write_bytes(data)
-    secrets = tuple(sorted({v for v in first if len(v) >= 2}))
-    return Broken(tmp / CSV, CSV, "columns", 1, None, "", ("header",), secrets)
-
-
-@known_bug
+@builder
 def build_legacy_file_read_as_pums2017(tmp: Path) -> Broken:
-    """The 2013 file as it is, read with layout pums2017: the messages (missing SPORDER, an
-    unexpected unnamed column) should point at the cause: a pre-2017 file (layout pums_legacy)."""
+    """The 2013 R export as it is, read with layout pums2017: its two column findings (no SPORDER,
+    an unnamed row-index column) have one cause, reported once: a pre-2017 file."""
     persons, _ = base_legacy()
     p = persons.write(tmp / LEGACY_CSV)
-    return Broken(p, LEGACY_CSV, "columns", 1, None, "", ("pums_legacy",), (persons.serial(0),), layout="pums2017", domain=CORE)
+    msg = "no SPORDER column and an unnamed first column (a row index), as in a pre-2017 file: expected the pums2017 header, or set layout: pums_legacy"
+    return Broken(p, LEGACY_CSV, "columns", 1, "SPORDER", msg, ("pre-2017", "pums_legacy"), (persons.serial(0),), layout="pums2017", domain=CORE)
 
 
-@known_bug
+@builder
 def build_legacy_housing_duplicate_serial(tmp: Path) -> Broken:
-    """A housing record appearing twice: an InputError is expected, the reader crashes instead."""
+    """A housing record appearing twice: its second line is named."""
     persons, housing = base_legacy()
     j = 5
     housing.rows.insert(j + 1, list(housing.rows[j]))
     p = persons.write(tmp / LEGACY_CSV)
     h = housing.write(tmp / LEGACY_HCSV)
-    return Broken(p, LEGACY_HCSV, "housing", housing.line(j + 1), "SERIALNO", "", ("SERIALNO",), (housing.serial(j),), housing=h, domain=CORE)
-
-
-@known_bug
-def build_exponent_notation_age(tmp: Path) -> Broken:
-    """'5e1' is not an integer as PUMS writes them, yet it is accepted as age 50."""
-    return _cell(tmp, 57, "AGEP", "5e1", "types", "not an integer: expected an integer 0..99", ("not an integer",), ("5e1",))
+    msg = "duplicate SERIALNO in the housing file (one record per unit expected)"
+    return Broken(p, LEGACY_HCSV, "housing", housing.line(j + 1), "SERIALNO", msg, ("duplicate SERIALNO",), (housing.serial(j),), housing=h, domain=CORE)
