@@ -56,6 +56,14 @@ class Domain:
         if size_attr.codes != tuple(str(i) for i in range(1, self.max_size + 1)):
             raise ValueError(f"{self.size_attribute} codes must be '1'..'{self.max_size}'")
 
+    def project(self, group: list[str] | None, person: list[str] | None) -> Domain:
+        """The domain of a subset of the attributes (None keeps all of a kind; the size attribute
+        is always kept)."""
+        g_names = [a.name for a in self.group] if group is None else list(dict.fromkeys([self.size_attribute, *group]))
+        p_names = [a.name for a in self.person] if person is None else list(dict.fromkeys(person))
+        return Domain(tuple(self.group_attribute(n) for n in g_names), tuple(self.person_attribute(n) for n in p_names),
+                      self.geography, self.max_size, self.size_attribute)
+
     # -- look-ups -------------------------------------------------------------------------
     def group_index(self, name: str) -> int:
         for i, a in enumerate(self.group):

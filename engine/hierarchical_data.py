@@ -148,11 +148,9 @@ class HierarchicalData:
     def project(self, group: list[str] | None, person: list[str] | None) -> HierarchicalData:
         """Keep a subset of the attributes (the size attribute is always kept)."""
         d = self.domain
-        g_names = [a.name for a in d.group] if group is None else list(dict.fromkeys([d.size_attribute, *group]))
-        p_names = [a.name for a in d.person] if person is None else list(dict.fromkeys(person))
-        gi = [d.group_index(n) for n in g_names]
-        pi = [d.person_index(n) for n in p_names]
-        dom = Domain(tuple(d.group[i] for i in gi), tuple(d.person[i] for i in pi), d.geography, d.max_size, d.size_attribute)
+        dom = d.project(group, person)
+        gi = [d.group_index(a.name) for a in dom.group]
+        pi = [d.person_index(a.name) for a in dom.person]
         return HierarchicalData.from_arrays(dom, self.geo, self.group[:, gi], self.person[:, pi], self.person_offsets)
 
     # -- persistence (npz; no pickles) -------------------------------------------------

@@ -19,15 +19,21 @@ def _prefect_env() -> None:
 def cmd_run(args) -> int:
     from datetime import UTC, datetime
 
-    from schemas.input_independence import check_inputs
+    from flows.console import install_refusal_filter
+    from flows.preflight import preflight
     from schemas.release_config import load_config
     from tasks.run_binding import check_binding, run_binding
 
     # clear refusals before Prefect starts (the flow checks again: it is also called as a library);
     # a templated name is checked with today's date
     cfg = load_config(args.config, name=args.name, run=(datetime.now(UTC).strftime("%Y-%m-%d"), "check"))
-    check_binding(cfg.run_dir(), run_binding(cfg, check_inputs(cfg)))
+    files = preflight(cfg)
+    if args.name is None or "{" not in args.name:  # a templated name's run directory is the run's own
+        check_binding(cfg.run_dir(), run_binding(cfg, files))
+        if (note := resume_note(cfg.run_dir())) is not None:
+            print(note, flush=True)
     _prefect_env()
+    install_refusal_filter()
     from flows.local_api import LocalPrefectApi
 
     # Prefect's temporary API (when none is configured) starts while the pipeline's modules load;
@@ -39,6 +45,23 @@ def cmd_run(args) -> int:
         release_dir = release_flow(str(args.config), dask_address=args.dask_address, name=args.name)
     print(f"release written to {release_dir}")
     return 0
+
+
+def resume_note(run_dir: Path) -> str | None:
+    """What an earlier run of this release left in its work directory, when there is one: the
+    stages it finished (from its audit log) and the stage it stopped in."""
+    from tasks.audit import AuditLog
+
+    events = AuditLog(run_dir / "audit.jsonl").events()
+    if not events:
+        return None
+    finished = [e["stage"] for e in events if e.get("event") == "stage_end"]
+    started = [e["stage"] for e in events if e.get("event") == "stage_start"]
+    stopped = next((s for s in reversed(started) if s not in finished), None)
+    runs = sum(e.get("event") in ("run_start", "run_resume") for e in events)
+    done = ", ".join(dict.fromkeys(finished)) or "none"
+    return (f"resuming release {run_dir.name} from {run_dir} (run {runs + 1}): stages finished before: {done}"
+            + (f"; stopped in {stopped}" if stopped else "") + "; stored measurements are reused and charged nothing again")
 
 
 def cmd_validate(args) -> int:
@@ -64,11 +87,11 @@ def cmd_validate(args) -> int:
 
 def cmd_plan(args) -> int:
     from flows.plan import render_plan
-    from schemas.input_independence import check_inputs
+    from flows.preflight import preflight
     from schemas.release_config import load_config
 
     cfg = load_config(args.config)
-    print(render_plan(cfg, check_inputs(cfg, skip_missing=True)))
+    print(render_plan(cfg, preflight(cfg, skip_missing=True)))
     return 0
 
 

@@ -28,8 +28,8 @@ from engine.hierarchical_data import HierarchicalData
 from engine.strength_floor import played_states
 from engine.workload_selection import PUMA_ATTRIBUTES
 from flows.plan import invariants_statement
+from flows.preflight import preflight, uses_strength_floor
 from schemas.gx_suites import expectations
-from schemas.input_independence import check_inputs
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
 from tasks.audit import AuditLog
@@ -60,7 +60,6 @@ from tasks.synthesize import (
     choose_puma_attributes_task,
     choose_split_task,
     play_strength_floor_task,
-    prior_flips,
     public_only_baseline,
     puma_batch_task,
     record_strength_floor,
@@ -384,13 +383,6 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     return str(paths.release_dir)
 
 
-def uses_strength_floor(cfg) -> bool:
-    """Whether the prior update's state strength (empirical Bayes) is held to the public simulation's floor."""
-    s = cfg.synthesis
-    return (cfg.synthesizer == "prior_update" and s.update_rule == "map" and s.prior_strength_rule == "empirical_bayes"
-            and s.prior_strength_floor == "public_simulation")
-
-
 def strength_floor_entry(paths: RunPaths) -> dict:
     """The floor of the state prior strength: the public simulation's choice with its table, or none."""
     chosen = paths.strength_floor_path
@@ -465,7 +457,7 @@ def run_identity() -> tuple[str, str]:
 @flow(name="dprelease-release")
 def release_flow(config_path: str, dask_address: str | None = None, name: str | None = None) -> str:
     cfg = load_config(config_path, name=name, run=run_identity())
-    binding = run_binding(cfg, check_inputs(cfg))  # before anything is written: inputs that are not independent are refused
+    binding = run_binding(cfg, preflight(cfg))  # before anything is written: every refusal that needs no record
     paths = prepare(cfg.run_dir(), cfg.release_dir())
     ctx = RunContext(cfg, paths)
     with RunLock(paths), dask_scheduler(dask_address) as address:
@@ -502,8 +494,6 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         write_json_atomic(paths.summary_path, {"inputs": [read_report(r) for r in reports]})
         seed = sampling_seed(cfg, paths)
         ctx = ctx.with_inputs(*merged_inputs(paths, reports))
-        if cfg.synthesizer == "prior_update":
-            prior_flips(ctx)  # a synthesis.prior_flips the domain cannot take is refused before anything is charged
         workload = posteriors = coc_path = supports = None
         if cfg.synthesizer != "public_baseline":
             # H-GEM's mixture answers (engine.hgem.answers) are plain counts: its workloads are never normalised

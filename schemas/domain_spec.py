@@ -17,9 +17,17 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from engine import encoding
 from engine.domain import Attribute, Domain
+from engine.errors import EXIT_BAD_INPUT, DPReleaseError
 from engine.hierarchical_data import HierarchicalData
+from engine.prior_mixture import Flip
 
 DOMAINS_DIR = Path(__file__).parent / "domains"
+
+
+class DomainSpecError(DPReleaseError, ValueError):
+    """A domain spec that cannot be read, or a setting the domain cannot take (exit 2)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class _Strict(BaseModel):
@@ -136,6 +144,28 @@ class DomainSpec(_Strict):
     def size_attribute(self) -> str:
         return next(n for n, h in self.household_attributes.items() if h.derive == "size")
 
+    def prior_flips(self, names: list[str] | tuple[str, ...], domain: Domain) -> tuple[Flip, ...]:
+        """``synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip`: each named person
+        attribute with the household attributes this spec derives from its householder's value
+        (those of ``domain``). A household attribute derived from the attribute otherwise
+        (``any_person``) would not stay consistent under the flip, so it is refused, as is an
+        attribute ``domain`` cannot flip."""
+        kept = {a.name for a in domain.group}
+        flips = []
+        for name in names:
+            derived = {n: h for n, h in self.household_attributes.items() if n in kept and h.attribute == name}
+            other = sorted(n for n, h in derived.items() if h.derive != "householder")
+            if other:
+                raise DomainSpecError(f"synthesis.prior_flips: household attributes {other} derive from {name} other than by its "
+                                      "householder's value and would not follow the flip")
+            flip = Flip(name, tuple(sorted(n for n, h in derived.items() if h.derive == "householder")))
+            try:
+                flip.check(domain)
+            except ValueError as e:
+                raise DomainSpecError(str(e)) from None
+            flips.append(flip)
+        return tuple(flips)
+
     def domain(self, max_size: int) -> Domain:
         person = tuple(a.attribute(n) for n, a in self.person_attributes.items())
         by_name = {a.name: a for a in person}
@@ -203,10 +233,13 @@ def load_domain_spec(path: str | Path = DOMAINS_DIR / "acs_pums.yaml") -> Domain
     path = domain_spec_path(path)
     try:
         raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"{path}: cannot read domain spec: {e}") from None
+    except OSError as e:
+        raise DomainSpecError(f"{path}: cannot read the domain spec ({e.strerror}); expected a YAML file or the name of a shipped "
+                              f"spec ({', '.join(sorted(q.stem for q in DOMAINS_DIR.glob('*.yaml')))})") from None
+    except yaml.YAMLError as e:
+        raise DomainSpecError(f"{path}: the domain spec is not valid YAML: {e}") from None
     try:
         return DomainSpec.model_validate(raw)
     except Exception as e:  # pydantic.ValidationError
-        raise ValueError(f"{path}: invalid domain spec:\n{e}") from None
+        raise DomainSpecError(f"{path}: invalid domain spec: {e}") from None
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
 from pathlib import Path
 
@@ -116,6 +117,7 @@ def check_identities(files: list[InputFile]) -> None:
             raise InputsNotIndependent(f"{a} and {b} have the same content (equal SHA-256): each input file is listed once, as private or as public")
 
 
+@lru_cache(maxsize=128)
 def read_coverage(f: InputFile, state_column: str) -> Coverage | None:
     """The states and survey years of a person file from its state and SERIALNO columns alone;
     None when they cannot be read (ingestion's validation then names the problem)."""
@@ -137,6 +139,11 @@ def read_coverage(f: InputFile, state_column: str) -> Coverage | None:
         prefixes = pc.unique(pc.utf8_slice_codeunits(table.column("SERIALNO"), 0, 4)).to_pylist()
         years = frozenset(int(y) for y in pd.to_numeric(pd.Series(prefixes), errors="coerce").dropna())
     return Coverage(frozenset(int(s) for s in np.asarray(states)), years)
+
+
+def public_states(files: list[InputFile], state_column: str) -> set[int]:
+    """The states the public person files among ``files`` cover (their state codes, read once)."""
+    return {s for f in files if f.role == "public" and f.kind == "path" and (c := read_coverage(f, state_column)) is not None for s in c.states}
 
 
 def check_states(coverage: dict[InputFile, Coverage]) -> None:

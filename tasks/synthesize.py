@@ -97,27 +97,10 @@ def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTarg
 
 
 def prior_flips(ctx: RunContext) -> tuple[Flip, ...]:
-    """``synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip`: each named person attribute
-    with the household attributes the domain spec derives from its householder's value, checked
-    against the public data's domain. A household attribute derived from the attribute otherwise
-    (``any_person``) would not stay consistent under the flip, so it is refused."""
+    """``synthesis.prior_flips`` of the run, checked against the public data's domain
+    (:meth:`schemas.domain_spec.DomainSpec.prior_flips`)."""
     names = ctx.cfg.synthesis.prior_flips
-    if not names:
-        return ()
-    spec = load_domain_spec(ctx.cfg.domain_path())
-    domain = ctx.public().domain
-    kept = {a.name for a in domain.group}
-    flips = []
-    for name in names:
-        derived = {n: h for n, h in spec.household_attributes.items() if n in kept and h.attribute == name}
-        other = sorted(n for n, h in derived.items() if h.derive != "householder")
-        if other:
-            raise ValueError(f"synthesis.prior_flips: household attributes {other} derive from {name} other than by its "
-                             "householder's value and would not follow the flip")
-        flip = Flip(name, tuple(sorted(n for n, h in derived.items() if h.derive == "householder")))
-        flip.check(domain)
-        flips.append(flip)
-    return tuple(flips)
+    return load_domain_spec(ctx.cfg.domain_path()).prior_flips(names, ctx.public().domain) if names else ()
 
 
 @task(name="select-workload")

@@ -58,3 +58,48 @@ def test_a_bug_is_not_swallowed(monkeypatch):
             action.set_defaults(func=lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         cli.main(["plan", "deploy/releases/acs2018_default.yaml"])
+
+
+def _record(level: int, msg: str, exc: BaseException | None = None):
+    import logging
+
+    return logging.LogRecord("prefect.flow_runs", level, __file__, 1, msg, None, (type(exc), exc, None) if exc else None)
+
+
+def test_the_console_drops_prefects_log_of_a_refusal_and_keeps_a_bugs():
+    import logging
+
+    from flows.console import RefusalFilter
+
+    f = RefusalFilter()
+    refusal = InputError([InputIssue("a.csv", "bad", check="file")])
+    assert not f.filter(_record(logging.ERROR, "Encountered exception during execution", refusal))
+    assert not f.filter(_record(logging.ERROR, "Finished in state Failed('Flow run encountered an exception: InputError: a.csv: bad')"))
+    assert not f.filter(_record(logging.ERROR, "Finished in state Failed('Task run encountered an exception: RunRefused: locked')"))
+    assert f.filter(_record(logging.ERROR, "Encountered exception during execution", ZeroDivisionError("x")))  # a bug keeps its log
+    assert f.filter(_record(logging.ERROR, "Finished in state Failed('Flow run encountered an exception: KeyError: 3')"))
+    assert f.filter(_record(logging.INFO, "Finished in state Completed()"))
+
+
+def test_the_refusal_filter_reaches_prefects_console_handler(monkeypatch):
+    """Through the environment, as the Dask workers a run starts get it: a process that imports
+    Prefect after the settings file is named has the filter on its console handler (and not on
+    the handler that sends records to Prefect's API)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from flows.console import install_refusal_filter
+
+    monkeypatch.delenv("PREFECT_LOGGING_SETTINGS_PATH", raising=False)
+    path = install_refusal_filter()
+    assert path is not None and path.exists()
+    monkeypatch.setenv("PREFECT_LOGGING_SETTINGS_PATH", str(path))  # undone after the test
+    assert yaml.safe_load(path.read_text())["filters"]["dprelease_refusals"] == {"()": "flows.console.RefusalFilter"}
+    assert install_refusal_filter() is None  # an operator's (or an earlier) settings file is left alone
+    probe = ("import logging; from prefect.logging.configuration import setup_logging; setup_logging(); "
+             "hs = logging.getLogger().handlers + logging.getLogger('prefect.flow_runs').handlers; "
+             "print(sorted((type(h).__name__, sorted(type(f).__name__ for f in h.filters)) for h in hs))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "('PrefectConsoleHandler', ['RefusalFilter'])" in out and "('APILogHandler', [])" in out, out

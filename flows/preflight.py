@@ -1,0 +1,51 @@
+"""Every refusal that needs no record of the data, made before anything starts.
+
+``dprelease run`` makes these checks before Prefect starts, ``dprelease plan`` makes them too (on
+the input files present), and the release flow makes them again before it writes anything (it is
+also called as a library). What they read of the data is only what identifies an input
+(:mod:`schemas.input_independence`): paths, hashes, state and survey-year codes.
+"""
+
+from __future__ import annotations
+
+from schemas.domain_spec import load_domain_spec
+from schemas.input_independence import InputFile, check_inputs, public_states
+from schemas.release_config import ConfigError, ReleaseConfig
+from tasks.run_context import RunRefused
+
+__all__ = ["preflight", "uses_strength_floor"]
+
+
+def preflight(cfg: ReleaseConfig, skip_missing: bool = False) -> list[InputFile]:
+    """Refuse what a run would refuse later without reading a record: a release that exists
+    already, a domain spec that cannot be read or does not hold the configured attributes or
+    prior flips, input files missing or not independent, and a split simulation without the two
+    public states it plays. Returns the input files' identities (``skip_missing``: those present)."""
+    release = cfg.release_dir()
+    if release.exists():
+        raise RunRefused(f"release {release} exists already; a finished release is never overwritten "
+                         "(choose a new name or remove it deliberately)")
+    spec = load_domain_spec(cfg.domain_path())
+    domain = spec.domain(cfg.household_rules.max_household_size)
+    try:
+        domain = domain.project(cfg.attributes.group, cfg.attributes.person)
+    except KeyError as e:
+        raise ConfigError(f"attributes: {e.args[0]} (domain {cfg.domain})") from None
+    if cfg.synthesizer == "prior_update" and cfg.synthesis.prior_flips:
+        spec.prior_flips(cfg.synthesis.prior_flips, domain)
+    files = check_inputs(cfg, skip_missing)
+    if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
+        present = [f for f in files if f.role == "public" and f.kind == "path"]
+        states = public_states(present, cfg.geography["state"])
+        if len(states) < 2 and len(present) == len(cfg.public):
+            raise ConfigError("allocation.synthesis_split: public_simulation plays each public state as private against the "
+                              f"others: it needs public inputs of at least two states (they cover {len(states)}); add a public "
+                              "state or set synthesis_split: fixed")
+    return files
+
+
+def uses_strength_floor(cfg: ReleaseConfig) -> bool:
+    """Whether the prior update's state strength (empirical Bayes) is held to the public simulation's floor."""
+    s = cfg.synthesis
+    return (cfg.synthesizer == "prior_update" and s.update_rule == "map" and s.prior_strength_rule == "empirical_bayes"
+            and s.prior_strength_floor == "public_simulation")
