@@ -44,7 +44,7 @@ from tasks.count_of_counts import (
     size_measurements,
 )
 from tasks.gx_gates import input_gate, release_gate
-from tasks.ingest import ingest_input, read_report, validation_record, write_validation
+from tasks.ingest import ingest_input, read_report, release_geography, validation_record, write_validation
 from tasks.intervals import count_of_counts_intervals, intervals_table, marginal_intervals
 from tasks.intervals import manifest_entry as intervals_entry
 from tasks.measurements_table import manifest_entry as measurements_entry
@@ -343,6 +343,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         "libraries": library_versions(),
         "privacy_unit": cfg.privacy_unit,
         "invariants": invariants_statement(cfg),
+        "geography": geography_entry(cfg, ctx.geography),
         "privacy": {
             "accounting": "rho-zCDP; sequential composition over stages and levels, parallel over disjoint nodes of one level",
             "plan": ctx.plan.to_dict(),
@@ -380,6 +381,18 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
+
+
+def geography_entry(cfg: ReleaseConfig, geography) -> dict:
+    """The release's declared nodes and where they come from (public information only)."""
+    return {
+        "states": [f"{s:02d}" for s in geography.states],
+        "states_declared_by": "geography.states" if cfg.geography.states is not None else
+        "the private input files (which states a release covers is its design, public by declaration)",
+        "puma_list": cfg.geography.pumas,
+        "pumas": len(geography.pumas),
+        "nodes": "every PUMA the list gives the declared states, with or without private households; none is taken from the private records",
+    }
 
 
 def uses_strength_floor(cfg) -> bool:
@@ -488,7 +501,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         reports = stage("ingest", ingest_stage, cfg, paths, charges=False)
         write_json_atomic(paths.summary_path, {"inputs": [read_report(r) for r in reports]})
         seed = sampling_seed(cfg, paths)
-        ctx = ctx.with_inputs(*merged_inputs(paths, reports))
+        private_npz, public_npz = merged_inputs(paths, reports)
+        ctx = ctx.with_inputs(private_npz, public_npz, release_geography(cfg, private_npz))
         if cfg.synthesizer == "prior_update":
             prior_flips(ctx)  # a synthesis.prior_flips the domain cannot take is refused before anything is charged
         workload = posteriors = coc_path = supports = None
