@@ -24,6 +24,7 @@ import dask
 from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
+from engine.geography import Geography, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.strength_floor import played_states
 from engine.workload_selection import PUMA_ATTRIBUTES
@@ -383,14 +384,14 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     return str(paths.release_dir)
 
 
-def geography_entry(cfg: ReleaseConfig, geography) -> dict:
+def geography_entry(cfg: ReleaseConfig, geography: Geography) -> dict:
     """The release's declared nodes and where they come from (public information only)."""
     return {
         "states": [f"{s:02d}" for s in geography.states],
         "states_declared_by": "geography.states" if cfg.geography.states is not None else
         "the private input files (which states a release covers is its design, public by declaration)",
         "puma_list": cfg.geography.pumas,
-        "pumas": len(geography.pumas),
+        "pumas": [node_key(p) for p in geography.pumas],
         "nodes": "every PUMA the list gives the declared states, with or without private households; none is taken from the private records",
     }
 
