@@ -11,7 +11,6 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from engine.geography import Geography
 from schemas.geography import shipped_puma_list
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig
@@ -110,14 +109,3 @@ def test_the_release_nodes_are_the_declared_states_published_pumas(tmp_path, ver
     declared = config(cfg.private[0].path, states=[10, 50])
     assert release_geography(declared, str(tmp_path / "private.npz")) == shipped_puma_list().restricted([10, 50])
 
-
-def test_a_geography_is_sorted_distinct_and_finds_outside_households():
-    g = Geography.of([(50, 300), (10, 101), (50, 100), (50, 100)])
-    assert g.pumas == ((10, 101), (50, 100), (50, 300)) and g.states == (10, 50)
-    assert g.nodes("state") == [(10,), (50,)] and g.nodes("puma") == list(g.pumas)
-    geo = np.array([[50, 100], [50, 200], [10, 101], [11, 101]])
-    assert g.outside(geo).tolist() == [False, True, False, True]
-    with pytest.raises(ValueError, match="not in the geography"):
-        g.restricted([23])
-    with pytest.raises(ValueError, match="at least one PUMA"):
-        Geography.of([])
