@@ -1,5 +1,5 @@
 """The one node id: engine.geography.node_key (tuples and keys), its inverse, the level; the
-per-node household index."""
+per-node household index; a release's declared geography (engine.geography.Geography)."""
 
 from __future__ import annotations
 
