@@ -384,8 +384,10 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     return str(paths.release_dir)
 
 
-def geography_entry(cfg: ReleaseConfig, geography: Geography) -> dict:
+def geography_entry(cfg: ReleaseConfig, geography: Geography | None) -> dict:
     """The release's declared nodes and where they come from (public information only)."""
+    if geography is None:
+        raise RuntimeError("the run context has no geography yet (ingest first)")
     return {
         "states": [f"{s:02d}" for s in geography.states],
         "states_declared_by": "geography.states" if cfg.geography.states is not None else
