@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     covs, n_households = [], 0
     for config, release in zip(args.config, args.release):
         cfg = load_config(config)
-        private = HierarchicalData.concat([load_input(cfg, spec)[0] for spec in cfg.private])
+        private = HierarchicalData.concat([load_input(cfg, spec, "private")[0] for spec in cfg.private])
         n_households += private.n_households
         for level, counts in measured_coverage(Path(release), private).items():
             measured[level] = [a + b for a, b in zip(measured.get(level, [0, 0, 0]), counts)]

@@ -9,7 +9,9 @@ states (1×, 4×, 16× of the shared data) for the scale curve.
 
 Only the columns the domain specs read are kept (the reader needs no others). The files are
 written as ``csv_pXX.zip`` (member ``psam_pNN.csv``) under ``--out`` with a release config beside
-them (``national.yaml``: every target state private, the 12 original states public), so that
+them (``national.yaml``: every target state private, the 12 original states public) and the PUMA
+list of the re-keyed geography (``pumas.yaml``, the config's ``geography.pumas``: the input's
+geography is the benchmark's own, so it is declared beside it), so that
 
     python benchmarks/national_input.py --out /tmp/national
     dprelease run /tmp/national/national.yaml
@@ -95,6 +97,7 @@ def build(data: Path, out: Path, pumas_per_state: int | None, scale: int | None)
     out.mkdir(parents=True, exist_ok=True)
     next_serial = 1
     summary = {"states": 0, "pumas": 0, "persons": 0, "households": 0}
+    puma_list: dict[int, list[int]] = {}
     for fips, copies in layout.items():
         parts, puma_base = [], 1
         for s in copies:
@@ -102,6 +105,7 @@ def build(data: Path, out: Path, pumas_per_state: int | None, scale: int | None)
             old = df.PUMA.to_numpy()
             codes, inverse = np.unique(old, return_inverse=True)
             df["PUMA"] = pd.Series(100 * (inverse + puma_base), index=df.index).astype(str).str.zfill(5)
+            puma_list.setdefault(int(fips), []).extend(int(100 * (k + puma_base)) for k in range(codes.size))
             puma_base += codes.size
             serial_index, uniq = pd.factorize(df.SERIALNO)
             kind = pd.Series(uniq.str.slice(4, 6)).to_numpy()[serial_index]
@@ -129,7 +133,9 @@ def build(data: Path, out: Path, pumas_per_state: int | None, scale: int | None)
         "private": [{"path": f"csv_p{TARGETS[f]}.zip"} for f in layout],
         "public": [{"path": str((data / f"csv_p{s}.zip").resolve())} for s in SOURCES],
         "output_dir": str((out / "releases").resolve()), "work_dir": str((out / "work").resolve()),
+        "geography": {"pumas": "pumas.yaml"},
     })
+    (out / "pumas.yaml").write_text(yaml.safe_dump({"vintage": "re-keyed copies of the shared 2018 states", "states": puma_list}))
     (out / "national.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
     return summary
 

@@ -4,7 +4,7 @@ The handful of things a user calls (a notebook runs one state's release with the
 docs/library.md shows it):
 
 - data and domain: :class:`HierarchicalData` (households with their persons, geography codes),
-  :class:`Domain`, :class:`Attribute`;
+  :class:`Domain`, :class:`Attribute`, :class:`Geography` (a release's declared nodes);
 - workloads: :class:`Workload` (marginals at household or person level, their sensitivity per
   privacy unit), :func:`select_workloads` (from public data), :class:`Support`;
 - budget and accounting: :class:`BudgetPlan` (exact ρ split), :class:`PrivacyLedger` (in memory
@@ -22,6 +22,7 @@ H-GEM (``engine.hgem``) needs torch and is imported on its own.
 from engine.adaptive import AdaptiveRounds
 from engine.count_of_counts import Hierarchy, run_hierarchy
 from engine.domain import Attribute, Domain
+from engine.geography import Geography
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import sample_households
 from engine.prior_mixture import Flip
@@ -43,6 +44,7 @@ __all__ = [
     "BudgetPlan",
     "Domain",
     "Flip",
+    "Geography",
     "HierarchicalData",
     "Hierarchy",
     "MeasurementStore",

@@ -6,9 +6,18 @@ measurement keys, ledger charges, measurement records, file names, the count-of-
 and table, the release's ``geography_node`` column: ``"nation"``, ``"ST=50"``,
 ``"ST=50/PUMA=00100"``. Geography codes are public (PUMA definitions are published by the Census
 Bureau).
+
+:class:`Geography` is a release's set of nodes. It is declared — the states a release covers and
+each one's published PUMA list (``schemas.geography``) — and never read off the confidential rows:
+a node set taken from the rows would drop a PUMA whose only household a neighbour removes, a
+difference visible with certainty in every table.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -66,3 +75,59 @@ def node_households(geo: np.ndarray, depth: int) -> dict[Node, np.ndarray]:
     order = np.argsort(inverse, kind="stable")
     bounds = np.concatenate(([0], np.cumsum(np.bincount(inverse, minlength=len(keys)))))
     return {tuple(int(x) for x in k): order[bounds[i]:bounds[i + 1]] for i, k in enumerate(keys)}
+
+
+PUMA_CODES = 100_000  # PUMA codes are five digits: (ST, PUMA) packs into ST * PUMA_CODES + PUMA
+
+
+@dataclass(frozen=True)
+class Geography:
+    """A release's declared geography: its PUMAs as (ST, PUMA) pairs, sorted and distinct; the
+    states are those of the PUMAs, the nation is their union."""
+
+    pumas: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        pumas = tuple((int(s), int(p)) for s, p in self.pumas)
+        if not pumas:
+            raise ValueError("a geography needs at least one PUMA")
+        if any(not 0 <= p < PUMA_CODES for _, p in pumas):
+            raise ValueError(f"PUMA codes have at most five digits, got {pumas}")
+        object.__setattr__(self, "pumas", tuple(sorted(set(pumas))))
+
+    @classmethod
+    def of(cls, pumas: Iterable[tuple[int, int]]) -> Geography:
+        return cls(tuple(pumas))
+
+    @property
+    def states(self) -> tuple[int, ...]:
+        return tuple(sorted({s for s, _ in self.pumas}))
+
+    def nodes(self, level: Literal["state", "puma"]) -> list[Node]:
+        """The nodes of ``level``, sorted."""
+        if level == "state":
+            return [(s,) for s in self.states]
+        if level == "puma":
+            return list(self.pumas)
+        raise ValueError(f"unknown level {level!r}: state or puma")
+
+    def leaves(self) -> np.ndarray:
+        """The PUMAs as an (n, 2) int64 array (:func:`engine.count_of_counts.geography.geography_hierarchy`)."""
+        return np.array(self.pumas, dtype=np.int64).reshape(-1, 2)
+
+    def outside(self, geo: np.ndarray) -> np.ndarray:
+        """Per household of ``geo`` (n, ≥ 2: ST, PUMA), whether its PUMA is not declared: ``(n,)`` bool."""
+        geo = np.asarray(geo, dtype=np.int64)
+        if len(geo) == 0:
+            return np.zeros(0, dtype=bool)
+        packed = geo[:, 0] * PUMA_CODES + geo[:, 1]
+        declared = self.leaves()
+        return ~np.isin(packed, declared[:, 0] * PUMA_CODES + declared[:, 1])
+
+    def restricted(self, states: Iterable[int]) -> Geography:
+        """The PUMAs of ``states`` only; every state must be declared here."""
+        wanted = {int(s) for s in states}
+        missing = sorted(wanted - set(self.states))
+        if missing:
+            raise ValueError(f"states {missing} are not in the geography (states {list(self.states)})")
+        return Geography(tuple(p for p in self.pumas if p[0] in wanted))

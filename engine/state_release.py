@@ -147,7 +147,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     plan = session.ledger.plan
     pumas = [n for n in session.nodes("puma") if n[0] == int(state)]
     if not pumas:
-        raise ValueError(f"state {state} has no PUMA in the private input")
+        raise ValueError(f"state {state} has no PUMA in the declared geography")
     count = {n: session.measure_household_count("group_counts", "puma", n, plan.allocation("group_counts", "puma")) for n in pumas}
     sd = {n: float(m.scale) for n, m in count.items()}
     G = {n: max(float(m.noisy_answer[0]), 0.0) for n, m in count.items()}

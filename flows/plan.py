@@ -11,7 +11,8 @@ from tasks.context import budget_plan
 INVARIANT_TEXT = {
     "puma_household_counts": "the number of households in every PUMA (and so in every state and the nation) is released exactly",
 }
-PUBLIC_STRUCTURE = "the geography (which states and PUMAs the private input covers) and the domain spec are public"
+PUBLIC_STRUCTURE = ("the geography (the declared states, by default those of the private input files, and each one's PUMAs "
+                    "from the published PUMA list) and the domain spec are public")
 
 
 def invariants_statement(cfg: ReleaseConfig) -> dict:

@@ -36,7 +36,7 @@ def preflight(cfg: ReleaseConfig, skip_missing: bool = False) -> list[InputFile]
     files = check_inputs(cfg, skip_missing)
     if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
         present = [f for f in files if f.role == "public" and f.kind == "path"]
-        states = public_states(present, cfg.geography["state"])
+        states = public_states(present, cfg.geography.state)
         if len(states) < 2 and len(present) == len(cfg.public):
             raise ConfigError("allocation.synthesis_split: public_simulation plays each public state as private against the "
                               f"others: it needs public inputs of at least two states (they cover {len(states)}); add a public "

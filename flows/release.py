@@ -24,6 +24,7 @@ import dask
 from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
+from engine.geography import Geography, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.strength_floor import played_states
 from engine.workload_selection import PUMA_ATTRIBUTES
@@ -45,7 +46,7 @@ from tasks.count_of_counts import (
     size_measurements,
 )
 from tasks.gx_gates import input_gate, release_gate
-from tasks.ingest import ingest_input, read_report, validation_record, write_validation
+from tasks.ingest import ingest_input, read_report, release_geography, validation_record, write_validation
 from tasks.intervals import count_of_counts_intervals, intervals_table, marginal_intervals
 from tasks.intervals import manifest_entry as intervals_entry
 from tasks.measurements_table import manifest_entry as measurements_entry
@@ -344,6 +345,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         "libraries": library_versions(),
         "privacy_unit": cfg.privacy_unit,
         "invariants": invariants_statement(cfg),
+        "geography": geography_entry(cfg, ctx.geography),
         "privacy": {
             "accounting": "rho-zCDP; sequential composition over stages and levels, parallel over disjoint nodes of one level",
             "plan": ctx.plan.to_dict(),
@@ -381,6 +383,20 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
+
+
+def geography_entry(cfg: ReleaseConfig, geography: Geography | None) -> dict:
+    """The release's declared nodes and where they come from (public information only)."""
+    if geography is None:
+        raise RuntimeError("the run context has no geography yet (ingest first)")
+    return {
+        "states": [f"{s:02d}" for s in geography.states],
+        "states_declared_by": "geography.states" if cfg.geography.states is not None else
+        "the private input files (which states a release covers is its design, public by declaration)",
+        "puma_list": cfg.geography.pumas,
+        "pumas": [node_key(p) for p in geography.pumas],
+        "nodes": "every PUMA the list gives the declared states, with or without private households; none is taken from the private records",
+    }
 
 
 def strength_floor_entry(paths: RunPaths) -> dict:
@@ -493,7 +509,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         write_binding(paths.run_dir, binding)
         write_json_atomic(paths.summary_path, {"inputs": [read_report(r) for r in reports]})
         seed = sampling_seed(cfg, paths)
-        ctx = ctx.with_inputs(*merged_inputs(paths, reports))
+        private_npz, public_npz = merged_inputs(paths, reports)
+        ctx = ctx.with_inputs(private_npz, public_npz, release_geography(cfg, private_npz))
         workload = posteriors = coc_path = supports = None
         if cfg.synthesizer != "public_baseline":
             # H-GEM's mixture answers (engine.hgem.answers) are plain counts: its workloads are never normalised

@@ -168,7 +168,7 @@ def check_inputs(cfg: ReleaseConfig, skip_missing: bool = False) -> list[InputFi
     else is read); returns the identities (the run's binding record keeps them)."""
     files = identify_inputs(cfg, skip_missing)
     check_identities(files)
-    state_column = cfg.geography["state"]
+    state_column = cfg.geography.state
     coverage = {f: c for f in files if f.kind == "path" and (c := read_coverage(f, state_column)) is not None}
     check_states(coverage)
     return files

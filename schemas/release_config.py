@@ -20,11 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.adaptive import SELECT_FIRST, AdaptiveRounds
 from engine.errors import DPReleaseError
-from engine.geography import LEVELS
+from engine.geography import LEVELS, Geography
 from engine.hgem.settings import HGEMSettings
 from engine.prior_strength import DEFAULT_CANDIDATES
 from engine.workload_selection import PUMA_ATTRIBUTES, PUMA_ATTRIBUTES_MAX
 from schemas.domain_spec import domain_spec_path
+from schemas.geography import DEFAULT_PUMA_LIST, PumaListError, declared, load_puma_list, puma_list_path
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
 
@@ -112,6 +113,26 @@ class AllocationSpec(_Strict):
         total = Fraction(str(self.stages["state_synthesis"])) + Fraction(str(self.stages["puma_synthesis"]))
         state = total * Fraction(fraction)
         return self.model_copy(update={"stages": {**self.stages, "state_synthesis": float(state), "puma_synthesis": float(total - state)}})
+
+
+class GeographySpec(_Strict):
+    """The release's geography, declared from public information (``schemas.geography``):
+    ``states``, the states released (FIPS codes; absent: the states of the private files, taken as
+    declared); ``pumas``, the public PUMA list giving each state's PUMAs (a shipped list's name or a
+    ``.yaml`` file in its format, relative to ``data_root``). ``state`` and ``puma``: the source
+    columns of the two levels."""
+
+    state: str = "ST"
+    puma: str = "PUMA"
+    states: list[int] | None = Field(default=None, min_length=1)
+    pumas: str = DEFAULT_PUMA_LIST
+
+    @field_validator("states")
+    @classmethod
+    def _distinct_states(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError(f"geography.states names a state twice: {v}")
+        return v
 
 
 class HouseholdRulesSpec(_Strict):
@@ -311,7 +332,7 @@ class ReleaseConfig(_Strict):
     private: list[InputSpec] = Field(min_length=1)
     public: list[InputSpec] = Field(min_length=1)
     domain: str = "acs_pums"
-    geography: dict[str, str] = Field(default_factory=lambda: {"state": "ST", "puma": "PUMA"})
+    geography: GeographySpec = Field(default_factory=GeographySpec)
     attributes: AttributesSpec = Field(default_factory=AttributesSpec)
     privacy_unit: Literal["household", "person"] = "household"
     budget: BudgetSpec
@@ -333,13 +354,6 @@ class ReleaseConfig(_Strict):
     def _name(cls, v):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}", v):
             raise ValueError("name must be 1-80 characters of letters, digits, '.', '_' or '-'")
-        return v
-
-    @field_validator("geography")
-    @classmethod
-    def _geo(cls, v):
-        if list(v) != ["state", "puma"]:
-            raise ValueError("geography must map the levels state and puma (in that order) to source columns")
         return v
 
     @model_validator(mode="after")
@@ -407,6 +421,10 @@ class ReleaseConfig(_Strict):
     def domain_path(self) -> Path:
         return domain_spec_path(self.domain)
 
+    def puma_list(self) -> Geography:
+        """Every PUMA of the config's public PUMA list (``geography.pumas``)."""
+        return load_puma_list(puma_list_path(self.geography.pumas, self.data_root_path()))
+
 
 NAME_FIELDS = ("name", "date", "run")
 
@@ -445,10 +463,15 @@ def load_config(path: str | Path, name: str | None = None, run: tuple[str, str] 
     if name is not None:
         raw["name"] = name
     try:
-        return ReleaseConfig.model_validate(raw).resolved()
+        cfg = ReleaseConfig.model_validate(raw).resolved()
     except ValidationError as e:
         lines = []
         for err in e.errors():
             loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
             lines.append(f"{path}: {loc}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from None
+    try:  # the geography's public list read, and the declared states found in it, before anything runs
+        declared(cfg.puma_list(), cfg.geography.states)
+    except PumaListError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return cfg

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import cached_property, lru_cache
 
+from engine.geography import Geography
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
@@ -74,9 +75,10 @@ class RunContext:
     paths: RunPaths
     private_npz: str = ""
     public_npz: str = ""
+    geography: Geography | None = None  # the release's declared nodes (tasks.ingest.release_geography)
 
-    def with_inputs(self, private_npz: str, public_npz: str) -> RunContext:
-        return replace(self, private_npz=str(private_npz), public_npz=str(public_npz))
+    def with_inputs(self, private_npz: str, public_npz: str, geography: Geography) -> RunContext:
+        return replace(self, private_npz=str(private_npz), public_npz=str(public_npz), geography=geography)
 
     @cached_property
     def plan(self) -> BudgetPlan:
@@ -98,12 +100,14 @@ class RunContext:
 
     def session(self) -> PrivateSession:
         """The private input behind charged measurements (one per worker process and input)."""
-        if not self.private_npz:
+        if not self.private_npz or self.geography is None:
             raise RuntimeError("the run context has no private input yet (ingest first)")
         return _session(file_key(self.private_npz), self.cfg.privacy_unit, str(self.paths.ledger_path), str(self.paths.measurements_dir),
-                        tuple(self.cfg.invariants), self.cfg.model_dump_json())
+                        tuple(self.cfg.invariants), self.cfg.model_dump_json(), self.geography)
 
 
 @lru_cache(maxsize=4)
-def _session(private: FileKey, unit: PrivacyUnit, ledger_path: str, store_dir: str, invariants: tuple[str, ...], cfg_json: str) -> PrivateSession:
-    return PrivateSession(HierarchicalData.from_npz(private[0]), unit, _ledger(ledger_path, cfg_json), _store(store_dir), invariants)
+def _session(private: FileKey, unit: PrivacyUnit, ledger_path: str, store_dir: str, invariants: tuple[str, ...], cfg_json: str,
+             geography: Geography) -> PrivateSession:
+    return PrivateSession(HierarchicalData.from_npz(private[0]), unit, _ledger(ledger_path, cfg_json), _store(store_dir), invariants,
+                          geography=geography)

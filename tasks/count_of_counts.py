@@ -50,7 +50,7 @@ COUNTS_STAGE = "group_counts"
 
 
 def hierarchy_of(session: PrivateSession) -> Hierarchy:
-    """nation → states → PUMAs of the private input (geography codes are public)."""
+    """nation → states → PUMAs of the declared geography (public; PUMAs without private households included)."""
     return geography_hierarchy(np.array(session.nodes("puma"), dtype=np.int64).reshape(-1, 2))
 
 

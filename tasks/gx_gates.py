@@ -4,7 +4,7 @@
 - :func:`input_gate` — after ingestion: the value-free input suite over the encoded inputs per
   role; result ``work/<name>/gx_inputs.json`` (owner-only, never published).
 - :func:`release_gate` — the gate ``write_release`` runs on the synthetic tables before writing
-  anything: geography from the run's counts result (the public nodes of the private input),
+  anything: geography from the run's counts result (the nodes of the declared geography),
   Data Docs into ``work/<name>/qa/gx_data_docs/``; its result ships as
   ``validation/gx_release.json``.
 """

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 from prefect import task
 
+from engine.geography import Geography
 from engine.hierarchical_data import HierarchicalData
 from schemas.domain_spec import load_domain_spec
-from schemas.ingestion import HouseholdRules, load_person_file
-from schemas.pums_reader import InputError
+from schemas.geography import check_declared, declared
+from schemas.ingestion import HouseholdRules, encode_person_table
+from schemas.pums_reader import InputError, read_person_file
 from schemas.release_config import InputSpec, ReleaseConfig
 from tasks.run_context import RunPaths, save_npz_atomic, write_json_atomic
 
@@ -24,12 +27,15 @@ def household_rules(cfg: ReleaseConfig) -> HouseholdRules:
                           householders="exclude" if cfg.privacy_unit == "person" else "refuse")
 
 
-def load_input(cfg: ReleaseConfig, spec: InputSpec) -> tuple[HierarchicalData, dict]:
-    """Validate + encode one input (no Prefect); attribute subset of the config applied."""
+def load_input(cfg: ReleaseConfig, spec: InputSpec, role: str) -> tuple[HierarchicalData, dict]:
+    """Validate + encode one input (no Prefect); attribute subset of the config applied. A private
+    input's records must lie in the declared geography (``schemas.geography.check_declared``); a
+    public input's geography is not the release's (other states, other years)."""
     domain_spec = load_domain_spec(cfg.domain_path())
-    data, report = load_person_file(
-        cfg.input_path(spec), domain_spec, household_rules(cfg), layout=spec.layout, housing=cfg.housing_path(spec)
-    )
+    table = read_person_file(cfg.input_path(spec), domain_spec, layout=spec.layout, housing=cfg.housing_path(spec))
+    if role == "private":
+        check_declared(table, domain_spec, declared(cfg.puma_list(), cfg.geography.states))
+    data, report = encode_person_table(table, domain_spec, household_rules(cfg))
     a = cfg.attributes
     if a.group is not None or a.person is not None:
         data = data.project(a.group, a.person)
@@ -47,13 +53,23 @@ def ingest_input(cfg: ReleaseConfig, paths: RunPaths, role: str, index: int) -> 
     """
     spec = (cfg.private if role == "private" else cfg.public)[index]
     out = paths.inputs_dir / f"{role}-{index:02d}.npz"
-    data, report = load_input(cfg, spec)
+    data, report = load_input(cfg, spec, role)
     save_npz_atomic(out, data.to_npz)
     report_path = out.with_suffix(".json")
     write_json_atomic(report_path, {"role": role, "path": str(cfg.input_path(spec)), **report})
     record = {"role": role, "path": str(cfg.input_path(spec)), "encoded": str(out), "report": str(report_path)}
     record.update({k: report[k] for k in ("file", "sha256", "layout")})
     return record
+
+
+def release_geography(cfg: ReleaseConfig, private_npz: str) -> Geography:
+    """The release's nodes: ``geography.states`` (absent: the states of the private files, which
+    the release declares public: which states it covers is its design) with each one's PUMAs from
+    the public PUMA list. No PUMA is taken from the private records."""
+    states = cfg.geography.states
+    if states is None:
+        states = np.unique(HierarchicalData.from_npz(private_npz).geo[:, 0]).tolist()
+    return declared(cfg.puma_list(), states)
 
 
 def read_report(record: dict) -> dict:

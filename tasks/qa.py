@@ -121,10 +121,12 @@ def coc_emd_by_level(table: tuple[list[str], np.ndarray, np.ndarray], true: Hier
     histograms (cumulative L1 when the totals differ)."""
     from engine.count_of_counts.geography import geography_hierarchy, size_histograms
     from engine.geography import LEVELS as LEVEL_NAMES
+    from engine.geography import parse_node_key
 
     keys, level, released = table
     K = released.shape[1] - 1
-    h = geography_hierarchy(true.geo)
+    # the table's nodes are the declared geography's, which may hold PUMAs without private households
+    h = geography_hierarchy(np.array([parse_node_key(k) for k, lv in zip(keys, level) if lv == 2], dtype=np.int64).reshape(-1, 2))
     exact = size_histograms(h, true.geo, true.sizes, K)
     order = np.array([h.index[k] for k in keys])
     # The release's household counts are DP estimates: with unequal totals the earth mover's

@@ -169,7 +169,7 @@ def encode_inputs(cfg, directory: Path) -> dict[str, str]:
 
     out = {}
     for role, spec in (("private", cfg.private[0]), ("public", cfg.public[0])):
-        data, _ = load_input(cfg, spec)
+        data, _ = load_input(cfg, spec, role)
         out[role] = str(directory / f"{role}.npz")
         save_npz_atomic(directory / f"{role}.npz", data.to_npz)
     return out

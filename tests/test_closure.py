@@ -1,12 +1,14 @@
 """The closure test (issue 14): a release is a function of (config, public inputs, sampling seed,
 stored noisy measurements) alone.
 
-A run on a small private input is replayed with the private input replaced by a different dataset
-on the same geography — one household removed, and the same households in shuffled order —
-reusing the first run's ledger and measurement store. Every release file must be byte-identical
-(the manifest compared without the fields that name the release, its time and its inputs). The
-negative control declares the ``puma_household_counts`` invariant: then the exact PUMA counts leak
-into the release, and the replay without one household differs.
+A run on a small private input is replayed with the private input replaced by a neighbour —
+without the only household of one PUMA, its households in shuffled order — reusing the first run's
+ledger and measurement store. Every release file must be byte-identical (the manifest compared
+without the fields that name the release, its time and its inputs): the PUMA left without private
+households is still a node (the geography is declared, not read off the rows), released from the
+same noisy measurements. Two negative controls: with the ``puma_household_counts`` invariant
+declared, the exact PUMA counts leak into the release and the replay without the household
+differs; with the nodes read off the private rows again, the replay loses the PUMA and differs.
 
 Starts Prefect and a local Dask cluster five times on ~1,000 households: marked ``flow``.
 """
@@ -20,9 +22,11 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from engine.geography import node_key
 from tests.conftest import ACS2018
 
 pytestmark = pytest.mark.flow
@@ -61,15 +65,20 @@ def inputs(tmp_path_factory, data_root) -> dict[str, str]:
     header, blocks = _household_blocks(ACS2018 / "csv_pvt.zip", "psam_p50.csv", N_PRIVATE)
     puma = header.split(",").index("PUMA")
     pumas = [b[0].split(",")[puma] for b in blocks]
-    # remove one multi-person household from a PUMA that keeps others (the geography is unchanged)
-    drop = next(i for i, b in enumerate(blocks) if len(b) > 1 and pumas.count(pumas[i]) > 1)
-    order = np.random.default_rng(7).permutation(len(blocks))
+    # one PUMA (the smallest here) keeps a single household, with several persons; the neighbour removes it
+    lonely = min(sorted(set(pumas)), key=pumas.count)
+    only = next(i for i, b in enumerate(blocks) if pumas[i] == lonely and len(b) > 1)
+    blocks = [b for i, b in enumerate(blocks) if pumas[i] != lonely or i == only]
+    neighbour = [b for b in blocks if b[0].split(",")[puma] != lonely]
+    order = np.random.default_rng(7).permutation(len(neighbour))
     pub_header, pub_blocks = _household_blocks(ACS2018 / "csv_pnh.zip", "psam_p33.csv", N_PUBLIC)
     return {
         "original": _write(d / "private.csv", header, blocks),
-        "removed": _write(d / "private_minus_one.csv", header, blocks[:drop] + blocks[drop + 1 :]),
-        "shuffled": _write(d / "private_shuffled.csv", header, [blocks[i] for i in order]),
+        # the neighbour, its households also shuffled: one replay checks both (the release must not
+        # depend on the input's order either)
+        "removed": _write(d / "private_minus_one.csv", header, [neighbour[i] for i in order]),
         "public": _write(d / "public.csv", pub_header, pub_blocks),
+        "lonely": node_key((50, int(lonely))),
     }
 
 
@@ -132,17 +141,21 @@ def first_run(tmp_path_factory, inputs):
     return tmp
 
 
-def test_replay_on_neighbouring_and_shuffled_data_is_byte_identical(first_run, inputs):
+def test_replay_on_the_neighbour_without_a_pumas_only_household_is_byte_identical(first_run, inputs):
     tmp = first_run
     reference = release_fingerprint(tmp / "releases" / "a")
     assert any(k.startswith("households/") for k in reference) and "count_of_counts.parquet" in reference
     assert "measurements.parquet" in reference
-    for variant in ("removed", "shuffled"):
-        replay = _replay(tmp, "a", f"a-{variant}", inputs[variant], inputs["public"])
-        assert _differences(reference, release_fingerprint(replay)) == [], variant
-    # nothing was measured again: the replays charged exactly what the first run charged
-    ledgers = [(tmp / "work" / n / "ledger.jsonl").read_text() for n in ("a", "a-removed", "a-shuffled")]
-    assert ledgers[0] == ledgers[1] == ledgers[2]
+    assert inputs["lonely"] in _coc_nodes(tmp / "releases" / "a")
+    replay = _replay(tmp, "a", "a-removed", inputs["removed"], inputs["public"])
+    assert _differences(reference, release_fingerprint(replay)) == []
+    # nothing was measured again: the replay charged exactly what the first run charged
+    ledgers = [(tmp / "work" / n / "ledger.jsonl").read_text() for n in ("a", "a-removed")]
+    assert ledgers[0] == ledgers[1]
+
+
+def _coc_nodes(release: Path) -> set[str]:
+    return set(pq.read_table(release / "count_of_counts.parquet", columns=["node"]).column("node").to_pylist())
 
 
 def test_negative_control_an_invariant_breaks_closure(first_run, inputs):
@@ -154,3 +167,26 @@ def test_negative_control_an_invariant_breaks_closure(first_run, inputs):
     without_one = release_fingerprint(_replay(tmp, "a", "inv-removed", inputs["removed"], inputs["public"], **inv))
     diff = _differences(with_all, without_one)
     assert "count_of_counts.parquet" in diff and any(k.startswith("households/") for k in diff)
+
+
+def test_negative_control_nodes_read_off_the_private_rows_break_closure(first_run, inputs, monkeypatch):
+    """With the geography read off the private rows again (what the session did before it was
+    declared), the replay on the neighbour loses the PUMA whose only household it removed: the
+    test above would catch the node set leaking."""
+    import dask
+    from distributed import LocalCluster
+
+    from engine.privacy.session import PrivateSession
+
+    def nodes_of_the_rows(self, level):
+        k = {"state": 1, "puma": 2}[level]
+        return [tuple(int(x) for x in row) for row in np.unique(self._PrivateSession__data.geo[:, :k], axis=0)]
+
+    monkeypatch.setattr(PrivateSession, "nodes", nodes_of_the_rows)
+    tmp = first_run
+    # the tasks run on a cluster of threads in this process, so that they see the patch
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            dask.config.set({"scheduler-address": cluster.scheduler_address}):
+        replay = _replay(tmp, "a", "leak-removed", inputs["removed"], inputs["public"])
+    assert "count_of_counts.parquet" in _differences(release_fingerprint(tmp / "releases" / "a"), release_fingerprint(replay))
+    assert inputs["lonely"] not in _coc_nodes(replay)

@@ -74,6 +74,10 @@ def test_the_adaptive_selections_persons_reach_the_engines_plan(tmp_path):
         (lambda r: r.setdefault("synthesis", {}).update(prior_flips=["HISP_ORIGIN", "HISP_ORIGIN"]), "prior_flips names an attribute twice"),
         (lambda r: (r["allocation"].update(synthesis_split="public_simulation"),
                     r["allocation"]["levels"]["state_synthesis"].update(state=0.5, nation=0.5)), "state_synthesis {state: 1.0}"),
+        (lambda r: r.update(geography={"states": [50, 99]}), "states \\[99\\] are not in the PUMA list"),
+        (lambda r: r.update(geography={"states": [50, 50]}), "names a state twice"),
+        (lambda r: r.update(geography={"pumas": "puma_1990"}), "no shipped PUMA list 'puma_1990'"),
+        (lambda r: r.update(geography={"pumas": "no_such_list.yaml"}), "cannot read the PUMA list"),
     ],
 )
 def test_bad_configs_get_clear_errors(tmp_path, mutate, expected):

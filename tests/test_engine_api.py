@@ -66,6 +66,9 @@ def test_state_plan_checks_its_arguments():
     assert dp.state_plan(epsilon=1.0, delta=1e-10).epsilon() <= 1.0
 
 
+GEOGRAPHY = dp.Geography.of([(50, 100), (50, 200)])  # _state_data's PUMAs, declared
+
+
 def _state_data(seed):
     domain = small_domain()
     data = random_data(domain, 300, seed=seed)
@@ -78,7 +81,7 @@ def test_a_state_release_spends_its_plan_and_replays_from_the_stored_measurement
     plan = dp.state_plan(rho=1.0)
 
     def run(data, ledger):
-        session = dp.PrivateSession(data, "household", ledger, dp.MeasurementStore(tmp_path / "store"))
+        session = dp.PrivateSession(data, "household", ledger, dp.MeasurementStore(tmp_path / "store"), geography=GEOGRAPHY)
         return dp.synthesize_state(session, 50, public, seed=3), session
 
     ledger = dp.PrivacyLedger(None, plan)
@@ -104,7 +107,7 @@ def test_a_state_release_takes_flipped_public_households_in_where_the_measuremen
     released = {}
     for flips in ((), (dp.Flip("SEX"),)):
         session = dp.PrivateSession(private, "household", dp.PrivacyLedger(None, dp.state_plan(rho=1.0)),
-                                    dp.MeasurementStore(tmp_path / f"store{len(flips)}"))
+                                    dp.MeasurementStore(tmp_path / f"store{len(flips)}"), geography=GEOGRAPHY)
         out = dp.synthesize_state(session, 50, public, seed=3, prior_flips=flips)
         released[len(flips)] = float(out.data.person[:, 0].mean())
         mixture = out.diagnostics["ST=50"].get("prior_mixture")

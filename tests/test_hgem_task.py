@@ -53,8 +53,9 @@ HOUSEHOLDS = 3000  # the state's household count as the flow passes it (a DP est
 
 def context(cfg, paths, inputs):
     from tasks.context import RunContext
+    from tasks.ingest import release_geography
 
-    return RunContext(cfg, paths, inputs["private"], inputs["public"])
+    return RunContext(cfg, paths, inputs["private"], inputs["public"], release_geography(cfg, inputs["private"]))
 
 
 def run_task(tiny, cfg, paths, inputs, n=N_SAMPLES, initial=None):

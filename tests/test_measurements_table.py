@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from engine.geography import Geography
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementIntegrityError, MeasurementStore
@@ -41,7 +42,8 @@ def store(tmp_path, data) -> MeasurementStore:
     the cheaper form under both units), a household count and an exponential-mechanism selection."""
     ledger = PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(5000, {"s": 1}, {"s": LEVELS}))
     store = MeasurementStore(tmp_path / "m")
-    hh = PrivateSession(data, "household", ledger, store)
+    geography = Geography.of([(10, 100), (10, 200), (10, 300)])  # random_data's PUMAs
+    hh = PrivateSession(data, "household", ledger, store, geography=geography)
     hh.measure_workload("s", "state", (10,), WIDE, LOW_RHO)
     hh.measure_workload("s", "puma", (10, 200), PERSONS, Fraction(1, 10), tag="round-1")
     hh.measure_sizes("s", "nation", (), 4, Fraction(1, 10))

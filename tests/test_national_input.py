@@ -56,6 +56,11 @@ def test_two_copies_of_the_shared_states(national, data_root, tmp_path):
     assert report["persons_read"] == len(frames[files[0].name]) and first.n_persons > 0  # group quarters excluded by default
     cfg = yaml.safe_load((tmp_path / "out" / "national.yaml").read_text())
     assert len(cfg["private"]) == 24 and len(cfg["public"]) == 12
+    # the re-keyed geography is declared beside the input: its PUMA list is exactly the files' PUMAs
+    from schemas.release_config import load_config
+
+    declared = load_config(tmp_path / "out" / "national.yaml").puma_list()
+    assert set(declared.pumas) == {(int(st), int(p)) for st, p in allp[["ST", "PUMA"]].drop_duplicates().itertuples(index=False)}
 
 
 def test_it_refuses_to_write_inside_the_repository(national):

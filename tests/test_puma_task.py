@@ -43,12 +43,13 @@ def inputs(tmp_path_factory, data_root):
 def run_state(tmp, inputs, level_consistency="rake"):
     from engine.workload_selection import select_workloads
     from tasks.context import RunContext
+    from tasks.ingest import release_geography
     from tasks.run_context import prepare
     from tasks.synthesize import PumaJob, puma_batch_task, state_update_task
 
     cfg = make_config(level_consistency)
     paths = prepare(tmp / "work", tmp / "rel")
-    ctx = RunContext(cfg, paths, inputs["private"], inputs["public"])
+    ctx = RunContext(cfg, paths, inputs["private"], inputs["public"], release_geography(cfg, inputs["private"]))
     private = HierarchicalData.from_npz(inputs["private"])
     sel = select_workloads(HierarchicalData.from_npz(inputs["public"]), person_first=2)
     state_ids, puma_ids = [w.id for w in sel.state], [w.id for w in sel.puma]

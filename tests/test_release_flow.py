@@ -99,6 +99,12 @@ def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
     assert Fraction(led["total"]["spent"]) <= Fraction(led["total"]["allocated"])
     assert manifest["privacy"]["epsilon_delta"]["epsilon"] <= 1.0 + 1e-9
     assert {i["role"] for i in manifest["inputs"]} == {"private", "public"}
+    # the declared geography: the private file's state, every PUMA of the public list for it
+    from engine.geography import node_key
+    from schemas.geography import shipped_puma_list
+
+    assert manifest["geography"]["states"] == ["50"] and manifest["geography"]["puma_list"] == "puma_2010"
+    assert manifest["geography"]["pumas"] == [node_key(p) for p in shipped_puma_list().restricted([50]).pumas]
     assert "git_commit" in manifest["code"] and manifest["libraries"]["prefect"].startswith("3.8")
     from tasks.publish import read_release
 

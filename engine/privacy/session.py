@@ -10,7 +10,11 @@ here, from the workload and the privacy unit, never supplied by the caller.
 What a session gives without a charge is public by declaration:
 
 - the domain (from the public domain spec) and the privacy unit;
-- the geography: the states and PUMAs of the private input (PUMA definitions are published);
+- the geography (:class:`~engine.geography.Geography`), declared by the caller, never read off
+  the private rows: the states the release covers (its design: the config's ``geography.states``,
+  else the states of the private files) and each one's PUMAs from a published PUMA list
+  (``schemas.geography``). A declared PUMA without private households is a node like every other,
+  measured with the same noise; a private household outside the geography is refused;
 - exact household counts per PUMA, *only* when the release declares the invariant
   ``puma_household_counts`` (:meth:`PrivateSession.invariant_household_counts`); otherwise
   asking for them raises :class:`InvariantNotDeclared`.
@@ -36,7 +40,7 @@ import numpy as np
 
 from engine.adaptive import exact_answers
 from engine.errors import EXIT_PRIVACY, DPReleaseError
-from engine.geography import Node, node_households, node_key
+from engine.geography import Geography, Node, node_households, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementRecord, MeasurementStore
@@ -158,16 +162,19 @@ def l1_error_scores(model: np.ndarray, target: np.ndarray, n_cells: Sequence[int
 class PrivateSession:
     """The private input, reachable only through charged, persisted measurements."""
 
-    __slots__ = ("__data", "_unit", "_ledger", "_store", "_invariants", "_nodes", "_index", "_targets", "_sizes")
+    __slots__ = ("__data", "_unit", "_ledger", "_store", "_invariants", "_geography", "_nodes", "_index", "_targets", "_sizes")
 
     def __init__(self, data: HierarchicalData, unit: PrivacyUnit, ledger: PrivacyLedger, store: MeasurementStore,
-                 invariants: Sequence[str] = ()) -> None:
+                 invariants: Sequence[str] = (), *, geography: Geography) -> None:
         unknown = set(invariants) - set(INVARIANTS)
         if unknown:
             raise ValueError(f"unknown invariants {sorted(unknown)}; known: {INVARIANTS}")
         if unit not in ("household", "person"):
             raise ValueError(f"unknown privacy unit {unit!r}")
+        if geography.outside(data.geo).any():  # ingestion refuses such a record with its file and line
+            raise ValueError(f"the private input has households outside the declared geography (states {list(geography.states)})")
         self.__data = data
+        self._geography = geography
         self._unit: PrivacyUnit = unit
         self._ledger = ledger
         self._store = store
@@ -195,20 +202,21 @@ class PrivateSession:
     def invariants(self) -> frozenset[str]:
         return self._invariants
 
+    @property
+    def geography(self) -> Geography:
+        return self._geography
+
     def nodes(self, level: Literal["state", "puma"]) -> list[Node]:
-        """The geography nodes of the private input at ``level`` (public: PUMA definitions)."""
-        k = {"state": 1, "puma": 2}[level]
-        geo = self.__data.geo
-        return [tuple(int(x) for x in row) for row in np.unique(geo[:, :k], axis=0)] if len(geo) else []
+        """The declared geography's nodes at ``level``, whether or not private households lie there."""
+        return self._geography.nodes(level)
 
     def invariant_household_counts(self) -> dict[Node, int]:
-        """Exact household count of every PUMA — only under the declared invariant."""
+        """Exact household count of every declared PUMA (0 where none lies) — only under the declared invariant."""
         if "puma_household_counts" not in self._invariants:
             raise InvariantNotDeclared(
                 "exact PUMA household counts are confidential: declare `invariants: [puma_household_counts]` "
                 "in the release config to hold them exact (the release then states the exception beside (ε, δ))")
-        nodes, counts = np.unique(self.__data.geo[:, :2], axis=0, return_counts=True)
-        return {(int(n[0]), int(n[1])): int(c) for n, c in zip(nodes, counts)}
+        return {p: int(self._node_sizes(p).size) for p in self._geography.pumas}
 
     # -- measurements ---------------------------------------------------------------------------
     def _node_data(self, node: Node) -> HierarchicalData:

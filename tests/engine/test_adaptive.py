@@ -23,6 +23,7 @@ from engine.adaptive import (
     round_budget,
     selection_first,
 )
+from engine.geography import Geography
 from engine.measurement import Measurement
 from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
 from engine.privacy.budget import BudgetPlan
@@ -155,7 +156,7 @@ PLAN = {"stages": {"s": 1}, "levels": {"s": {"nation": Fraction(1, 5), "state": 
 
 def session(tmp_path, data, rho=2000):
     ledger = PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(rho, PLAN["stages"], PLAN["levels"]))
-    return PrivateSession(data, "household", ledger, MeasurementStore(tmp_path / "m"))
+    return PrivateSession(data, "household", ledger, MeasurementStore(tmp_path / "m"), geography=Geography.of([(10, 1)]))
 
 
 def test_the_session_selects_the_planted_error_charges_and_persists(tmp_path):

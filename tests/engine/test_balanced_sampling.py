@@ -178,3 +178,21 @@ def test_sibling_draws_carry_their_residual_so_the_parent_stays_balanced():
     assert all(np.array_equal(a.group, b.group) and np.array_equal(a.person, b.person) for a, b in zip(out, again))
     with pytest.raises(ValueError, match="one total"):
         balanced_draws(bt, qs, totals[:-1], [np.random.default_rng(0)] * 5)
+
+
+@pytest.mark.parametrize("method", ["balanced", "systematic"])
+def test_a_node_whose_total_is_zero_gets_no_household_and_leaves_its_siblings_drawable(method):
+    """A declared PUMA whose DP household count is 0 (one without private households, say) is a
+    node like the others: an empty draw, its siblings drawn to their totals."""
+    data = random_data(DOMAIN, 200, seed=31)
+    s, order = Support.from_data(data), household_order(data)
+    rng = np.random.default_rng(32)
+    qs = [rng.dirichlet(np.ones(data.n_households)) for _ in range(3)]
+    totals = [30, 0, 25]
+    if method == "balanced":
+        out = sample_sibling_households(s, qs, totals, [np.random.default_rng(k) for k in range(3)], [(1, 100 + k) for k in range(3)],
+                                        order=order, balance=BalanceTargets.for_data(data))
+    else:
+        out = [sample_households(s, q, n, np.random.default_rng(k), geo=(1, 100 + k), order=order, method="systematic")
+               for k, (q, n) in enumerate(zip(qs, totals))]
+    assert [o.n_households for o in out] == totals and out[1].n_persons == 0

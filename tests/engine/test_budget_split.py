@@ -128,7 +128,7 @@ def test_split_task_resolves_the_plan_and_is_reused_on_resume(tmp_path):
     cfg = load_config(tmp_path / "cfg.yaml")
     public = public_data(np.random.default_rng(6))
     public.to_npz(tmp_path / "public.npz")
-    ctx = RunContext(cfg, prepare(cfg.run_dir(), cfg.release_dir())).with_inputs("", str(tmp_path / "public.npz"))
+    ctx = RunContext(cfg, prepare(cfg.run_dir(), cfg.release_dir()), public_npz=str(tmp_path / "public.npz"))
     ids = [w.id for w in WORKLOADS]
     got = choose_split_task.fn(ctx, ids)
     rho = float(ctx.plan.stage_rho("state_synthesis") + ctx.plan.stage_rho("puma_synthesis"))

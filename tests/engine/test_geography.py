@@ -1,12 +1,12 @@
 """The one node id: engine.geography.node_key (tuples and keys), its inverse, the level; the
-per-node household index."""
+per-node household index; a release's declared geography (engine.geography.Geography)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.geography import node_households, node_key, node_level, parse_node_key
+from engine.geography import Geography, node_households, node_key, node_level, parse_node_key
 
 
 @pytest.mark.parametrize("node, key, level", [((), "nation", "nation"), ((6,), "ST=06", "state"),
@@ -40,3 +40,15 @@ def test_node_households_equals_a_mask_per_node():
         for node, rows in index.items():
             assert np.array_equal(rows, np.flatnonzero(np.all(geo[:, :depth] == np.asarray(node), axis=1)))
     assert node_households(np.zeros((0, 2), dtype=np.int64), 2) == {}
+
+
+def test_a_geography_is_sorted_distinct_and_finds_outside_households():
+    g = Geography.of([(50, 300), (10, 101), (50, 100), (50, 100)])
+    assert g.pumas == ((10, 101), (50, 100), (50, 300)) and g.states == (10, 50)
+    assert g.nodes("state") == [(10,), (50,)] and g.nodes("puma") == list(g.pumas)
+    geo = np.array([[50, 100], [50, 200], [10, 101], [11, 101]])
+    assert g.outside(geo).tolist() == [False, True, False, True]
+    with pytest.raises(ValueError, match="not in the geography"):
+        g.restricted([23])
+    with pytest.raises(ValueError, match="at least one PUMA"):
+        Geography.of([])

@@ -9,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from engine.geography import Geography
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementStore
@@ -19,9 +20,12 @@ from tests.engine.test_hierarchical_data import random_data
 PLAN = {"stages": {"s": 1}, "levels": {"s": {"nation": Fraction(1, 5), "state": Fraction(3, 10), "puma": Fraction(1, 2)}}}
 
 
-def session(tmp_path, data, unit="household", invariants=()):
+GEOGRAPHY = Geography.of([(10, 100), (10, 200), (10, 300), (10, 400)])  # random_data's PUMAs and one it leaves empty
+
+
+def session(tmp_path, data, unit="household", invariants=(), geography=GEOGRAPHY):
     ledger = PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(2000, PLAN["stages"], PLAN["levels"]))
-    return PrivateSession(data, unit, ledger, MeasurementStore(tmp_path / "m"), invariants)
+    return PrivateSession(data, unit, ledger, MeasurementStore(tmp_path / "m"), invariants, geography=geography)
 
 
 @pytest.fixture
@@ -75,7 +79,7 @@ def test_exact_counts_only_under_the_declared_invariant(tmp_path, data):
     with pytest.raises(InvariantNotDeclared, match="puma_household_counts"):
         session(tmp_path, data).invariant_household_counts()
     exact = session(tmp_path / "i", data, invariants=["puma_household_counts"]).invariant_household_counts()
-    assert sum(exact.values()) == data.n_households and set(exact) == {(10, 100), (10, 200), (10, 300)}
+    assert sum(exact.values()) == data.n_households and set(exact) == set(GEOGRAPHY.pumas) and exact[(10, 400)] == 0
     with pytest.raises(ValueError, match="unknown invariants"):
         session(tmp_path / "x", data, invariants=["state_population"])
 
@@ -85,7 +89,32 @@ def test_the_session_does_not_travel(tmp_path, data):
     with pytest.raises(TypeError, match="not serialisable"):
         pickle.dumps(s)
     assert "HierarchicalData" not in repr(s) and not hasattr(s, "data")
-    assert s.nodes("puma") == [(10, 100), (10, 200), (10, 300)]
+    assert s.nodes("puma") == [(10, 100), (10, 200), (10, 300), (10, 400)] and s.nodes("state") == [(10,)]
+
+
+def test_the_nodes_are_declared_not_read_off_the_private_rows(tmp_path, data):
+    """A neighbour without the only households of a PUMA has the same nodes, and that PUMA is
+    measured like any other (noise around zero). Negative control: the nodes read off the rows
+    (what the session did before) differ between the two neighbours."""
+    only = np.flatnonzero(data.geo[:, 1] == 300)[:1]
+    one_left = data.select(np.isin(np.arange(data.n_households), only) | (data.geo[:, 1] != 300))  # PUMA 300 keeps one household
+    neighbour = data.select(data.geo[:, 1] != 300)  # ... which this neighbour removes
+    a, b = session(tmp_path / "a", one_left), session(tmp_path / "b", neighbour)
+    assert a.nodes("puma") == b.nodes("puma") == list(GEOGRAPHY.pumas)
+    for s in (a, b):
+        m = s.measure_household_count("s", "puma", (10, 300), Fraction(1, 10))
+        empty = s.measure_sizes("s", "puma", (10, 400), 4, Fraction(1, 10))
+        assert m.noisy_answer.shape == (1,) and empty.histogram.shape == (4,)
+        assert np.abs(empty.histogram).max() < 8 * empty.histogram_sd  # no household: noise around zero
+    def rows(d):
+        return [tuple(int(x) for x in r) for r in np.unique(d.geo[:, :2], axis=0)]
+
+    assert rows(one_left) != rows(neighbour)
+
+
+def test_a_household_outside_the_declared_geography_is_refused(tmp_path, data):
+    with pytest.raises(ValueError, match="outside the declared geography"):
+        session(tmp_path, data, geography=Geography.of([(10, 100), (10, 200)]))
 
 
 def test_selection_scores_inside_the_session_and_is_persisted(tmp_path, data):
