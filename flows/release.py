@@ -28,9 +28,12 @@ from engine.hierarchical_data import HierarchicalData
 from engine.strength_floor import played_states
 from engine.workload_selection import PUMA_ATTRIBUTES
 from flows.plan import invariants_statement
+from schemas.data_dictionary import data_dictionary
+from schemas.domain_spec import load_domain_spec
 from schemas.gx_suites import expectations
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
+from schemas.weight_totals import WeightTotals, read_weight_totals
 from tasks.audit import AuditLog
 from tasks.context import RunContext
 from tasks.count_of_counts import as_table as coc_as_table
@@ -374,8 +377,10 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     }
     coc_table = coc_as_table(*coc_released) if coc_released else None
     gate = release_gate(cfg, paths, counts_path, synth.domain)
+    rules = cfg.household_rules
+    dictionary = data_dictionary(load_domain_spec(cfg.domain_path()), synth.domain, rules.oversize, rules.group_quarters)
     manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
-                             intervals=intervals, audit=audit, gate=gate)
+                             intervals=intervals, audit=audit, gate=gate, dictionary=dictionary, weight_totals=weight_totals(cfg))
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
@@ -453,8 +458,15 @@ SYNTHESIZER_DESCRIPTIONS = {
 
 # -- the release flow ------------------------------------------------------------------------
 @flow(name="dprelease-release")
+def weight_totals(cfg: ReleaseConfig) -> WeightTotals | None:
+    """The public totals of ``weights.totals``, read (and checked) when the config names them."""
+    path = cfg.weight_totals_path()
+    return None if path is None else read_weight_totals(path)
+
+
 def release_flow(config_path: str, dask_address: str | None = None, name: str | None = None) -> str:
     cfg = load_config(config_path, name=name)
+    weight_totals(cfg)  # a bad totals file is refused before anything is read or charged
     paths = prepare(cfg.run_dir(), cfg.release_dir())
     ctx = RunContext(cfg, paths)
     with RunLock(paths), dask_scheduler(dask_address) as address:
