@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from schemas.release_config import ConfigError, load_config
+from schemas.release_config import ConfigError, WeightsSpec, load_config
 from tests.conftest import PROJECT_ROOT
 
 DEFAULT = PROJECT_ROOT / "deploy" / "releases" / "acs2018_default.yaml"
@@ -74,6 +74,7 @@ def test_the_adaptive_selections_persons_reach_the_engines_plan(tmp_path):
         (lambda r: r.setdefault("synthesis", {}).update(prior_flips=["HISP_ORIGIN", "HISP_ORIGIN"]), "prior_flips names an attribute twice"),
         (lambda r: (r["allocation"].update(synthesis_split="public_simulation"),
                     r["allocation"]["levels"]["state_synthesis"].update(state=0.5, nation=0.5)), "state_synthesis {state: 1.0}"),
+        (lambda r: r.update(weights={"file": "totals.csv"}), "weights.totals: Field required"),
     ],
 )
 def test_bad_configs_get_clear_errors(tmp_path, mutate, expected):
@@ -170,6 +171,9 @@ def test_locations_are_resolved_once_where_the_config_is_loaded(tmp_path, monkey
     assert cfg.input_path(cfg.private[0]) == cfg_dir / "data" / "acs2018_1yr" / "csv_pvt.zip"
     assert cfg.run_dir() == cfg_dir / "w" / "r" and cfg.release_dir() == cfg_dir / "out" / "r"
     assert all(os.path.isabs(x) for x in (cfg.data_root, cfg.output_dir, cfg.work_dir))
+    # the public weight totals are an input: relative to data_root; without the key, no weights
+    assert cfg.weight_totals_path() is None
+    assert cfg.model_copy(update={"weights": WeightsSpec(totals="pums_totals.csv")}).weight_totals_path() == cfg_dir / "data" / "pums_totals.csv"
 
 
 def test_hgem_settings_default_to_the_engines_and_are_validated(tmp_path):
