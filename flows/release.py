@@ -456,14 +456,14 @@ SYNTHESIZER_DESCRIPTIONS = {
 }
 
 
-# -- the release flow ------------------------------------------------------------------------
-@flow(name="dprelease-release")
 def weight_totals(cfg: ReleaseConfig) -> WeightTotals | None:
     """The public totals of ``weights.totals``, read (and checked) when the config names them."""
     path = cfg.weight_totals_path()
     return None if path is None else read_weight_totals(path)
 
 
+# -- the release flow ------------------------------------------------------------------------
+@flow(name="dprelease-release")
 def release_flow(config_path: str, dask_address: str | None = None, name: str | None = None) -> str:
     cfg = load_config(config_path, name=name)
     weight_totals(cfg)  # a bad totals file is refused before anything is read or charged
