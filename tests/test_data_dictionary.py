@@ -9,7 +9,7 @@ import yaml
 
 from schemas.data_dictionary import CONVENTION, UNWEIGHTED, data_dictionary
 from schemas.domain_spec import DOMAINS_DIR, load_domain_spec
-from schemas.release_schema import household_schema, person_schema
+from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, household_schema, person_schema
 
 SPECS = ("acs_pums", "acs_pums_core", "acs_pums_aim")
 
@@ -30,6 +30,7 @@ def test_every_released_column_is_documented_with_every_code(name):
         for a in domain.group + domain.person:
             if a.name in columns and a.name != domain.size_attribute:
                 assert [(x["code"], x["label"]) for x in columns[a.name]["codes"]] == list(zip(a.codes, a.labels))
+    assert all(f.metadata[b"description"] for f in COUNT_OF_COUNTS_SCHEMA)
 
 
 def test_rules_state_how_each_code_is_made():
