@@ -233,7 +233,8 @@ def test_group_quarters_residents_head_their_one_person_households(data_root, do
          "geo": ReleaseGeography(tuple(sorted({(int(s), int(p)) for s, p in data.geo.tolist()}))), "householder": householder_of(domain_spec, data.domain)}
     assert json.loads(gate(r))["success"] is True
     # a group-quarters resident inside a larger household is no householder
-    gq_row = pc.index(pp.column("RELP_GROUP"), "Group quarters resident").as_py()
+    relp = data.domain.person_attribute("RELP_GROUP")
+    gq_row = pc.index(pp.column("RELP_GROUP"), relp.codes[relp.labels.index("Group quarters resident")]).as_py()
     serial = pp.column("SERIALNO")[gq_row].as_py()
     other = pc.index(pp.column("SPORDER"), 2).as_py()  # the second person of some household joins the resident's
     moved = pp.column("SERIALNO").to_pylist()
