@@ -1,13 +1,15 @@
 """The attribute domain of a hierarchical dataset: which attributes, which categories.
 
 Every attribute is categorical and encoded as a small integer ``0..size-1``. Each category has a
-release *code* (the string written into the public files: a PUMS code such as ``"1"`` for SEX, or a
-bin label such as ``"25-34"`` for AGEP_BAND) and a human-readable *label*.
+release *code* (the short string written into the public files: a PUMS code such as ``"1"`` for SEX,
+a bin's range such as ``"25-34"`` for AGEP_BAND, a group's number such as ``"2"`` for HISP_ORIGIN)
+and a human-readable *label*. An attribute's *description* says what it measures; it is
+documentation only and takes no part in comparing domains.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -15,6 +17,7 @@ class Attribute:
     name: str
     codes: tuple[str, ...]
     labels: tuple[str, ...]
+    description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if len(self.codes) != len(self.labels):
@@ -29,7 +32,7 @@ class Attribute:
         return len(self.codes)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "codes": list(self.codes), "labels": list(self.labels)}
+        return {"name": self.name, "codes": list(self.codes), "labels": list(self.labels), "description": self.description}
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ class Domain:
 
     @classmethod
     def from_dict(cls, d: dict) -> Domain:
-        mk = lambda a: Attribute(a["name"], tuple(a["codes"]), tuple(a["labels"]))  # noqa: E731
+        mk = lambda a: Attribute(a["name"], tuple(a["codes"]), tuple(a["labels"]), a.get("description", ""))  # noqa: E731
         return cls(
             group=tuple(mk(a) for a in d["group"]),
             person=tuple(mk(a) for a in d["person"]),

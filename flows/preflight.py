@@ -11,16 +11,17 @@ from __future__ import annotations
 from schemas.domain_spec import load_domain_spec
 from schemas.input_independence import InputFile, check_inputs, public_states
 from schemas.release_config import ConfigError, ReleaseConfig
+from schemas.weight_totals import WeightTotals, read_weight_totals
 from tasks.run_context import RunRefused
 
-__all__ = ["preflight", "uses_strength_floor"]
+__all__ = ["preflight", "uses_strength_floor", "weight_totals"]
 
 
 def preflight(cfg: ReleaseConfig, skip_missing: bool = False) -> list[InputFile]:
     """Refuse what a run would refuse later without reading a record: a release that exists
     already, a domain spec that cannot be read or does not hold the configured attributes or
-    prior flips, input files missing or not independent, and a split simulation without the two
-    public states it plays. Returns the input files' identities (``skip_missing``: those present)."""
+    prior flips, input files missing or not independent, a split simulation without the two
+    public states it plays, and a weight totals file that cannot be read. Returns the input files' identities (``skip_missing``: those present)."""
     release = cfg.release_dir()
     if release.exists():
         raise RunRefused(f"release {release} exists already; a finished release is never overwritten "
@@ -34,6 +35,7 @@ def preflight(cfg: ReleaseConfig, skip_missing: bool = False) -> list[InputFile]
     if cfg.synthesizer == "prior_update" and cfg.synthesis.prior_flips:
         spec.prior_flips(cfg.synthesis.prior_flips, domain)
     files = check_inputs(cfg, skip_missing)
+    weight_totals(cfg)
     if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
         present = [f for f in files if f.role == "public" and f.kind == "path"]
         states = public_states(present, cfg.geography.state)
@@ -49,3 +51,9 @@ def uses_strength_floor(cfg: ReleaseConfig) -> bool:
     s = cfg.synthesis
     return (cfg.synthesizer == "prior_update" and s.update_rule == "map" and s.prior_strength_rule == "empirical_bayes"
             and s.prior_strength_floor == "public_simulation")
+
+
+def weight_totals(cfg: ReleaseConfig) -> WeightTotals | None:
+    """The public totals of ``weights.totals``, read (and checked) when the config names them."""
+    path = cfg.weight_totals_path()
+    return None if path is None else read_weight_totals(path)

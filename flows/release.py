@@ -29,7 +29,9 @@ from engine.hierarchical_data import HierarchicalData
 from engine.strength_floor import played_states
 from engine.workload_selection import PUMA_ATTRIBUTES
 from flows.plan import invariants_statement
-from flows.preflight import preflight, uses_strength_floor
+from flows.preflight import preflight, uses_strength_floor, weight_totals
+from schemas.data_dictionary import data_dictionary
+from schemas.domain_spec import load_domain_spec
 from schemas.gx_suites import expectations
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
@@ -377,8 +379,10 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     }
     coc_table = coc_as_table(*coc_released) if coc_released else None
     gate = release_gate(cfg, paths, counts_path, synth.domain)
+    rules = cfg.household_rules
+    dictionary = data_dictionary(load_domain_spec(cfg.domain_path()), synth.domain, rules.oversize, rules.group_quarters)
     manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
-                             intervals=intervals, audit=audit, gate=gate)
+                             intervals=intervals, audit=audit, gate=gate, dictionary=dictionary, weight_totals=weight_totals(cfg))
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")

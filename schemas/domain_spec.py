@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine import encoding
 from engine.domain import Attribute, Domain
@@ -34,7 +34,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SourceColumn(_Strict):
+class _Documented(_Strict):
+    """Every column and attribute carries its meaning, so that none ships undocumented: the
+    release's data dictionary (``schemas.data_dictionary``) is generated from these fields."""
+
+    description: str = Field(min_length=1)
+    universe: str = Field(min_length=1)
+
+
+class SourceColumn(_Documented):
     type: Literal["id", "int", "code"]
     min: int | None = None
     max: int | None = None
@@ -71,7 +79,7 @@ class CodeGroup(_Strict):
     codes: list[int | None]
 
 
-class PersonAttributeSpec(_Strict):
+class PersonAttributeSpec(_Documented):
     source: str
     codes: dict[str, str] | None = None  # release code -> label, kept as in PUMS
     bins: list[Bin] | None = None
@@ -88,11 +96,16 @@ class PersonAttributeSpec(_Strict):
         return self
 
     def attribute(self, name: str) -> Attribute:
+        """The released attribute. Every release code is short (see the header of
+        ``domains/acs_pums.yaml``): a kept variable's PUMS code, a bin's range, a group's number
+        1..k in the order listed; the labels say in words what each code means."""
         if self.codes is not None:
-            return Attribute(name, tuple(self.codes), tuple(self.codes.values()))
-        items = self.bins if self.bins is not None else self.groups
-        labels = tuple(x.label for x in items)  # type: ignore[union-attr]  # the validator requires exactly one of codes/bins/groups
-        return Attribute(name, labels, labels)
+            return Attribute(name, tuple(self.codes), tuple(self.codes.values()), self.description)
+        if self.bins is not None:
+            return Attribute(name, tuple(b.label for b in self.bins),
+                             tuple(f"{self.source} {b.min} to {b.max}" for b in self.bins), self.description)
+        groups = self.groups or []
+        return Attribute(name, tuple(str(i) for i in range(1, len(groups) + 1)), tuple(g.label for g in groups), self.description)
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         if self.codes is not None:
@@ -102,7 +115,7 @@ class PersonAttributeSpec(_Strict):
         return encoding.map_codes(values, [g.codes for g in self.groups])  # type: ignore[union-attr]  # the validator requires exactly one of codes/bins/groups
 
 
-class HouseholdAttributeSpec(_Strict):
+class HouseholdAttributeSpec(_Documented):
     derive: Literal["size", "householder", "any_person", "multigenerational"]
     attribute: str | None = None
     values: list[str] | None = None
@@ -173,12 +186,12 @@ class DomainSpec(_Strict):
         for n, h in self.household_attributes.items():
             if h.derive == "size":
                 codes = tuple(str(i) for i in range(1, max_size + 1))
-                group.append(Attribute(n, codes, codes))
+                group.append(Attribute(n, codes, codes, h.description))
             elif h.derive == "householder":
                 src = by_name[h.attribute]  # type: ignore[index]  # _check_refs requires a known attribute for "householder"
-                group.append(Attribute(n, src.codes, src.labels))
+                group.append(Attribute(n, src.codes, src.labels, h.description))
             else:
-                group.append(Attribute(n, tuple(h.codes), tuple(h.codes.values())))  # type: ignore[arg-type,union-attr]  # _check_refs requires codes here
+                group.append(Attribute(n, tuple(h.codes), tuple(h.codes.values()), h.description))  # type: ignore[arg-type,union-attr]  # _check_refs requires codes here
         return Domain(tuple(group), person, tuple(self.geography), max_size, self.size_attribute)
 
     # -- encoding --------------------------------------------------------------------

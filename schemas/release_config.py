@@ -44,6 +44,14 @@ class InputSpec(_Strict):
     housing: str | None = None  # legacy layout: the housing file beside the person file
 
 
+class WeightsSpec(_Strict):
+    """Household weights calibrated to public totals (``tasks.weights``): ``totals`` is a CSV of
+    public household and person totals per PUMA and optionally per state (``schemas.weight_totals``),
+    relative to ``data_root`` like the inputs. Without it the microdata are an unweighted sample."""
+
+    totals: str
+
+
 class BudgetSpec(_Strict):
     """Total privacy budget: ρ (zCDP) directly, or a target (ε, δ) converted to ρ."""
 
@@ -345,6 +353,7 @@ class ReleaseConfig(_Strict):
     output_dir: str = "releases"
     work_dir: str = "work"
     sampling_seed: int | None = None  # post-processing sampling only; noise never uses seeds
+    weights: WeightsSpec | None = None
     invariants: list[Literal["puma_household_counts"]] = Field(
         default_factory=list,
         description="exact statistics released without noise (the DP guarantee holds for everything except these)")
@@ -410,6 +419,12 @@ class ReleaseConfig(_Strict):
         if spec.housing is None:
             return None
         p = Path(spec.housing).expanduser()
+        return p if p.is_absolute() else self.data_root_path() / p
+
+    def weight_totals_path(self) -> Path | None:
+        if self.weights is None:
+            return None
+        p = Path(self.weights.totals).expanduser()
         return p if p.is_absolute() else self.data_root_path() / p
 
     def release_dir(self) -> Path:

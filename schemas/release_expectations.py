@@ -78,8 +78,9 @@ class ReleaseGeography:
 
 @dataclass(frozen=True)
 class Householder:
-    """The person attribute and release codes that mark the householder (RELP_GROUP =
-    Householder) and a group-quarters resident (who heads a one-person group-quarters household)."""
+    """The person attribute and release codes that mark the householder (the RELP_GROUP code of
+    the Householder group) and a group-quarters resident (who heads a one-person group-quarters
+    household)."""
 
     attribute: str
     code: str

@@ -1,10 +1,12 @@
 """Arrow schemas of the public release, and the conversion of HierarchicalData into them.
 
 The release speaks PUMS: ``ST`` (2-digit string), ``PUMA`` (5-digit zero-padded string),
-``SERIALNO`` (synthetic), ``NP`` and ``SPORDER`` (integers), and every other attribute as its release
-code (a PUMS code such as SEX = "2", or a bin label such as AGEP_BAND = "25-34"). ``ST`` and
-``PUMA`` are the hive partition keys: read the datasets back with them typed as strings
-(:data:`PARTITION_SCHEMA`), or ``00100`` becomes 100.
+``SERIALNO`` (synthetic), ``NP`` and ``SPORDER`` (integers), and every other attribute as its short
+release code (a PUMS code such as SEX = "2", a bin's range such as AGEP_BAND = "25-34", a group's
+number such as HISP_ORIGIN = "2"; ``domain.json`` maps codes to labels). ``ST`` and ``PUMA`` are the
+hive partition keys: read the datasets back with them typed as strings (:data:`PARTITION_SCHEMA`),
+or ``00100`` becomes 100. Every column carries a ``description`` in its field metadata; an optional
+``WEIGHT`` column (``tasks.weights``) holds calibrated household weights.
 """
 
 from __future__ import annotations
@@ -16,8 +18,26 @@ from engine.domain import Attribute, Domain
 from engine.hierarchical_data import HierarchicalData
 
 PARTITION_SCHEMA = pa.schema([("ST", pa.string()), ("PUMA", pa.string())])
+# the release's own columns (the attributes' descriptions come from the domain spec)
+RELEASE_COLUMNS = {
+    "ST": "state code: 2-digit FIPS code as a zero-padded string (a hive partition key: read it as a string)",
+    "PUMA": "public use microdata area code: 5-digit zero-padded string, unique only together with ST "
+            "(a hive partition key: read it as a string)",
+    "SERIALNO": "synthetic household serial number: SY + ST + PUMA + a 7-digit counter within the PUMA; "
+                "it identifies a synthetic household and matches no PUMS record",
+    "SPORDER": "person number within the synthetic household, 1..NP; person 1 is the householder",
+}
+WEIGHT = "WEIGHT"
+WEIGHT_DESCRIPTION = ("household weight calibrated by raking to the public totals named in the manifest's weights entry "
+                      "(post-processing of the released microdata); a person's weight is their household's")
+COUNT_OF_COUNTS_COLUMNS = {
+    "level": (pa.string(), "the geography level: nation, state or puma"),
+    "node": (pa.string(), "the geography node: nation, ST=xx or ST=xx/PUMA=xxxxx"),
+    "size": (pa.int16(), "household size (number of persons), 1..max_household_size"),
+    "households": (pa.int64(), "number of released households of this size at the node (equal to the microdata's count)"),
+}
 COUNT_OF_COUNTS_SCHEMA = pa.schema(
-    [("level", pa.string()), ("node", pa.string()), ("size", pa.int16()), ("households", pa.int64())]
+    [pa.field(name, typ, metadata={"description": doc}) for name, (typ, doc) in COUNT_OF_COUNTS_COLUMNS.items()]
 )
 # measurements.parquet: every noisy measurement of the run, one row per cell (tasks/measurements_table.py)
 MEASUREMENTS_COLUMNS = {
@@ -69,17 +89,27 @@ INTERVALS_SCHEMA = pa.schema(
 )
 
 
+def _field(name: str, typ: pa.DataType, description: str) -> pa.Field:
+    return pa.field(name, typ, metadata={"description": description} if description else None)
+
+
+def _fixed(*names: str) -> list[pa.Field]:
+    return [_field(n, pa.int8() if n == "SPORDER" else pa.string(), RELEASE_COLUMNS[n]) for n in names]
+
+
 def household_schema(domain: Domain) -> pa.Schema:
-    fields = [pa.field("ST", pa.string()), pa.field("PUMA", pa.string()), pa.field("SERIALNO", pa.string())]
+    fields = _fixed("ST", "PUMA", "SERIALNO")
     for a in domain.group:
-        fields.append(pa.field(a.name, pa.int8() if a.name == domain.size_attribute else pa.string()))
+        fields.append(_field(a.name, pa.int8() if a.name == domain.size_attribute else pa.string(), a.description))
     return pa.schema(fields)
 
 
 def person_schema(domain: Domain) -> pa.Schema:
-    fields = [pa.field("ST", pa.string()), pa.field("PUMA", pa.string()), pa.field("SERIALNO", pa.string()), pa.field("SPORDER", pa.int8())]
-    fields += [pa.field(a.name, pa.string()) for a in domain.person]
-    return pa.schema(fields)
+    return pa.schema(_fixed("ST", "PUMA", "SERIALNO", "SPORDER") + [_field(a.name, pa.string(), a.description) for a in domain.person])
+
+
+def weight_field() -> pa.Field:
+    return _field(WEIGHT, pa.float64(), WEIGHT_DESCRIPTION)
 
 
 def _decode(attr: Attribute, codes: np.ndarray) -> pa.Array:

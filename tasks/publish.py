@@ -20,11 +20,14 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from engine.hierarchical_data import HierarchicalData
+from schemas.data_dictionary import UNWEIGHTED, with_weights
 from schemas.input_independence import sha256_file
 from schemas.release_config import ReleaseConfig
 from schemas.release_contract import validate_release_tables
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
+from schemas.weight_totals import WeightTotals
 from tasks.audit import AuditLog
+from tasks.weights import calibrate
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "great-expectations", "prefect", "prefect-dask", "dask", "distributed", "torch")
@@ -150,6 +153,8 @@ def write_release(
     extra_files: dict[str, bytes] | None = None,
     audit: AuditLog | None = None,
     gate: ReleaseGate | None = None,
+    dictionary: dict | None = None,
+    weight_totals: WeightTotals | None = None,
 ) -> dict:
     """Write the complete release to a temporary sibling directory, then rename it into place.
 
@@ -162,6 +167,10 @@ def write_release(
     beside the released answers, ``tasks.intervals``) as ``intervals.parquet``. With ``audit``, the publish
     event (carrying the manifest's SHA-256) is appended and the chained log is shipped as ``audit.jsonl``. The caller
     holds the run lock, so leftovers of an earlier, killed publish of this release are removed.
+    ``dictionary`` (``schemas.data_dictionary``) ships in ``domain.json`` beside the domain. With
+    ``weight_totals`` the households and persons carry ``WEIGHT``, calibrated to those public totals
+    (``tasks.weights``; the file is recorded as a public input); without, the manifest and the
+    dictionary state that the microdata are an unweighted sample.
     """
     if release_dir.exists():
         raise FileExistsError(f"release {release_dir} exists already; a finished release is never overwritten")
@@ -177,9 +186,20 @@ def write_release(
         ivs = None if intervals is None else intervals.cast(INTERVALS_SCHEMA)
         gate_result = None if gate is None else gate(households, persons, coc)
         validate_release_tables(households, persons, data.domain)
+        manifest = dict(manifest)
+        if weight_totals is None:
+            manifest["weights"] = {"weighted": False, "statement": UNWEIGHTED}
+        else:
+            households, persons, entry = calibrate(households, persons, weight_totals, data.domain.size_attribute)
+            totals = {"role": "public", "use": "weight totals", "file": weight_totals.path.name, "path": str(weight_totals.path),
+                      "sha256": sha256_file(weight_totals.path)}
+            manifest["inputs"] = [*manifest.get("inputs", []), totals]
+            manifest["weights"] = {**entry, "totals": totals}
+            dictionary = None if dictionary is None else with_weights(dictionary)
         _write_dataset(households, tmp / "households")
         _write_dataset(persons, tmp / "persons")
-        (tmp / "domain.json").write_text(json.dumps(data.domain.to_dict(), indent=2))
+        domain_json = data.domain.to_dict() | ({} if dictionary is None else {"dictionary": dictionary})
+        (tmp / "domain.json").write_text(json.dumps(domain_json, indent=2))
         if coc is not None:
             pq.write_table(coc, tmp / "count_of_counts.parquet")
         if meas is not None:
@@ -192,7 +212,6 @@ def write_release(
         for name, blob in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(blob)
-        manifest = dict(manifest)
         manifest["published_at"] = datetime.now(UTC).isoformat()
         manifest["outputs"] = hash_tree(tmp)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from schemas.release_config import ConfigError, load_config
+from schemas.release_config import ConfigError, WeightsSpec, load_config
 from tests.conftest import PROJECT_ROOT
 
 DEFAULT = PROJECT_ROOT / "deploy" / "releases" / "acs2018_default.yaml"
@@ -78,6 +78,7 @@ def test_the_adaptive_selections_persons_reach_the_engines_plan(tmp_path):
         (lambda r: r.update(geography={"states": [50, 50]}), "names a state twice"),
         (lambda r: r.update(geography={"pumas": "puma_1990"}), "no shipped PUMA list 'puma_1990'"),
         (lambda r: r.update(geography={"pumas": "no_such_list.yaml"}), "cannot read the PUMA list"),
+        (lambda r: r.update(weights={"file": "totals.csv"}), "weights.totals: Field required"),
     ],
 )
 def test_bad_configs_get_clear_errors(tmp_path, mutate, expected):
@@ -174,6 +175,9 @@ def test_locations_are_resolved_once_where_the_config_is_loaded(tmp_path, monkey
     assert cfg.input_path(cfg.private[0]) == cfg_dir / "data" / "acs2018_1yr" / "csv_pvt.zip"
     assert cfg.run_dir() == cfg_dir / "w" / "r" and cfg.release_dir() == cfg_dir / "out" / "r"
     assert all(os.path.isabs(x) for x in (cfg.data_root, cfg.output_dir, cfg.work_dir))
+    # the public weight totals are an input: relative to data_root; without the key, no weights
+    assert cfg.weight_totals_path() is None
+    assert cfg.model_copy(update={"weights": WeightsSpec(totals="pums_totals.csv")}).weight_totals_path() == cfg_dir / "data" / "pums_totals.csv"
 
 
 def test_hgem_settings_default_to_the_engines_and_are_validated(tmp_path):

@@ -136,7 +136,9 @@ def test_np_equals_the_person_count(release):
 
 def test_exactly_one_householder(release):
     pp = release["pp"]
-    no_head = with_column(pp, "RELP_GROUP", pc.if_else(pc.equal(pa.array(np.arange(pp.num_rows) == 0), True), "Child", pp.column("RELP_GROUP")))
+    relp = release["data"].domain.person_attribute("RELP_GROUP")
+    child = relp.codes[relp.labels.index("Child")]
+    no_head = with_column(pp, "RELP_GROUP", pc.if_else(pc.equal(pa.array(np.arange(pp.num_rows) == 0), True), child, pp.column("RELP_GROUP")))
     assert "households: expect_column_values_to_be_in_set(column=householders)" in refused(release, pp=no_head)
 
 
@@ -231,7 +233,8 @@ def test_group_quarters_residents_head_their_one_person_households(data_root, do
          "geo": ReleaseGeography(tuple(sorted({(int(s), int(p)) for s, p in data.geo.tolist()}))), "householder": householder_of(domain_spec, data.domain)}
     assert json.loads(gate(r))["success"] is True
     # a group-quarters resident inside a larger household is no householder
-    gq_row = pc.index(pp.column("RELP_GROUP"), "Group quarters resident").as_py()
+    relp = data.domain.person_attribute("RELP_GROUP")
+    gq_row = pc.index(pp.column("RELP_GROUP"), relp.codes[relp.labels.index("Group quarters resident")]).as_py()
     serial = pp.column("SERIALNO")[gq_row].as_py()
     other = pc.index(pp.column("SPORDER"), 2).as_py()  # the second person of some household joins the resident's
     moved = pp.column("SERIALNO").to_pylist()

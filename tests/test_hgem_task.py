@@ -111,7 +111,8 @@ def test_household_structure_of_the_domain_spec(inputs):
 
     domain = HierarchicalData.from_npz(inputs["public"]).domain
     s = household_structure(make_config(), domain)
-    assert (s.relationship, s.householder, s.group_quarters) == ("RELP_GROUP", "Householder", ("Group quarters resident",))
+    # RELP_GROUP's codes are its groups' numbers: 1 Householder, ..., 6 Group quarters resident
+    assert (s.relationship, s.householder, s.group_quarters) == ("RELP_GROUP", "1", ("6",))
     assert not s.group_quarters_households  # household_rules.group_quarters: exclude (the default)
     assert dict(s.householder_attributes) == {"HHLDR_AGEP_BAND": "AGEP_BAND", "HHLDR_SEX": "SEX",
                                               "HHLDR_RAC1P": "RAC1P", "HHLDR_HISP_ORIGIN": "HISP_ORIGIN"}
@@ -134,7 +135,7 @@ def test_sampled_households_are_structurally_consistent(first_run):
     synth = HierarchicalData.from_npz(out)
     dom = synth.domain
     rel = synth.person[:, dom.person_index("RELP_GROUP")]
-    head = dom.person_attribute("RELP_GROUP").codes.index("Householder")
+    head = dom.person_attribute("RELP_GROUP").labels.index("Householder")
     first = synth.person_offsets[:-1]
     assert (rel[first] == head).all() and (rel == head).sum() == synth.n_households
     for g in ("AGEP_BAND", "SEX", "RAC1P", "HISP_ORIGIN"):

@@ -1,17 +1,22 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import tasks.publish as publish
-from schemas.release_schema import household_schema, person_schema
+from engine.domain import Domain
+from schemas.data_dictionary import UNWEIGHTED, WEIGHTED, data_dictionary
+from schemas.release_schema import WEIGHT, household_schema, person_schema, to_tables
+from schemas.weight_totals import WeightTotalsError, read_weight_totals
 
 
-def test_release_round_trip_with_string_partitions(tmp_path, vermont):
+def test_release_round_trip_with_string_partitions(tmp_path, vermont, domain_spec):
     data, _ = vermont
     rel = tmp_path / "rel"
-    manifest = publish.write_release(rel, data, {"release": "t"})
+    manifest = publish.write_release(rel, data, {"release": "t"}, dictionary=data_dictionary(domain_spec, data.domain))
     hh, pp = publish.read_release(rel)
     assert hh.num_rows == data.n_households and pp.num_rows == data.n_persons
     assert hh.schema.field("PUMA").type == pa.string()
@@ -28,6 +33,83 @@ def test_release_round_trip_with_string_partitions(tmp_path, vermont):
     assert on_disk["outputs"] == manifest["outputs"]
     assert "domain.json" in on_disk["outputs"]
     assert all(publish.sha256_file(rel / k) == v for k, v in on_disk["outputs"].items())
+    # the data dictionary ships in domain.json, which still reads back as the domain
+    domain_json = json.loads((rel / "domain.json").read_text())
+    assert Domain.from_dict(domain_json) == data.domain
+    assert domain_json["dictionary"]["weights"] == on_disk["weights"]["statement"] == UNWEIGHTED
+    assert not on_disk["weights"]["weighted"] and WEIGHT not in hh.column_names
+    # every stored column carries its description (ST and PUMA live in the partition paths)
+    for t in (hh, pp):
+        stored = pq.read_schema(next((rel / ("households" if t is hh else "persons")).rglob("*.parquet")))
+        for f in stored:
+            assert f.metadata and f.metadata[b"description"], f.name
+
+
+def vermont_totals(path, hh, factor=(95.0, 240.0), state_row=True) -> str:
+    """Public-looking totals for the released PUMAs: households and persons proportional to the
+    released counts with a different factor per PUMA, and the state's row as their sum."""
+    df = hh.select(["ST", "PUMA", "NP"]).to_pandas()
+    by = df.groupby(["ST", "PUMA"]).NP.agg(["count", "sum"]).reset_index()
+    spread = np.linspace(0.9, 1.1, len(by))
+    by["households"] = (by["count"] * factor[0] * spread).round()
+    by["persons"] = (by["sum"] * factor[1] / 2.3 * spread).round()
+    rows = by[["ST", "PUMA", "households", "persons"]]
+    if state_row:
+        rows = pd.concat([rows, pd.DataFrame({"ST": [by.ST[0]], "PUMA": [""], "households": [by.households.sum()], "persons": [by.persons.sum()]})])
+    rows.to_csv(path, index=False)
+    return path
+
+
+def test_weights_are_written_and_sum_to_the_public_totals(tmp_path, vermont, domain_spec):
+    data, _ = vermont
+    data = data.take(np.arange(1500))
+    hh0, _ = to_tables(data)
+    totals_csv = vermont_totals(tmp_path / "totals.csv", hh0)
+    totals = pd.read_csv(totals_csv, dtype={"ST": str, "PUMA": str}, keep_default_na=False)
+    rel = tmp_path / "rel"
+    manifest = publish.write_release(rel, data, {"release": "t", "inputs": []}, dictionary=data_dictionary(domain_spec, data.domain),
+                                     weight_totals=read_weight_totals(totals_csv))
+    hh, pp = publish.read_release(rel)
+    assert hh.schema.field(WEIGHT).type == pa.float64() and pp.schema.field(WEIGHT).type == pa.float64()
+    assert pq.read_schema(next((rel / "households").rglob("*.parquet"))).field(WEIGHT).metadata[b"description"]
+    h, p = hh.to_pandas(), pp.to_pandas()
+    puma_rows = totals[totals.PUMA != ""].assign(PUMA=lambda d: d.PUMA.str.zfill(5), ST=lambda d: d.ST.str.zfill(2)).set_index(["ST", "PUMA"])
+    got_h = h.groupby(["ST", "PUMA"]).WEIGHT.sum()
+    got_p = p.groupby(["ST", "PUMA"]).WEIGHT.sum()  # a person's weight is their household's
+    np.testing.assert_allclose(got_h.to_numpy(), puma_rows.loc[got_h.index, "households"].to_numpy(), rtol=1e-7)
+    np.testing.assert_allclose(got_p.to_numpy(), puma_rows.loc[got_p.index, "persons"].to_numpy(), rtol=1e-7)
+    assert (h.WEIGHT > 0).all()
+    assert (p.WEIGHT.to_numpy() == h.set_index("SERIALNO").WEIGHT.loc[p.SERIALNO].to_numpy()).all()
+    # recorded: the totals file as a public input (plain SHA-256 and path), the method, the dictionary
+    on_disk = json.loads((rel / "manifest.json").read_text())
+    (public,) = on_disk["inputs"]
+    assert public == {"role": "public", "use": "weight totals", "file": "totals.csv", "path": str(totals_csv),
+                      "sha256": publish.sha256_file(totals_csv)}
+    w = on_disk["weights"]
+    assert w["weighted"] and w["totals"] == public and w["max_relative_error"] <= 1e-8
+    assert [m["name"] for m in w["margins"]] == ["households per PUMA", "persons per PUMA", "households per state", "persons per state"]
+    dictionary = json.loads((rel / "domain.json").read_text())["dictionary"]
+    assert dictionary["weights"] == WEIGHTED
+    assert WEIGHT in [c["name"] for c in dictionary["tables"]["households"]] and WEIGHT in [c["name"] for c in dictionary["tables"]["persons"]]
+    assert manifest["weights"] == w
+
+
+def test_weight_totals_that_miss_a_released_puma_or_cannot_be_read_are_refused(tmp_path, vermont):
+    data, _ = vermont
+    data = data.take(np.arange(1500))
+    hh0, _ = to_tables(data)
+    csv = vermont_totals(tmp_path / "totals.csv", hh0, state_row=False)
+    lines = csv.read_text().splitlines()
+    (tmp_path / "short.csv").write_text("\n".join(lines[:-1]) + "\n")  # the last released PUMA has no row
+    with pytest.raises(WeightTotalsError, match=r"short.csv: no row for ST 50 PUMA \d{5}, a released PUMA"):
+        publish.write_release(tmp_path / "rel", data, {}, weight_totals=read_weight_totals(tmp_path / "short.csv"))
+    assert not (tmp_path / "rel").exists() and not list(tmp_path.glob(".rel.tmp-*"))
+    (tmp_path / "bad.csv").write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2].replace(",", ",x", 1) + "\n")
+    with pytest.raises(WeightTotalsError, match="bad.csv: line 3, column PUMA: expected a PUMA code"):
+        read_weight_totals(tmp_path / "bad.csv")
+    (tmp_path / "cols.csv").write_text("ST,PUMA,hh\n50,100,10\n")
+    with pytest.raises(WeightTotalsError, match="cols.csv: line 1: expected the columns ST, PUMA, households .*missing households"):
+        read_weight_totals(tmp_path / "cols.csv")
 
 
 def test_failed_publish_leaves_nothing(tmp_path, vermont, monkeypatch):

@@ -109,6 +109,11 @@ def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
     from tasks.publish import read_release
 
     households, persons = read_release(rel)
+    # the data dictionary beside the domain; no weights were asked for, and the release says so
+    dictionary = json.loads((rel / "domain.json").read_text())["dictionary"]
+    assert {c["name"] for c in dictionary["tables"]["households"]} == set(households.column_names)  # partition keys last on reading
+    assert "WEIGHT" not in households.column_names and not manifest["weights"]["weighted"]
+    assert dictionary["weights"] == manifest["weights"]["statement"] and "unweighted synthetic sample" in dictionary["weights"]
     # one partition per Vermont PUMA, zero-padded strings
     assert set(households.column("PUMA").to_pylist()) == {"00100", "00200", "00300", "00400"}
     assert set(households.column("ST").to_pylist()) == {"50"}
@@ -219,8 +224,12 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     levels. The ledger and the audit must hold as on the default path."""
     from flows.cli import main
 
+    # public totals the households are weighted to (made up, of the size of Vermont's ACS estimates)
+    totals = tmp_path / "vt_totals.csv"
+    totals.write_text("ST,PUMA,households,persons\n50,100,61000,142000\n50,00200,64500,151000\n50,300,66000,158000\n"
+                      "50,400,70500,169000\n50,,262000,620000\n")
     cfg = small_config(
-        tmp_path, data_root, privacy_unit="person",
+        tmp_path, data_root, privacy_unit="person", weights={"totals": str(totals)},
         synthesis={"update_rule": "ide", "person_first": 0,
                    "adaptive": {"rounds": 2, "share": 0.3, "levels": ["state", "puma"], "max_cells": 64}},
         count_of_counts={"mechanism": "laplace", "consistency": "average"},
@@ -253,10 +262,17 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
         assert set(zip(used.node, used.workload_id)) - size == set(zip(at_level.node, at_level.marginal)) - size
         assert level == "state" or size <= set(zip(at_level.node, at_level.marginal))
         assert len(set(used.workload_id)) > len(manifest["workload"][level])  # the rounds' workloads are among them
-    from tasks.publish import read_release
+    from tasks.publish import read_release, sha256_file
 
     households, persons = read_release(rel)
     assert households.num_rows > 0 and persons.num_rows >= households.num_rows
+    # weights.totals: a calibrated WEIGHT, the totals file a public input, the dictionary says so
+    hh, pp = households.to_pandas(), persons.to_pandas()
+    assert hh.groupby("PUMA").WEIGHT.sum().to_dict() == pytest.approx({"00100": 61000, "00200": 64500, "00300": 66000, "00400": 70500}, rel=1e-7)
+    assert pp.groupby("PUMA").WEIGHT.sum().to_dict() == pytest.approx({"00100": 142000, "00200": 151000, "00300": 158000, "00400": 169000}, rel=1e-7)
+    assert {"role": "public", "use": "weight totals", "file": "vt_totals.csv", "path": str(totals),
+            "sha256": sha256_file(totals)} in manifest["inputs"] and manifest["weights"]["weighted"]
+    assert json.loads((rel / "domain.json").read_text())["dictionary"]["weights"].startswith("The microdata are a synthetic sample; WEIGHT")
     assert main(["audit", "verify", str(rel)]) == 0
 
 
@@ -287,7 +303,9 @@ def test_the_hgem_synthesizer_runs_end_to_end(tmp_path, data_root):
 
     households, persons = read_release(rel)
     pp = persons.to_pandas()
-    heads = pp[pp.RELP_GROUP == "Householder"]
+    relp = json.loads((rel / "domain.json").read_text())["person"]
+    householder = next(a["codes"][a["labels"].index("Householder")] for a in relp if a["name"] == "RELP_GROUP")
+    heads = pp[pp.RELP_GROUP == householder]
     assert heads.SERIALNO.is_unique and set(heads.SERIALNO) == set(households.column("SERIALNO").to_pylist())
     assert (heads.SPORDER == 1).all()
     assert main(["audit", "verify", str(rel)]) == 0

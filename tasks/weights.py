@@ -1,0 +1,73 @@
+"""Household weights calibrated to public totals (the config's ``weights.totals``), added to the
+release tables as ``WEIGHT``.
+
+Post-processing only: the weights are a function of the released households (their PUMA, state
+and size) and of the public totals file, never of confidential data. Every household gets a
+weight by raking (``engine.calibration``) to the households per PUMA, and to the persons per PUMA
+and the households and persons per state where the file gives them; a person's weight is their
+household's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from engine.calibration import Margin, rake
+from schemas.release_schema import weight_field
+from schemas.weight_totals import WeightTotals, WeightTotalsError
+
+METHOD = ("raking (generalized iterative proportional fitting) of household weights starting at 1 to the public totals; "
+          "the fixed point is the weight vector closest to 1 in the raking distance that meets every total; "
+          "a person's weight is their household's")
+
+
+def _cells(keys: pd.MultiIndex | pd.Index, table: pd.DataFrame, totals: WeightTotals, level: str) -> tuple[np.ndarray, pd.DataFrame]:
+    """The cell of every household (the released nodes, sorted) and the totals of those cells."""
+    nodes = keys.unique().sort_values()
+    missing = nodes.difference(table.index)
+    if len(missing):
+        node = missing[0]
+        name = f"ST {node[0]:02d} PUMA {node[1]:05d}" if level == "PUMA" else f"ST {node:02d}"
+        raise WeightTotalsError(f"{totals.path}: no row for {name}, a released {level} "
+                                f"({len(missing)} released {level}s have none); expected one row per released {level}")
+    return nodes.get_indexer(keys), table.loc[nodes]
+
+
+def _node_names(nodes: pd.Index) -> tuple[str, ...]:
+    return tuple(f"ST={n[0]:02d}/PUMA={n[1]:05d}" if isinstance(n, tuple) else f"ST={n:02d}" for n in nodes)
+
+
+def calibrate(households: pa.Table, persons: pa.Table, totals: WeightTotals, size_attribute: str) -> tuple[pa.Table, pa.Table, dict]:
+    """(households, persons) with the ``WEIGHT`` column appended, and the manifest's weights entry."""
+    st = np.asarray(households.column("ST").to_numpy(zero_copy_only=False).astype(int))
+    puma = np.asarray(households.column("PUMA").to_numpy(zero_copy_only=False).astype(int))
+    size = households.column(size_attribute).to_numpy().astype(float)
+    ones = np.ones(len(size))
+    puma_cell, puma_totals = _cells(pd.MultiIndex.from_arrays([st, puma]), totals.puma, totals, "PUMA")
+    names = _node_names(puma_totals.index)
+    margins = [Margin("households per PUMA", puma_cell, ones, puma_totals.households.to_numpy(), names)]
+    if totals.has_persons:
+        margins.append(Margin("persons per PUMA", puma_cell, size, puma_totals.persons.to_numpy(), names))
+    if len(totals.state):
+        state_cell, state_totals = _cells(pd.Index(st), totals.state, totals, "state")
+        names = _node_names(state_totals.index)
+        margins.append(Margin("households per state", state_cell, ones, state_totals.households.to_numpy(), names))
+        if totals.has_persons:
+            margins.append(Margin("persons per state", state_cell, size, state_totals.persons.to_numpy(), names))
+    result = rake(margins)
+    serial = pd.Index(households.column("SERIALNO").to_numpy(zero_copy_only=False))
+    of_person = serial.get_indexer(persons.column("SERIALNO").to_numpy(zero_copy_only=False))
+    field = weight_field()
+    entry = {
+        "weighted": True,
+        "column": field.name,
+        "method": METHOD,
+        "margins": [{"name": m.name, "cells": len(m.totals)} for m in margins],
+        "sweeps": result.iterations,
+        "max_relative_error": result.max_relative_error,
+        "totals_file": totals.path.name,
+    }
+    return (households.append_column(field, pa.array(result.weights, pa.float64())),
+            persons.append_column(field, pa.array(result.weights[of_person], pa.float64())), entry)
