@@ -23,6 +23,7 @@ from engine.hierarchical_data import HierarchicalData
 from schemas.release_contract import validate_release_tables
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
 from tasks.audit import AuditLog
+from tasks.release_report import REPORT, render_report
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "great-expectations", "prefect", "prefect-dask", "dask", "distributed", "torch")
@@ -153,7 +154,8 @@ def write_release(
     ``validation/gx_release.json`` (hashed in the manifest like every output); a failing gate
     raises and nothing is published. ``measurements`` (every noisy measurement of the run,
     ``tasks.measurements_table``) ships as ``measurements.parquet``, ``intervals`` (the error estimates
-    beside the released answers, ``tasks.intervals``) as ``intervals.parquet``. With ``audit``, the publish
+    beside the released answers, ``tasks.intervals``) as ``intervals.parquet``. The release report (``report.html``, ``tasks.release_report``) is rendered from
+    these tables, the domain, the gate's result and the manifest's public fields, before the hashes. With ``audit``, the publish
     event (carrying the manifest's SHA-256) is appended and the chained log is shipped as ``audit.jsonl``. The caller
     holds the run lock, so leftovers of an earlier, killed publish of this release are removed.
     """
@@ -186,6 +188,8 @@ def write_release(
         for name, blob in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(blob)
+        (tmp / REPORT).write_text(render_report(manifest, data.domain.to_dict(), households, persons, ivs,
+                                                None if gate_result is None else json.loads(gate_result)), encoding="utf-8")
         manifest = dict(manifest)
         manifest["published_at"] = datetime.now(UTC).isoformat()
         manifest["outputs"] = hash_tree(tmp)
