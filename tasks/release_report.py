@@ -18,6 +18,7 @@ workload at that node), and says it has none otherwise.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +43,6 @@ class Marginal:
 
     level: str  # "group" (households) or "person" (persons, their household's attributes joined)
     attrs: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        return f"{self.level}:{','.join(self.attrs)}"
 
 
 def _measured_marginals(workload_ids: list[str], domain: Domain) -> list[Marginal]:
@@ -101,15 +98,15 @@ def _attribute(domain: Domain, name: str) -> Attribute:
     return domain.group_attribute(name) if name in {a.name for a in domain.group} else domain.person_attribute(name)
 
 
-def node_tables(domain: Domain, households: pa.Table, persons: pa.Table, marginals: list[Marginal]) -> dict[str, dict]:
+def node_tables(domain: Domain, households: pa.Table, persons: pa.Table, marginals: dict[str, list[Marginal]]) -> dict[str, dict]:
     """Per level ("nation", "state", "puma"): its node keys, each node's households and persons,
-    and every marginal's counts per node ((nodes, cells), cells in C order over the attributes)."""
+    and the counts of each of that level's ``marginals`` per node ((nodes, cells), cells in C order
+    over the attributes)."""
     states, pumas, st_idx, puma_idx = _nodes(households)
-    serial_hh = households.column("SERIALNO")
-    person_hh = pc.index_in(persons.column("SERIALNO"), value_set=serial_hh).to_numpy(zero_copy_only=False)
-    if np.isnan(person_hh.astype(float)).any():
+    person_hh = pc.index_in(persons.column("SERIALNO"), value_set=households.column("SERIALNO"))
+    if person_hh.null_count:
         raise ValueError("persons: a SERIALNO with no household")
-    person_hh = person_hh.astype(np.int64)
+    person_of = person_hh.to_numpy(zero_copy_only=False).astype(np.int64)
     group_names = {a.name for a in domain.group}
     code_cache: dict[tuple[str, str], np.ndarray] = {}
 
@@ -117,7 +114,7 @@ def node_tables(domain: Domain, households: pa.Table, persons: pa.Table, margina
         if (level, name) not in code_cache:
             if name in group_names:
                 c = _codes(households, domain.group_attribute(name))
-                code_cache[(level, name)] = c if level == "group" else c[person_hh]
+                code_cache[(level, name)] = c if level == "group" else c[person_of]
             else:
                 code_cache[(level, name)] = _codes(persons, domain.person_attribute(name))
         return code_cache[(level, name)]
@@ -126,12 +123,11 @@ def node_tables(domain: Domain, households: pa.Table, persons: pa.Table, margina
     out = {}
     for level, (keys, hh_node) in levels.items():
         n = len(keys)
-        row_node = {"group": hh_node, "person": hh_node[person_hh]}
+        row_node = {"group": hh_node, "person": hh_node[person_of]}
         tables = []
-        for m in marginals:
-            attrs = [_attribute(domain, a) for a in m.attrs]
-            shape = tuple(a.size for a in attrs)
-            cell = np.ravel_multi_index(tuple(codes(m.level, a.name) for a in attrs), shape) if attrs else np.zeros(0, np.int64)
+        for m in marginals[level]:
+            shape = tuple(_attribute(domain, a).size for a in m.attrs)
+            cell = np.ravel_multi_index(tuple(codes(m.level, a) for a in m.attrs), shape)
             size = int(np.prod(shape))
             tables.append(np.bincount(row_node[m.level] * size + cell, minlength=n * size).reshape(n, size))
         out[level] = {"keys": keys, "households": np.bincount(hh_node, minlength=n), "persons": np.bincount(row_node["person"], minlength=n),
@@ -139,64 +135,73 @@ def node_tables(domain: Domain, households: pa.Table, persons: pa.Table, margina
     return out
 
 
+def _cell_index(domain: Domain, m: Marginal) -> dict[str, int]:
+    """Every way ``intervals.parquet`` may write a cell of ``m`` ("A=x; B=y", the attributes in any
+    order) -> the cell's C-order index over ``m.attrs``."""
+    attrs = [_attribute(domain, a) for a in m.attrs]
+    out = {}
+    for c, cell in enumerate(itertools.product(*[a.codes for a in attrs])):
+        named = dict(zip(m.attrs, cell))
+        for order in itertools.permutations(m.attrs):
+            out["; ".join(f"{a}={named[a]}" for a in order)] = c
+    return out
+
+
 def _interval_lookup(intervals: pa.Table | None, domain: Domain, marginals: list[Marginal]) -> dict[tuple[int, str], dict[str, np.ndarray]]:
     """(marginal index, node) -> {"cell": C-order cell index, "lo", "hi"} from ``intervals.parquet``:
-    the rows of exactly that count (``tasks.release_query.interval_ids``), one source per node."""
+    the rows of exactly that count (``tasks.release_query.interval_ids``); where a node has two
+    sources of the size histogram, the synthesis fit's, as ``dprelease query`` shows."""
     if intervals is None or intervals.num_rows == 0:
         return {}
     t = intervals.select(["node", "marginal", "cell_codes", "lo90", "hi90"]).to_pandas()
     out: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for i, m in enumerate(marginals):
-        ids = interval_ids(list(m.attrs), m.level, domain)
-        rows = t[t.marginal.isin(ids)]
-        if rows.empty:
-            continue
-        attrs = [_attribute(domain, a) for a in m.attrs]
-        pos = [{c: j for j, c in enumerate(a.codes)} for a in attrs]
-        for node, g in rows.groupby("node", sort=False):
-            g = g[g.marginal == min(g.marginal.unique(), key=lambda s: (s == "size_histogram", s))]
-            parsed = [dict(part.split("=", 1) for part in str(c).split("; ")) for c in g.cell_codes]
-            cell = np.ravel_multi_index(tuple(np.array([pos[k][p[a.name]] for p in parsed]) for k, a in enumerate(attrs)),
-                                        tuple(a.size for a in attrs))
-            out[(i, str(node))] = {"cell": cell, "lo": g.lo90.to_numpy(), "hi": g.hi90.to_numpy()}
+        rows = t[t.marginal.isin(interval_ids(list(m.attrs), m.level, domain))]
+        fitted = set(rows.node[rows.marginal != "size_histogram"])
+        rows = rows[(rows.marginal != "size_histogram") | ~rows.node.isin(fitted)]
+        cell = rows.cell_codes.map(_cell_index(domain, m)).to_numpy()
+        lo, hi = rows.lo90.to_numpy(), rows.hi90.to_numpy()
+        for node, idx in rows.groupby("node", sort=False).indices.items():
+            out[(i, str(node))] = {"cell": cell[idx].astype(np.int64), "lo": lo[idx], "hi": hi[idx]}
     return out
 
 
-def _round(x: np.ndarray) -> list:
-    return [round(float(v), 1) for v in x]
+def _cell_bounds(iv: dict[str, np.ndarray] | None, size: int) -> tuple[list[float | None] | None, list[float | None] | None]:
+    """(lo, hi) per cell in C order, rounded to 0.1 (None for a cell without a row), or (None, None)."""
+    if iv is None:
+        return None, None
+    out = []
+    for bound in ("lo", "hi"):
+        x = np.full(size, np.nan)
+        x[iv["cell"]] = iv[bound]
+        out.append([None if np.isnan(v) else round(float(v), 1) for v in x])
+    return out[0], out[1]
 
 
-def report_data(domain_dict: dict, households: pa.Table, persons: pa.Table, intervals: pa.Table | None, workload_ids: list[str]) -> dict:
-    """The JSON the page's script draws: the marginals (attributes with their labels) and, per
-    level and node, its households, persons, counts and — where published — 90 % intervals."""
+def report_data(domain_dict: dict, households: pa.Table, persons: pa.Table, intervals: pa.Table | None, workload: dict) -> dict:
+    """The JSON the page's script draws, per level (nation, state, puma): its marginals (the
+    nation's are the states', :func:`report_marginals` of that level's measured workloads) with
+    their attributes' labels, and per node its households, persons, counts and — where published —
+    90 % intervals."""
     domain = Domain.from_dict(domain_dict)
-    marginals = report_marginals(domain, workload_ids)
-    tables = node_tables(domain, households, persons, marginals)
-    ivs = _interval_lookup(intervals, domain, marginals)
+    by_level = {lv: report_marginals(domain, list(workload.get(src) or [])) for lv, src in (("nation", "state"), ("state", "state"), ("puma", "puma"))}
+    tables = node_tables(domain, households, persons, by_level)
     described = {a["name"]: a.get("description") for a in [*domain_dict["group"], *domain_dict["person"]]}
-    spec = [{"unit": "households" if m.level == "group" else "persons",
-             "attrs": [{"name": a, "description": described.get(a), "labels": list(_attribute(domain, a).labels)} for a in m.attrs]}
-            for m in marginals]
     levels = {}
     for level, t in tables.items():
+        marginals = by_level[level]
+        ivs = _interval_lookup(intervals, domain, marginals)
+        spec = [{"unit": "households" if m.level == "group" else "persons",
+                 "attrs": [{"name": a, "description": described.get(a), "labels": list(_attribute(domain, a).labels)} for a in m.attrs]}
+                for m in marginals]
         nodes = {}
         for j, key in enumerate(t["keys"]):
-            counts, lo, hi = [], [], []
-            for i, m in enumerate(marginals):
-                c = t["tables"][i][j]
-                counts.append(c.tolist())
-                iv = ivs.get((i, key))
-                if iv is None:
-                    lo.append(None)
-                    hi.append(None)
-                    continue
-                lo_i, hi_i = np.full(c.size, np.nan), np.full(c.size, np.nan)
-                lo_i[iv["cell"]], hi_i[iv["cell"]] = iv["lo"], iv["hi"]
-                lo.append([None if np.isnan(v) else v for v in _round(lo_i)])
-                hi.append([None if np.isnan(v) else v for v in _round(hi_i)])
-            nodes[key] = {"households": int(t["households"][j]), "persons": int(t["persons"][j]), "counts": counts, "lo": lo, "hi": hi}
-        levels[level] = nodes
-    return {"marginals": spec, "levels": levels}
+            counts = [t["tables"][i][j] for i in range(len(marginals))]
+            bounds = [_cell_bounds(ivs.get((i, key)), c.size) for i, c in enumerate(counts)]
+            nodes[key] = {"households": int(t["households"][j]), "persons": int(t["persons"][j]), "counts": [c.tolist() for c in counts],
+                          "lo": [b[0] for b in bounds], "hi": [b[1] for b in bounds]}
+        levels[level] = {"marginals": spec, "nodes": nodes}
+    return {"levels": levels}
 
 
 # -- the static part of the page ---------------------------------------------------------------
@@ -222,11 +227,11 @@ def _privacy(manifest: dict) -> str:
     unit = manifest.get("privacy_unit")
     items = []
     if ed:
-        items.append(f"The release satisfies (ε, δ)-differential privacy with <b>ε = {ed['epsilon']:.4g}</b> and <b>δ = {ed['delta']:g}</b> "
-                     f"({_e(ed.get('conversion', ''))} conversion from ρ-zCDP).")
+        how = f" ({_e(ed['conversion'])} conversion from ρ-zCDP)" if ed.get("conversion") else ""
+        items.append(f"The release satisfies (ε, δ)-differential privacy with <b>ε = {ed['epsilon']:.4g}</b> and <b>δ = {ed['delta']:g}</b>{how}.")
     if "rho" in priv:
-        items.append(f"Privacy accounting is in zero-concentrated differential privacy: ρ = {float(_rho(priv['rho'])):.4g} in total "
-                     f"({_e(priv.get('accounting', ''))}).")
+        how = f" ({_e(priv['accounting'])})" if priv.get("accounting") else ""
+        items.append(f"Privacy accounting is in zero-concentrated differential privacy: ρ = {_rho(priv['rho']):.4g} in total{how}.")
     if unit:
         items.append(f"The privacy unit is the <b>{_e(unit)}</b>: the guarantee covers adding, removing or changing one "
                      f"{_e(unit)} of the confidential survey file with everything recorded about it.")
@@ -235,10 +240,14 @@ def _privacy(manifest: dict) -> str:
     if inv:
         declared = inv.get("declared") or []
         items.append("Declared invariants (released exactly, outside the guarantee): "
-                     + (_e(", ".join(declared)) if declared else "none") + ". " + _e(inv.get("public_structure", "").capitalize()) + ".")
+                     + (_e(", ".join(declared)) if declared else "none") + ". " + _e(_sentence(inv.get("public_structure", ""))) + ".")
     if not items:
         items.append("The manifest of this release holds no privacy statement.")
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _rho(value) -> float:
@@ -312,7 +321,7 @@ def _query(release: str, domain: Domain) -> str:
 
 
 def _released(manifest: dict, data: dict) -> str:
-    lv = data["levels"]
+    lv = {level: v["nodes"] for level, v in data["levels"].items()}
     nation = lv["nation"]["nation"]
     rows = [["nation", 1, _fmt(nation["households"]), _fmt(nation["persons"])],
             ["state", len(lv["state"]), "", ""], ["PUMA", len(lv["puma"]), "", ""]]
@@ -349,9 +358,7 @@ def _ships(name: str, manifest: dict) -> bool:
 def render_report(manifest: dict, domain_dict: dict, households: pa.Table, persons: pa.Table, intervals: pa.Table | None,
                   gate: dict | None) -> str:
     """The page: public manifest fields, the domain, the release tables and their intervals only."""
-    workload = manifest.get("workload") or {}
-    workload_ids = [*workload.get("state", []), *workload.get("puma", [])]
-    data = report_data(domain_dict, households, persons, intervals, workload_ids)
+    data = report_data(domain_dict, households, persons, intervals, manifest.get("workload") or {})
     domain = Domain.from_dict(domain_dict)
     name = str(manifest.get("release", "release"))
     blob = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")

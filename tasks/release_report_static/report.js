@@ -20,7 +20,7 @@
     const step = niceStep(top / 4), ymax = Math.ceil(top / step) * step;
     const longest = Math.max(...a.labels.map((l) => l.length));
     const rotate = nx * Math.min(longest, 18) * 6.5 > 440;
-    const L = 56, R = 8, T = 8, B = rotate ? 18 + Math.min(longest, 24) * 5.2 : 28;
+    const L = rotate ? Math.max(56, Math.min(longest, 24) * 4.6) : 56, R = 8, T = 8, B = rotate ? 18 + Math.min(longest, 24) * 5.2 : 28;
     const W = Math.max(480, L + R + nx * Math.max(14, ns * 9 + 8)), H = 210 + B;
     const ph = H - T - B, gw = (W - L - R) / nx, bw = Math.max(3, (gw - 6) / ns);
     const y = (v) => T + ph - (v / ymax) * ph;
@@ -69,11 +69,11 @@
   }
 
   function render(level, key, target) {
-    const node = data.levels[level][key];
+    const node = data.levels[level].nodes[key], marginals = data.levels[level].marginals;
     let s = `<h3>${esc(key === "nation" ? "Nation" : key.replace("/", ", "))}</h3>`;
     s += `<table class="summary"><tr><th>synthetic households</th><td class="num">${fmt(node.households)}</td>`;
     s += `<th>synthetic persons</th><td class="num">${fmt(node.persons)}</td></tr></table><div class="grid">`;
-    data.marginals.forEach((m, i) => {
+    marginals.forEach((m, i) => {
       const lo = node.lo[i], hi = node.hi[i];
       const note = lo ? "with the published 90 % interval of each count" : "no interval is published for this count at this node";
       s += `<div class="card" data-marginal="${i}"><h4>${esc(title(m))}</h4><p class="note">${note}</p>${chart(m, node.counts[i], lo, hi)}`;
@@ -87,12 +87,17 @@
     const sel = document.getElementById(selectId), view = document.getElementById(viewId);
     sel.innerHTML = keys.map((k) => `<option value="${esc(k[0])}">${esc(label(k))}</option>`).join("");
     sel.addEventListener("change", () => render(k2level(sel.value, level), sel.value, view));
-    if (keys.length) render(k2level(keys[0][0], level), keys[0][0], view);
+    // a link to report.html#ST=50/PUMA=00100 opens with that node selected; else the first
+    const wanted = decodeURIComponent(location.hash.slice(1)), first = keys.some((k) => k[0] === wanted) ? wanted : keys.length ? keys[0][0] : null;
+    if (first !== null) {
+      sel.value = first;
+      render(k2level(first, level), first, view);
+    }
   }
   const k2level = (key, level) => (key === "nation" ? "nation" : level);
 
   picker("state-select", "state-view", "state",
-         [["nation"], ...Object.keys(data.levels.state).map((k) => [k])], (k) => (k[0] === "nation" ? "Nation" : k[0]));
-  picker("puma-select", "puma-view", "puma", Object.keys(data.levels.puma).map((k) => [k]), (k) => k[0].replace("/", ", "));
+         [["nation"], ...Object.keys(data.levels.state.nodes).map((k) => [k])], (k) => (k[0] === "nation" ? "Nation" : k[0]));
+  picker("puma-select", "puma-view", "puma", Object.keys(data.levels.puma.nodes).map((k) => [k]), (k) => k[0].replace("/", ", "));
   document.body.dataset.rendered = "yes";
 })();
