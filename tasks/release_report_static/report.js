@@ -12,10 +12,13 @@
     return m.unit[0].toUpperCase() + m.unit.slice(1) + " by " + names.join(" × ");
   }
 
-  // groups: the first attribute's categories on the x axis; series: the second's (colours)
+  // groups on the x axis: the categories of the attribute with more of them; series (colours): the
+  // other's. Cells are in C order over m.attrs.
   function chart(m, counts, lo, hi) {
-    const a = m.attrs[0], b = m.attrs[1];
+    const swap = m.attrs.length === 2 && m.attrs[1].labels.length > m.attrs[0].labels.length;
+    const a = swap ? m.attrs[1] : m.attrs[0], b = swap ? m.attrs[0] : m.attrs[1];
     const nx = a.labels.length, ns = b ? b.labels.length : 1;
+    const cellOf = (i, j) => (swap ? j * nx + i : i * ns + j);
     const top = Math.max(1, ...counts, ...(hi || []).filter((v) => v !== null));
     const step = niceStep(top / 4), ymax = Math.ceil(top / step) * step;
     const longest = Math.max(...a.labels.map((l) => l.length));
@@ -31,7 +34,7 @@
     }
     for (let i = 0; i < nx; i++) {
       for (let j = 0; j < ns; j++) {
-        const c = i * ns + j, x = L + i * gw + 3 + j * bw, v = counts[c];
+        const c = cellOf(i, j), x = L + i * gw + 3 + j * bw, v = counts[c];
         s += `<rect class="bar" x="${x.toFixed(1)}" y="${y(v).toFixed(1)}" width="${(bw - 1).toFixed(1)}" height="${(T + ph - y(v)).toFixed(1)}" fill="${COLORS[j % COLORS.length]}"><title>${esc(a.labels[i] + (b ? ", " + b.labels[j] : ""))}: ${fmt(v)}</title></rect>`;
         if (lo && lo[c] !== null && hi[c] !== null) {
           const cx = (x + (bw - 1) / 2).toFixed(1), w = Math.min(4, bw / 3);
