@@ -302,22 +302,25 @@ def _variables(domain_dict: dict) -> str:
     return _table(["variable", "record", "description", "codes"], rows, "vars")
 
 
-def _query(release: str, domain: Domain) -> str:
+def _query(domain: Domain, data: dict) -> str:
+    """Commands and code run from the release directory (the page does not know where it was moved
+    to, nor, so that a replay writes the same bytes, the release's name), with this release's first PUMA."""
+    st, puma = (part.split("=", 1)[1] for part in next(iter(data["levels"]["puma"]["nodes"]), "ST=01/PUMA=00100").split("/"))
     person = [a.name for a in domain.person][:2]
-    rel = f"releases/{release}"
-    lines = [f"dprelease query {rel} --margin {domain.size_attribute} --level group --where ST=50",
-             f"dprelease query {rel} --margin {','.join(person)} --level person --where ST=50 --where PUMA=00100 --format csv"]
+    lines = [f"dprelease query . --margin {domain.size_attribute} --level group --where ST={st}",
+             f"dprelease query . --margin {','.join(person)} --level person --where ST={st} --where PUMA={puma} --format csv"]
     py = (
         "import pyarrow as pa, pyarrow.dataset as ds\n"
         'part = ds.partitioning(pa.schema([("ST", pa.string()), ("PUMA", pa.string())]), flavor="hive")\n'
-        f'households = ds.dataset("{rel}/households", format="parquet", partitioning=part).to_table().to_pandas()\n'
-        f'persons = ds.dataset("{rel}/persons", format="parquet", partitioning=part).to_table().to_pandas()\n'
-        "persons = persons.merge(households, on=[\"ST\", \"PUMA\", \"SERIALNO\"])  # each person with their household\n"
+        'households = ds.dataset("households", format="parquet", partitioning=part).to_table().to_pandas()\n'
+        'persons = ds.dataset("persons", format="parquet", partitioning=part).to_table().to_pandas()\n'
+        'persons = persons.merge(households, on=["ST", "PUMA", "SERIALNO"])  # each person with their household\n'
         f'print(households.groupby(["ST", "{domain.size_attribute}"]).size())'
     )
-    return ("<p>From the command line (a count with its published 90 % interval where one exists; replace ST and PUMA by a node "
-            "of this release):</p><pre>" + _e("\n".join(lines)) + "</pre>"
-            "<p>With pandas (ST and PUMA are codes: read them as strings so that leading zeros stay):</p><pre>" + _e(py) + "</pre>")
+    return ("<p>From the command line, in the release directory (a count with its published 90 % interval where one exists):</p><pre>"
+            + _e("\n".join(lines)) + "</pre>"
+            "<p>With pandas, in the release directory (ST and PUMA are codes: read them as strings so that leading zeros stay):</p><pre>"
+            + _e(py) + "</pre>")
 
 
 def _released(manifest: dict, data: dict) -> str:
@@ -357,10 +360,11 @@ def _ships(name: str, manifest: dict) -> bool:
 
 def render_report(manifest: dict, domain_dict: dict, households: pa.Table, persons: pa.Table, intervals: pa.Table | None,
                   gate: dict | None) -> str:
-    """The page: public manifest fields, the domain, the release tables and their intervals only."""
+    """The page: public manifest fields, the domain, the release tables and their intervals only —
+    not the release's name nor the config's paths, which a replay of the same measurements under
+    another name changes (the page is then byte-identical, like every other release file)."""
     data = report_data(domain_dict, households, persons, intervals, manifest.get("workload") or {})
     domain = Domain.from_dict(domain_dict)
-    name = str(manifest.get("release", "release"))
     blob = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     sections = [
         ("sample", "Read this first",
@@ -376,7 +380,7 @@ def render_report(manifest: dict, domain_dict: dict, households: pa.Table, perso
          '<div class="pick"><label>Nation or state <select id="state-select"></select></label></div><div id="state-view"></div>'
          '<div class="pick"><label>PUMA <select id="puma-select"></select></label></div><div id="puma-view"></div>'),
         ("method", "How the tables were made", _method(manifest)),
-        ("query", "How to query the release", _query(name, domain)),
+        ("query", "How to query the release", _query(domain, data)),
         ("validation", "Checks before publishing", _validation(gate)),
         ("variables", "Variables", _variables(domain_dict)),
     ]
@@ -384,7 +388,7 @@ def render_report(manifest: dict, domain_dict: dict, households: pa.Table, perso
     body = "".join(f'<section id="{k}"><h2>{_e(t)}</h2>{c}</section>' for k, t, c in sections)
     css = (STATIC / "report.css").read_text()
     js = (STATIC / "report.js").read_text()
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Release {_e(name)}</title>'
-            f"<style>{css}</style></head><body><header><h1>Release {_e(name)}</h1><nav>{nav}</nav></header>{body}"
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Release report</title>'
+            f"<style>{css}</style></head><body><header><h1>Release report</h1><nav>{nav}</nav></header>{body}"
             f'<script type="application/json" id="report-data">{blob}</script><script>{js}</script></body></html>\n')
 
