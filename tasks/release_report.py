@@ -263,10 +263,11 @@ def _method(manifest: dict) -> str:
     parts = []
     if syn:
         parts.append(f"Synthesizer <b>{_e(syn.get('name', ''))}</b>: {_e(syn.get('description', ''))}.")
-    parts.append("Every statistic of the confidential file that the synthesis uses was measured with calibrated noise "
-                 "(each noisy measurement is published in measurements.parquet); the synthetic households were then sampled from "
-                 "distributions fitted to those measurements and to the public prior. Everything after the measurements is "
-                 "post-processing, so it costs no privacy.")
+    if manifest.get("measurements"):
+        parts.append("Every statistic of the confidential file that the synthesis uses was measured with calibrated noise "
+                     "(each noisy measurement is published in measurements.parquet); the synthetic households were then sampled from "
+                     "distributions fitted to those measurements and to the public prior. Everything after the measurements is "
+                     "post-processing, so it costs no privacy.")
     if coc:
         parts.append(f"Household counts and size histograms per node: {_e(coc.get('method', ''))}.")
     if ivs:
@@ -294,12 +295,14 @@ def _validation(gate: dict | None) -> str:
 
 
 def _variables(domain_dict: dict) -> str:
+    """Every variable with its codes and labels, and its description where domain.json has one."""
+    attrs = [(a, unit) for kind, unit in (("group", "household"), ("person", "person")) for a in domain_dict[kind]]
+    described = any(a.get("description") for a, _ in attrs)
     rows = []
-    for kind, unit in (("group", "household"), ("person", "person")):
-        for a in domain_dict[kind]:
-            pairs = "; ".join(f"{c} = {lab}" if c != lab else c for c, lab in zip(a["codes"], a["labels"]))
-            rows.append([a["name"], unit, a.get("description") or "", pairs])
-    return _table(["variable", "record", "description", "codes"], rows, "vars")
+    for a, unit in attrs:
+        pairs = "; ".join(f"{c} = {lab}" if c != lab else c for c, lab in zip(a["codes"], a["labels"]))
+        rows.append([a["name"], unit, *([a.get("description") or ""] if described else []), pairs])
+    return _table(["variable", "record", *(["description"] if described else []), "codes"], rows, "vars")
 
 
 def _query(domain: Domain, data: dict) -> str:
@@ -374,10 +377,11 @@ def render_report(manifest: dict, domain_dict: dict, households: pa.Table, perso
          + (f"<p>{_e(manifest['description'])}</p>" if manifest.get("description") else "")),
         ("released", "What was released", _released(manifest, data)),
         ("privacy", "Privacy guarantee", _privacy(manifest)),
-        ("tables", "Distributions by state and by PUMA",
+        ("states", "Distributions: nation and states",
          "<p>Bars: released counts of the synthetic microdata. Black whiskers: the published 90 % interval of that count as an "
-         "estimate of the confidential count, where the release has one.</p>"
-         '<div class="pick"><label>Nation or state <select id="state-select"></select></label></div><div id="state-view"></div>'
+         "estimate of the confidential count, where the release has one. The PUMAs follow in the next section.</p>"
+         '<div class="pick"><label>Nation or state <select id="state-select"></select></label></div><div id="state-view"></div>'),
+        ("pumas", "Distributions: PUMAs",
          '<div class="pick"><label>PUMA <select id="puma-select"></select></label></div><div id="puma-view"></div>'),
         ("method", "How the tables were made", _method(manifest)),
         ("query", "How to query the release", _query(domain, data)),
