@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from engine.domain import Attribute, Domain
 from engine.errors import DPReleaseError
-from tasks.publish import PARTITION_SCHEMA
+from schemas.release_schema import PARTITION_SCHEMA
 
 __all__ = ["QueryError", "Z90", "interval_ids", "node_of", "query_release"]
 
