@@ -18,7 +18,7 @@ from engine.domain import Attribute, Domain
 from schemas.release_schema import INTERVALS_SCHEMA
 from tasks.audit import AuditLog, verify_release
 from tasks.publish import read_release, write_release
-from tasks.release_report import REPORT, report_data, report_marginals
+from tasks.release_report import REPORT, render_report, report_data, report_marginals
 from tests.engine._support_testdata import random_data, small_domain
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
@@ -134,6 +134,20 @@ def test_counts_are_the_released_tables_and_intervals_match_exactly_that_count(r
     assert nodes["state"]["ST=02"]["lo"][i] is None
     # a normalised workload's rows are not intervals of the count
     assert st1["lo"][keys("state").index("persons:SEX,AGE")] is None
+
+
+def test_a_data_dictionary_in_domain_json_is_shown_and_its_absence_is_not_an_error(release):
+    rel, domain = release
+    hh, pp = read_release(rel)
+    plain = json.loads((rel / "domain.json").read_text())
+    described = json.loads(json.dumps(plain))
+    described["person"][0]["description"] = "Sex of the person"
+    page = render_report({"workload": WORKLOAD}, described, hh, pp, None, None)
+    assert "<th>description</th>" in page and "<td>Sex of the person</td>" in page
+    assert embedded_data(page)["levels"]["state"]["marginals"][3]["attrs"][0]["description"] == "Sex of the person"
+    # without descriptions (or a manifest, intervals or gate result) the page has no description column and still renders
+    bare = render_report({}, plain, hh, pp, None, None)
+    assert "<th>description</th>" not in bare and "no release-gate result" in bare
 
 
 def rendered_dom(page: Path, shot: Path | None = None, fragment: str = "") -> str:
