@@ -31,7 +31,7 @@ from engine.domain import Attribute, Domain
 from engine.queries import Workload
 from tasks.release_query import interval_ids
 
-__all__ = ["REPORT", "Marginal", "node_tables", "render_report", "report_marginals"]
+__all__ = ["REPORT", "Marginal", "node_tables", "render_report", "report_data", "report_marginals"]
 
 REPORT = "report.html"
 STATIC = Path(__file__).with_name("release_report_static")
