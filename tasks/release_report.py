@@ -240,7 +240,8 @@ def _privacy(manifest: dict) -> str:
     if inv:
         declared = inv.get("declared") or []
         items.append("Declared invariants (released exactly, outside the guarantee): "
-                     + (_e(", ".join(declared)) if declared else "none") + ". " + _e(_sentence(inv.get("public_structure", ""))) + ".")
+                     + (_e(", ".join(declared)) if declared else "none") + ". "
+                     + " ".join(_e(_sentence(inv[k])) + "." for k in ("statement", "public_structure") if inv.get(k)))
     if not items:
         items.append("The manifest of this release holds no privacy statement.")
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
