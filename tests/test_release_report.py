@@ -81,11 +81,14 @@ def network_references(page: str) -> list[str]:
     return re.findall(r"""(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}[^\s"'<>)]*""", page, re.I)
 
 
-def test_the_report_ships_hashed_and_references_no_network(release):
+def test_the_report_ships_hashed_and_references_no_network(release, tmp_path):
     rel, _ = release
     page = (rel / REPORT).read_text()
     assert REPORT in json.loads((rel / "manifest.json").read_text())["outputs"]
     assert verify_release(rel) == []
+    edited = shutil.copytree(rel, tmp_path / "edited")
+    (edited / REPORT).write_text(page.replace("unweighted", "weighted"))
+    assert any(REPORT in problem for problem in verify_release(edited))
     assert network_references(page) == []
     assert "<link" not in page and " src=" not in page
     # the negative control: a page that loads a style sheet from a CDN is caught
