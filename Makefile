@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= deploy/releases/acs2018_default.yaml
 RUN_ARGS ?=
 
-.PHONY: release test lint install plan clean-release
+.PHONY: release test lint install install-browser plan clean-release
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,16 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 install: $(BIN)/.installed
+
+# Chromium from the Debian packages, for the test that opens a release's report.html in a real browser
+# (tests/test_release_report.py). Idempotent; without apt-get or root it says so and that test is skipped.
+install-browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif ! command -v apt-get >/dev/null 2>&1; then echo "install-browser: no apt-get here; the browser test of report.html will be skipped"; \
+	elif [ "$$(id -u)" != 0 ]; then echo "install-browser: not root, cannot apt-get install chromium; the browser test of report.html will be skipped"; \
+	else DEBIAN_FRONTEND=noninteractive apt-get install -y chromium >/dev/null \
+	  || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium >/dev/null; } \
+	  || echo "install-browser: apt-get install chromium failed; the browser test of report.html will be skipped"; fi
 
 release: $(BIN)/.installed
 	$(BIN)/dprelease run $(CONFIG) $(RUN_ARGS)
@@ -31,5 +41,5 @@ lint: $(BIN)/.installed
 # TEST_ARGS="-n 0" runs it in one process.
 TEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
 
-test: $(BIN)/.installed lint
+test: $(BIN)/.installed install-browser lint
 	$(BIN)/python -m pytest $(TEST_ARGS)

@@ -27,6 +27,7 @@ from schemas.release_contract import validate_release_tables
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
 from schemas.weight_totals import WeightTotals
 from tasks.audit import AuditLog
+from tasks.release_report import REPORT, render_report
 from tasks.weights import calibrate
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +165,8 @@ def write_release(
     ``validation/gx_release.json`` (hashed in the manifest like every output); a failing gate
     raises and nothing is published. ``measurements`` (every noisy measurement of the run,
     ``tasks.measurements_table``) ships as ``measurements.parquet``, ``intervals`` (the error estimates
-    beside the released answers, ``tasks.intervals``) as ``intervals.parquet``. With ``audit``, the publish
+    beside the released answers, ``tasks.intervals``) as ``intervals.parquet``. The release report (``report.html``, ``tasks.release_report``) is rendered from
+    these tables, the domain, the gate's result and the manifest's public fields, before the hashes. With ``audit``, the publish
     event (carrying the manifest's SHA-256) is appended and the chained log is shipped as ``audit.jsonl``. The caller
     holds the run lock, so leftovers of an earlier, killed publish of this release are removed.
     ``dictionary`` (``schemas.data_dictionary``) ships in ``domain.json`` beside the domain. With
@@ -212,6 +214,8 @@ def write_release(
         for name, blob in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(blob)
+        (tmp / REPORT).write_text(render_report(manifest, domain_json, households, persons, ivs,
+                                                None if gate_result is None else json.loads(gate_result)), encoding="utf-8")
         manifest["published_at"] = datetime.now(UTC).isoformat()
         manifest["outputs"] = hash_tree(tmp)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))

@@ -44,9 +44,9 @@ import pyarrow.parquet as pq
 
 from engine.domain import Attribute, Domain
 from engine.errors import DPReleaseError
-from tasks.publish import PARTITION_SCHEMA
+from schemas.release_schema import PARTITION_SCHEMA
 
-__all__ = ["QueryError", "Z90", "node_of", "query_release", "released_nodes"]
+__all__ = ["QueryError", "Z90", "interval_ids", "node_of", "query_release", "released_nodes"]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a two-sided 90 % interval
 
@@ -186,6 +186,21 @@ def _measured(release: Path, margin: list[str], level: Level, node: str | None, 
     return pd.DataFrame({"measured": merged.wy / merged.w, "measured_sd": 1.0 / np.sqrt(merged.w)})
 
 
+def interval_ids(margin: list[str], level: Level | str, domain: Domain) -> set[str]:
+    """The ``intervals.parquet`` marginals whose cells are exactly the count of ``margin`` at
+    ``level`` (households at "group", persons at "person"): the plain workloads over those
+    attributes in any order, and for the household size also the count-of-counts histogram."""
+    group_names = {g.name for g in domain.group}
+    g = [a for a in margin if a in group_names]
+    p = [a for a in margin if a not in group_names]
+    if level == "group":
+        ids = {f"group:{','.join(x)}|" for x in itertools.permutations(g)} if not p else set()
+        if margin == [domain.size_attribute]:
+            ids.add("size_histogram")
+        return ids
+    return {f"person:{','.join(x)}|{','.join(y)}" for x in itertools.permutations(g) for y in itertools.permutations(p)}
+
+
 def _released_intervals(release: Path, margin: list[str], level: Level, node: str | None, domain: Domain) -> pd.DataFrame | None:
     """The error estimates of the released answer of exactly this marginal at this node from
     ``intervals.parquet``, indexed by canonical cell key: ``count_se``, ``count_lower_90``,
@@ -193,15 +208,7 @@ def _released_intervals(release: Path, margin: list[str], level: Level, node: st
     path = release / "intervals.parquet"
     if node is None or not path.exists():
         return None
-    group_names = {g.name for g in domain.group}
-    g = [a for a in margin if a in group_names]
-    p = [a for a in margin if a not in group_names]
-    if level == "group":
-        ids = {f"group:{','.join(x)}|" for x in itertools.permutations(g)}
-        if margin == [domain.size_attribute]:
-            ids.add("size_histogram")
-    else:
-        ids = {f"person:{','.join(x)}|{','.join(y)}" for x in itertools.permutations(g) for y in itertools.permutations(p)}
+    ids = interval_ids(margin, level, domain)
     t = pq.read_table(path, columns=["node", "marginal", "cell_codes", "se", "lo90", "hi90"],
                       filters=[("node", "=", node)]).to_pandas()
     t = t[t.marginal.isin(ids)]

@@ -130,6 +130,11 @@ def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
         for size, n in by.loc[node].items():
             assert got.get((puma, size), 0) == n
     assert main(["audit", "verify", str(rel)]) == 0
+    # the release report: hashed like every output, offline, and drawn by a real browser (where one is installed)
+    from tests.test_release_report import check_release_report
+
+    assert "report.html" in manifest["outputs"]
+    check_release_report(rel, tmp_path)
     # work directory is owner-only; gate result kept with the run
     work = tmp_path / "work" / "e2e"
     # measurements.parquet: hashed in the manifest, and the run's measurement store one for one
