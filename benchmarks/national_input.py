@@ -3,7 +3,10 @@
 52 target states (the 50 states, DC and Puerto Rico, by their FIPS codes) are filled with copies
 of the shared states' person records, re-keyed: each copy gets the target's ST, new PUMA codes
 (unique within the target) and new SERIALNO numbers (unique in the whole input, the HU/GQ kind
-kept), the records themselves unchanged. ``--pumas-per-state`` sets the size: about 46 gives the
+kept) in survey year 2019, the records themselves unchanged. The copies stand for another year's
+files of their target states: the public inputs are the 12 original 2018 files, and a public file
+of a private state's own survey year would be refused as not independent
+(``schemas.input_independence``). ``--pumas-per-state`` sets the size: about 46 gives the
 1-year PUMS's ~2,400 PUMAs and ~1.3 M households; ``--scale K`` instead builds K copies of the 12
 states (1×, 4×, 16× of the shared data) for the scale curve.
 
@@ -48,6 +51,7 @@ TARGETS = {  # FIPS code: USPS abbreviation, the 50 states, DC and Puerto Rico
     "50": "vt", "51": "va", "53": "wa", "54": "wv", "55": "wi", "56": "wy", "72": "pr",
 }
 KEYS = ["RT", "SERIALNO", "SPORDER", "ST", "PUMA"]
+SURVEY_YEAR = "2019"  # the copies' SERIALNO prefix: not the public files' 2018 (module docstring)
 
 
 def columns() -> list[str]:
@@ -111,7 +115,7 @@ def build(data: Path, out: Path, pumas_per_state: int | None, scale: int | None)
             kind = pd.Series(uniq.str.slice(4, 6)).to_numpy()[serial_index]
             numbers = serial_index + next_serial
             next_serial += len(uniq)
-            df["SERIALNO"] = "2018" + pd.Series(kind, index=df.index) + pd.Series(numbers, index=df.index).astype(str).str.zfill(7)
+            df["SERIALNO"] = SURVEY_YEAR + pd.Series(kind, index=df.index) + pd.Series(numbers, index=df.index).astype(str).str.zfill(7)
             df["ST"] = fips
             parts.append(df)
         state = pd.concat(parts, ignore_index=True)

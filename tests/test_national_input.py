@@ -45,7 +45,7 @@ def test_two_copies_of_the_shared_states(national, data_root, tmp_path):
     # serials unique across the input (households of different copies never merge), kind kept
     hh = allp.drop_duplicates("SERIALNO")
     assert len(hh) == summary["households"] == 2 * sources.SERIALNO.nunique()
-    assert allp.SERIALNO.str.fullmatch(r"2018(HU|GQ)\d{7}").all()
+    assert allp.SERIALNO.str.fullmatch(national.SURVEY_YEAR + r"(HU|GQ)\d{7}").all()
     for name, df in frames.items():
         fips = df.ST.iloc[0]
         assert (df.ST == fips).all() and national.TARGETS[fips] == name[len("csv_p"):-len(".zip")]
@@ -59,8 +59,13 @@ def test_two_copies_of_the_shared_states(national, data_root, tmp_path):
     # the re-keyed geography is declared beside the input: its PUMA list is exactly the files' PUMAs
     from schemas.release_config import load_config
 
-    declared = load_config(tmp_path / "out" / "national.yaml").puma_list()
+    loaded = load_config(tmp_path / "out" / "national.yaml")
+    declared = loaded.puma_list()
     assert set(declared.pumas) == {(int(st), int(p)) for st, p in allp[["ST", "PUMA"]].drop_duplicates().itertuples(index=False)}
+    # the copies are another survey year than the public originals: the inputs pass the pre-flight checks
+    from flows.preflight import preflight
+
+    assert len(preflight(loaded)) == 36
 
 
 def test_it_refuses_to_write_inside_the_repository(national):
