@@ -56,7 +56,9 @@ class InputIssue:
             where += f", line {self.line}"
         if self.column:
             where += f", column {self.column}"
-        more = f" ({self.count} records)" if self.count > 1 else ""
+        # the exact number of records concerned is a count of the confidential file: it stays in the
+        # structured issue (``to_dict``, kept in the owner-only work directory), not in the text
+        more = " (and more records like it)" if self.count > 1 else ""
         return f"{where}: {self.message}{more}"
 
     def to_dict(self) -> dict:

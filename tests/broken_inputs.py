@@ -190,7 +190,7 @@ class Broken:
     message: str  # the exact message
     keywords: tuple[str, ...]  # words the message must contain (also checked case-insensitively)
     secrets: tuple[str, ...] = ()  # values that must never appear in a message
-    count: int = 1  # records concerned (shown as "(N records)" when above 1)
+    count: int = 1  # records concerned (the message says "and more records like it" when above 1, never the count)
     layout: str = "auto"
     housing: Path | None = None
     extra: dict = field(default_factory=dict)
@@ -220,7 +220,7 @@ class Broken:
             where += f", line {self.line}"
         if self.column:
             where += f", column {self.column}"
-        more = f" ({self.count} records)" if self.count > 1 else ""
+        more = " (and more records like it)" if self.count > 1 else ""
         return f"INVALID {where}: {self.message}{more}\n"
 
 

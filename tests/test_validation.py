@@ -177,3 +177,15 @@ def test_zip_ignores_readme_folders_and_macos_forks(tmp_path, domain_spec):
     members = {f"csv_pvt/{bi.VT_MEMBER}": data, "ACS2018_PUMS_README.pdf": b"%PDF-1.4", "__MACOSX/": b"", f"__MACOSX/csv_pvt/._{bi.VT_MEMBER}": b"\x00\x05\x16\x07"}
     got = read_person_file(bi.write_zip(tmp_path / "csv_pvt.zip", members), domain_spec)
     assert got.name == f"csv_pvt.zip:csv_pvt/{bi.VT_MEMBER}" and len(got.line) == len(bi.base_2018().rows)
+
+
+def test_an_issue_text_never_carries_the_count_of_records():
+    """How many records of a confidential file share a problem is a count of that file: it stays in
+    the structured issue (the owner-only validation record), not in the text that reaches the
+    console, an exception or Prefect's database."""
+    from schemas.pums_reader import InputIssue
+
+    issue = InputIssue("csv_pvt.zip:psam_p50.csv", "implausible value: expected an integer 0..99", line=75, column="AGEP", count=1723)
+    assert "1723" not in str(issue) and str(issue).endswith("(and more records like it)")
+    assert issue.to_dict()["count"] == 1723
+    assert not str(InputIssue("a.csv", "bad", line=2, column="SEX")).endswith("like it)")
