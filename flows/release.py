@@ -338,7 +338,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         "release": cfg.name,
         "description": cfg.description,
         "config": cfg.model_dump(mode="json"),
-        "inputs": [input_identity(r, paths.run_dir) for r in reports],
+        "inputs": [input_identity(read_report(r), paths.run_dir) for r in reports],
         "code": code_version(),
         "libraries": library_versions(),
         "privacy_unit": cfg.privacy_unit,

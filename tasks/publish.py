@@ -85,7 +85,8 @@ def keyed_file_hash(path: Path, key: bytes) -> str:
 
 def input_identity(record: dict, run_dir: Path) -> dict:
     """How the manifest names an input: public inputs by SHA-256; confidential (private) inputs by
-    HMAC-SHA256 under the secret input key (a bare hash would let anyone test a guess)."""
+    HMAC-SHA256 under the secret input key (a bare hash would let anyone test a guess).
+    ``record``: the input's ingest report (``tasks.ingest.read_report``), kept in the work directory."""
     out = {k: record[k] for k in ("role", "file", "layout")}
     if record["role"] == "public":
         out["sha256"] = record["sha256"]
