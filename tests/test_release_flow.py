@@ -1,11 +1,15 @@
 """End to end: the release flow on real data (Prefect + a local Dask cluster). Slow: few tests."""
 
+import contextlib
 import json
+import logging
 import os
+import sqlite3
 import stat
 import zipfile
 from datetime import UTC, datetime
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.confidential_scan import Needles, findings, non_confidential_work_files, prefect_database, scan_database, scan_files, settle_prefect
 from tests.conftest import ACS2018
 
 pytestmark = pytest.mark.flow
@@ -66,12 +71,22 @@ def flow_run_parameters(since) -> list[str]:
         return [json.dumps(r.parameters, default=str) for r in _flow_runs_since(client, since)]
 
 
-def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
+def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monkeypatch):
     from flows.cli import main
 
     cfg = small_config(tmp_path, data_root)
     started = datetime.now(UTC)
-    assert main(["run", str(cfg)]) == 0
+    # the run logs at dprelease's default level (INFO; the suite's is WARNING), in this process and
+    # in the Dask workers it spawns, so that the scan below reads every line an operator would
+    monkeypatch.setenv("PREFECT_LOGGING_LEVEL", "INFO")
+    prefect_logger = logging.getLogger("prefect")
+    level = prefect_logger.level
+    prefect_logger.setLevel(logging.INFO)
+    try:
+        assert main(["run", str(cfg)]) == 0
+    finally:
+        prefect_logger.setLevel(level)
+    console = [capfd.readouterr()]
     rel = tmp_path / "releases" / "e2e"
     manifest = json.loads((rel / "manifest.json").read_text())
     assert manifest["synthesizer"]["name"] == "prior_update"
@@ -161,7 +176,8 @@ def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
     assert set(marg.marginal[marg.level == "puma"]) >= set(manifest["workload"]["puma"])
     assert set(marg.marginal[marg.level == "state"]) == set(manifest["workload"]["state"])
     assert main(["query", str(rel), "--margin", "NP", "--level", "group", "--where", "ST=50"]) == 0
-    assert "count_lower_90" in capsys.readouterr().out
+    console.append(capfd.readouterr())
+    assert "count_lower_90" in console[-1].out
     assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
     assert json.loads((work / "validation.json").read_text())["success"] is True
     # no confidential identifier or record reaches the release or a Prefect artifact
@@ -186,7 +202,23 @@ def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
         assert not any(r in b for r in records)
     # a finished release is never overwritten
     assert main(["run", str(cfg)]) == 2
-    assert "never overwritten" in capsys.readouterr().err
+    console.append(capfd.readouterr())
+    assert "never overwritten" in console[-1].err
+    # nothing derived from the private input where an operator reads: every table of Prefect's
+    # database (parameters, task runs, logs, artifacts, events), Prefect's home (result storage,
+    # server log), the console, the release and the work directory's non-confidential files
+    db = prefect_database()
+    assert db is not None and db.exists(), "the scan needs the local Prefect server's SQLite database"
+    settle_prefect(db, started)
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:  # the run's log lines are among what is scanned
+        assert con.execute("SELECT count(*) FROM log WHERE message LIKE 'published % synthetic households%'").fetchone()[0] >= 1
+    published = {(int(st), int(pu)): int(n) for (st, pu), n in hh.groupby(["ST", "PUMA"]).size().items()}
+    needles = Needles.of_private_input(work, published, {len(hh), persons.num_rows, *(int(n) for n in hh.groupby("ST").size())})
+    assert needles.hashes and len(needles.puma_counts) >= 2 and needles.totals  # enough left to find
+    home = sorted(p for p in Path(os.environ["PREFECT_HOME"]).rglob("*") if p.is_file())
+    leaks = scan_database(db, needles) + scan_files(home + non_confidential_work_files(work) + sorted(p for p in rel.rglob("*") if p.is_file()), needles)
+    leaks += findings("console", "\n".join(c.out + c.err for c in console), needles)
+    assert not leaks, leaks
 
 
 def test_bad_input_fails_the_run_and_publishes_nothing(tmp_path, data_root, capsys):

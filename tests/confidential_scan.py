@@ -1,0 +1,211 @@
+"""Scan what an operator can read after a run for values derived from the private input.
+
+An operator reads Prefect's database (flow-run parameters, task-run states, logs, artifacts,
+events: every table), Prefect's home (result storage, server logs), the console, the release
+directory and the work directory's non-confidential files. None of them may hold:
+
+- a private input's plain SHA-256 (hex): whoever knows every record of a file but one could
+  confirm the missing one by hashing candidates; the manifest names private inputs by a keyed hash;
+- the private input's exact per-PUMA household counts, searched as a group: every one of them
+  among the integers of one JSON container (its items and its items' items: a list of counts, a
+  {node: count} map or a list of {node, households} records) or of one line of plain text. One
+  count alone is not searched: PUMA counts are a few hundred households, and numbers of that size
+  turn up everywhere (ports, sizes, indices) without meaning anything;
+- its exact totals (households and persons of the state and the nation, the ingest report's
+  counts), searched alone only from 1000 up: a four-digit number standing as a whole token (not
+  part of a word, a hash, an identifier or a date, not zero-padded) is rare enough in these texts
+  that finding one is a leak, not a coincidence.
+
+A confidential number that the release itself publishes as a noisy statistic (the noise can land
+on the exact value) cannot be told from the published one: those are left out of the search
+(:meth:`Needles.of_private_input`'s ``published``).
+
+Binary content (parquet, npz, the database's own pages) is searched for the hash only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+# a whole decimal number: not inside a word, an identifier (UUID segments), a hash, a decimal
+# fraction or a date (``2026-11-27``), never zero-padded (PUMA codes such as ``00640``)
+_INTEGER = re.compile(r"(?<![\w.\-])(?:0|[1-9]\d*)(?![\w.\-])")
+DISTINCTIVE = 1000
+
+# the work directory's confidential files (exact counts, the plain hash, the private rows):
+# written owner-only and never published, so not searched
+CONFIDENTIAL_WORK_FILES = ("inputs", "qa", "validation.json", "run_summary.json", "gx_inputs.json")
+
+
+@dataclass(frozen=True)
+class Needles:
+    hashes: tuple[str, ...]
+    puma_counts: tuple[int, ...]
+    totals: frozenset[int]
+
+    @classmethod
+    def of_private_input(cls, work_dir: Path, published: dict[tuple[int, int], int], published_totals: set[int]) -> Needles:
+        """The confidential values of a run's private inputs, from its work directory: the ingest
+        reports (hash, counts) and the encoded private households (per-PUMA counts).
+        ``published``: the release's household count per PUMA node (ST, PUMA); ``published_totals``:
+        the release's other published counts (state, nation, persons)."""
+        from engine.hierarchical_data import HierarchicalData
+
+        reports = [json.loads(p.read_text()) for p in sorted((work_dir / "inputs").glob("private-[0-9]*.json"))]
+        data = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted((work_dir / "inputs").glob("private-[0-9]*.npz"))])
+        pumas, counts = np.unique(data.geo[:, :2], axis=0, return_counts=True)
+        exact = {(int(st), int(pu)): int(n) for (st, pu), n in zip(pumas, counts)}
+        _, per_state = np.unique(data.geo[:, 0], return_counts=True)
+        totals = {int(v) for r in reports for v in r.values() if _is_int(v)}
+        totals |= {data.n_households, data.n_persons, *(int(n) for n in per_state)}
+        return cls(
+            hashes=tuple(r["sha256"].lower() for r in reports),
+            puma_counts=tuple(n for node, n in sorted(exact.items()) if published.get(node) != n),
+            totals=frozenset(t for t in totals if t >= DISTINCTIVE and t not in published_totals),
+        )
+
+
+def integers(text: str) -> list[int]:
+    return [int(m) for m in _INTEGER.findall(text)]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _json_groups(value) -> Iterator[list[int]]:
+    """The integers of every JSON container (its items and its items' items), and those of every
+    string in it read as text."""
+    if isinstance(value, str):
+        yield from number_groups(value)
+        return
+    items = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else []
+    if not items:
+        return
+    group = [v for v in items if _is_int(v)]
+    for child in items:
+        inner = list(child.values()) if isinstance(child, dict) else child if isinstance(child, list) else []
+        group += [v for v in inner if _is_int(v)]
+    yield group
+    for child in items:
+        yield from _json_groups(child)
+
+
+def _parse_json(text: str):
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def number_groups(text: str) -> Iterator[list[int]]:
+    """Groups of integers that belong together: JSON containers (a whole JSON text, or a JSON
+    line) or lines of plain text."""
+    doc = _parse_json(text)
+    if doc is not None:
+        yield from _json_groups(doc)
+        return
+    for line in text.splitlines():
+        doc = _parse_json(line)
+        yield from (_json_groups(doc) if doc is not None else [integers(line)])
+
+
+def _holds(group: list[int], counts: Counter) -> bool:
+    have = Counter(group)
+    return all(have[k] >= n for k, n in counts.items())
+
+
+def findings(where: str, content: str | bytes, needles: Needles) -> list[str]:
+    """What of ``needles`` ``content`` holds, one 'where: what' line each (never the value)."""
+    raw = content if isinstance(content, bytes) else content.encode()
+    out = []
+    if any(h.encode() in raw.lower() for h in needles.hashes):
+        out.append(f"{where}: a private input's plain SHA-256")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return out  # binary: only the hash is meaningful
+    if needles.totals & set(integers(text)):
+        out.append(f"{where}: an exact total of the private input")
+    counts = Counter(needles.puma_counts)
+    if counts and any(_holds(g, counts) for g in number_groups(text)):
+        out.append(f"{where}: the exact per-PUMA household counts of the private input")
+    return out
+
+
+def scan_database(db: Path, needles: Needles) -> list[str]:
+    """Every text and blob value of every table of a SQLite database (opened read-only)."""
+    out = []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            rows = con.execute(f'SELECT * FROM "{table}"')
+            columns = [d[0] for d in rows.description]
+            for row in rows:
+                for column, value in zip(columns, row):
+                    if isinstance(value, str | bytes):
+                        out += findings(f"{db.name}: {table}.{column}", value, needles)
+    finally:
+        con.close()
+    return sorted(set(out))
+
+
+def scan_files(files: Iterable[Path], needles: Needles) -> list[str]:
+    return [f for p in files for f in findings(str(p), p.read_bytes(), needles)]
+
+
+def non_confidential_work_files(work_dir: Path) -> list[Path]:
+    """The work directory's files outside :data:`CONFIDENTIAL_WORK_FILES`."""
+    return [p for p in sorted(work_dir.rglob("*"))
+            if p.is_file() and p.relative_to(work_dir).parts[0] not in CONFIDENTIAL_WORK_FILES]
+
+
+def prefect_database() -> Path | None:
+    """The SQLite file of the Prefect server this process talks to, when it is a local one."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    url = url.get_secret_value() if url is not None else ""
+    prefix = "sqlite+aiosqlite:///"
+    return Path(url.removeprefix(prefix)) if url.startswith(prefix) and ":memory:" not in url else None
+
+
+def settle_prefect(db: Path, since: datetime, timeout: float = 60.0) -> None:
+    """Wait until Prefect has stored what the flow runs started after ``since`` sent: this
+    process's queued logs and events are sent, then the server's event persister (it writes in
+    batches, seconds apart) has stored each run's final-state event — the last event of a run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=timeout, at_exit=False)
+    EventsWorker.drain_all(timeout=timeout, at_exit=False)
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)))
+    final = {(f"prefect.flow-run.{r.state.name}", f"prefect.flow-run.{r.id}") for r in runs if r.state is not None and r.state.is_final()}
+    assert final, "no finished flow run to wait for"
+    deadline = time.monotonic() + timeout
+    while True:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            stored = set(con.execute("SELECT event, resource_id FROM events WHERE event LIKE 'prefect.flow-run.%'"))
+        finally:
+            con.close()
+        if final <= stored:
+            return
+        assert time.monotonic() < deadline, f"Prefect stored {len(final & stored)} of {len(final)} final-state events in {timeout:.0f}s"
+        time.sleep(0.5)
