@@ -25,6 +25,7 @@ Binary content (parquet, npz, the database's own pages) is searched for the hash
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
@@ -32,7 +33,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -145,21 +145,48 @@ def findings(where: str, content: str | bytes, needles: Needles) -> list[str]:
     return out
 
 
-def scan_database(db: Path, needles: Needles) -> list[str]:
-    """Every text and blob value of every table of a SQLite database (opened read-only)."""
+def _read_only(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def release_runs(con: sqlite3.Connection, config_path: str) -> tuple[set[str], set[str]]:
+    """(the ids of the ``dprelease-release`` flow runs of ``config_path``, their subflow runs and
+    all their task runs; every flow-run and task-run id in Prefect's database)."""
+    flows = {r[0] for r in con.execute("SELECT id, parameters FROM flow_run") if json.loads(r[1] or "{}").get("config_path") == config_path}
+    task_parent = dict(con.execute("SELECT id, flow_run_id FROM task_run").fetchall())
+    flow_parent = dict(con.execute("SELECT id, parent_task_run_id FROM flow_run").fetchall())
+    while True:
+        tasks = {t for t, f in task_parent.items() if f in flows}
+        grown = flows | {f for f, t in flow_parent.items() if t in tasks}
+        if grown == flows:
+            return flows | tasks, set(task_parent) | set(flow_parent)
+        flows = grown
+
+
+def scan_database(db: Path, needles: Needles, config_path: str | None = None) -> list[str]:
+    """Every text and blob value of every table of a SQLite database (opened read-only).
+
+    With ``config_path`` (Prefect's database shared by the test session's runs), rows that name a
+    flow or task run of another release run are left out: another test's release of the same
+    input publishes noisy counts that may equal this input's exact ones by chance. Rows that name
+    no run (flows, blocks, variables, ...) are scanned."""
     out = []
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
+    with contextlib.closing(_read_only(db)) as con:
+        own, runs = release_runs(con, config_path) if config_path is not None else (set(), set())
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         for table in tables:
             rows = con.execute(f'SELECT * FROM "{table}"')
             columns = [d[0] for d in rows.description]
             for row in rows:
-                for column, value in zip(columns, row):
-                    if isinstance(value, str | bytes):
-                        out += findings(f"{db.name}: {table}.{column}", value, needles)
-    finally:
-        con.close()
+                texts = [(c, v) for c, v in zip(columns, row) if isinstance(v, str | bytes)]
+                named = {u for _, v in texts if isinstance(v, str) for u in _UUID.findall(v)} & runs
+                if named and not named & own:
+                    continue
+                for column, value in texts:
+                    out += findings(f"{db.name}: {table}.{column}", value, needles)
     return sorted(set(out))
 
 
@@ -183,28 +210,24 @@ def prefect_database() -> Path | None:
     return Path(url.removeprefix(prefix)) if url.startswith(prefix) and ":memory:" not in url else None
 
 
-def settle_prefect(db: Path, since: datetime, timeout: float = 60.0) -> None:
-    """Wait until Prefect has stored what the flow runs started after ``since`` sent: this
+def settle_prefect(db: Path, config_path: str, timeout: float = 60.0) -> None:
+    """Wait until Prefect has stored what the finished release runs of ``config_path`` sent: this
     process's queued logs and events are sent, then the server's event persister (it writes in
-    batches, seconds apart) has stored each run's final-state event — the last event of a run."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+    batches, seconds apart) has stored the final-state event of each of their flow runs — a flow
+    run's last event."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
     APILogWorker.drain_all(timeout=timeout, at_exit=False)
     EventsWorker.drain_all(timeout=timeout, at_exit=False)
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)))
-    final = {(f"prefect.flow-run.{r.state.name}", f"prefect.flow-run.{r.id}") for r in runs if r.state is not None and r.state.is_final()}
-    assert final, "no finished flow run to wait for"
     deadline = time.monotonic() + timeout
     while True:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
+        with contextlib.closing(_read_only(db)) as con:
+            own, _ = release_runs(con, config_path)
+            final = {(f"prefect.flow-run.{name}", f"prefect.flow-run.{i}") for i, name, kind in con.execute("SELECT id, state_name, state_type FROM flow_run")
+                     if i in own and kind in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")}
             stored = set(con.execute("SELECT event, resource_id FROM events WHERE event LIKE 'prefect.flow-run.%'"))
-        finally:
-            con.close()
+        assert final, f"no finished flow run of {config_path} in Prefect's database"
         if final <= stored:
             return
         assert time.monotonic() < deadline, f"Prefect stored {len(final & stored)} of {len(final)} final-state events in {timeout:.0f}s"

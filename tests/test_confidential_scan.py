@@ -102,3 +102,29 @@ def test_counts_the_release_publishes_are_left_out_of_the_search(tmp_path, data_
     less = Needles.of_private_input(paths.run_dir, published={node: n}, published_totals={report["households_encoded"]})
     assert less.puma_counts == full.puma_counts[1:]
     assert less.totals == full.totals - {report["households_encoded"]}
+
+
+def test_rows_of_other_release_runs_are_left_out_and_rows_of_this_one_are_not(tmp_path):
+    """In the test session's shared Prefect database, rows naming only another release's runs are
+    skipped (its noisy counts may equal this input's exact ones); rows of this release's runs —
+    the top-level run, a subflow run below it, their task runs — and rows naming no run are scanned."""
+    mine, sub, task, other = (f"{i:08x}-0000-4000-8000-000000000000" for i in range(1, 5))
+    db = tmp_path / "prefect.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE flow_run (id TEXT, parameters TEXT, parent_task_run_id TEXT)")
+    con.execute("CREATE TABLE task_run (id TEXT, flow_run_id TEXT)")
+    con.execute("CREATE TABLE log (flow_run_id TEXT, task_run_id TEXT, message TEXT)")
+    con.executemany("INSERT INTO flow_run VALUES (?, ?, ?)", [(mine, json.dumps({"config_path": "/a/release.yaml"}), None),
+                                                             (sub, "{}", task), (other, json.dumps({"config_path": "/b/release.yaml"}), None)])
+    con.execute("INSERT INTO task_run VALUES (?, ?)", (task, mine))
+    con.execute("INSERT INTO log VALUES (?, NULL, 'published 2714 synthetic households')", (other,))
+    con.commit()
+    assert scan_database(db, NEEDLES, "/a/release.yaml") == []
+    assert scan_database(db, NEEDLES) == ["prefect.db: log.message: an exact total of the private input"]  # no filter: found
+    for row in [(sub, None), (None, task), (None, None)]:
+        con.execute("INSERT INTO log VALUES (?, ?, 'persons read: 6436')", row)
+        con.commit()
+        assert scan_database(db, NEEDLES, "/a/release.yaml") == ["prefect.db: log.message: an exact total of the private input"], row
+        con.execute("DELETE FROM log WHERE message LIKE 'persons%'")
+        con.commit()
+    con.close()

@@ -209,14 +209,14 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     # server log), the console, the release and the work directory's non-confidential files
     db = prefect_database()
     assert db is not None and db.exists(), "the scan needs the local Prefect server's SQLite database"
-    settle_prefect(db, started)
+    settle_prefect(db, str(cfg))
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:  # the run's log lines are among what is scanned
         assert con.execute("SELECT count(*) FROM log WHERE message LIKE 'published % synthetic households%'").fetchone()[0] >= 1
     published = {(int(st), int(pu)): int(n) for (st, pu), n in hh.groupby(["ST", "PUMA"]).size().items()}
     needles = Needles.of_private_input(work, published, {len(hh), persons.num_rows, *(int(n) for n in hh.groupby("ST").size())})
     assert needles.hashes and len(needles.puma_counts) >= 2 and needles.totals  # enough left to find
     home = sorted(p for p in Path(os.environ["PREFECT_HOME"]).rglob("*") if p.is_file())
-    leaks = scan_database(db, needles) + scan_files(home + non_confidential_work_files(work) + sorted(p for p in rel.rglob("*") if p.is_file()), needles)
+    leaks = scan_database(db, needles, str(cfg)) + scan_files(home + non_confidential_work_files(work) + sorted(p for p in rel.rglob("*") if p.is_file()), needles)
     leaks += findings("console", "\n".join(c.out + c.err for c in console), needles)
     assert not leaks, leaks
 
