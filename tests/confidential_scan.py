@@ -25,8 +25,10 @@ Binary content (parquet, npz, the database's own pages) is searched for the hash
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import pickle
 import re
 import sqlite3
 import time
@@ -192,6 +194,31 @@ def scan_database(db: Path, needles: Needles, config_path: str | None = None) ->
 
 def scan_files(files: Iterable[Path], needles: Needles) -> list[str]:
     return [f for p in files for f in findings(str(p), p.read_bytes(), needles)]
+
+
+def stored_result(path: Path) -> bytes | None:
+    """The pickle in a file of Prefect's result storage (a failed run's exception, a persisted
+    result: base64, alone or as a JSON record's ``result``), or None."""
+    raw = path.read_bytes()
+    doc = _parse_json(raw.decode(errors="replace"))
+    payload = doc.get("result") if isinstance(doc, dict) else raw
+    try:
+        blob = base64.b64decode(payload, validate=True)
+    except (TypeError, ValueError):
+        return None
+    return blob if blob.startswith(b"\x80") else None  # a pickle starts with its protocol opcode
+
+
+def scan_prefect_home(home: Path, needles: Needles) -> list[str]:
+    """Every file of Prefect's home (the database's own pages, server logs, result storage); a
+    stored result is read as what it holds (its object's repr), not as base64."""
+    files = sorted(p for p in home.rglob("*") if p.is_file())
+    out = scan_files(files, needles)
+    for p in files:
+        blob = stored_result(p)
+        if blob is not None:
+            out += findings(f"{p} (stored result)", repr(pickle.loads(blob)), needles)
+    return out
 
 
 def non_confidential_work_files(work_dir: Path) -> list[Path]:

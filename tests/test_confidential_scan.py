@@ -2,10 +2,12 @@
 and files: it finds each kind of leak it searches for, and numbers that only look alike are not
 taken for one. The end-to-end scan of a real run is in tests/test_release_flow.py."""
 
+import base64
 import json
+import pickle
 import sqlite3
 
-from tests.confidential_scan import Needles, findings, scan_database, scan_files
+from tests.confidential_scan import Needles, findings, scan_database, scan_files, scan_prefect_home
 from tests.test_release_flow import small_config
 
 PUMAS = {(50, 100): 640, (50, 200): 756, (50, 300): 627, (50, 400): 691}
@@ -128,3 +130,15 @@ def test_rows_of_other_release_runs_are_left_out_and_rows_of_this_one_are_not(tm
         con.execute("DELETE FROM log WHERE message LIKE 'persons%'")
         con.commit()
     con.close()
+
+
+def test_a_stored_result_is_read_as_the_object_it_holds(tmp_path):
+    """Prefect keeps a failed run's exception (and any persisted result) as base64 of a pickle in
+    its result storage: the scan reads the exception's text, not the base64."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    (storage / "a").write_bytes(base64.b64encode(pickle.dumps(RuntimeError("6436 persons read"))))
+    (storage / "b").write_text(json.dumps({"metadata": {}, "result": base64.b64encode(pickle.dumps(["e3" * 32])).decode()}))
+    (storage / "c").write_bytes(base64.b64encode(pickle.dumps(RuntimeError("nothing confidential"))))
+    assert scan_prefect_home(tmp_path, NEEDLES) == [f"{storage / 'a'} (stored result): an exact total of the private input",
+                                                    f"{storage / 'b'} (stored result): a private input's plain SHA-256"]

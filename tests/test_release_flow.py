@@ -17,7 +17,16 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.confidential_scan import Needles, findings, non_confidential_work_files, prefect_database, scan_database, scan_files, settle_prefect
+from tests.confidential_scan import (
+    Needles,
+    findings,
+    non_confidential_work_files,
+    prefect_database,
+    scan_database,
+    scan_files,
+    scan_prefect_home,
+    settle_prefect,
+)
 from tests.conftest import ACS2018
 
 pytestmark = pytest.mark.flow
@@ -215,8 +224,8 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     published = {(int(st), int(pu)): int(n) for (st, pu), n in hh.groupby(["ST", "PUMA"]).size().items()}
     needles = Needles.of_private_input(work, published, {len(hh), persons.num_rows, *(int(n) for n in hh.groupby("ST").size())})
     assert needles.hashes and len(needles.puma_counts) >= 2 and needles.totals  # enough left to find
-    home = sorted(p for p in Path(os.environ["PREFECT_HOME"]).rglob("*") if p.is_file())
-    leaks = scan_database(db, needles, str(cfg)) + scan_files(home + non_confidential_work_files(work) + sorted(p for p in rel.rglob("*") if p.is_file()), needles)
+    leaks = scan_database(db, needles, str(cfg)) + scan_prefect_home(Path(os.environ["PREFECT_HOME"]), needles)
+    leaks += scan_files(non_confidential_work_files(work) + sorted(p for p in rel.rglob("*") if p.is_file()), needles)
     leaks += findings("console", "\n".join(c.out + c.err for c in console), needles)
     assert not leaks, leaks
 
