@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import pickle
 import re
 import sqlite3
@@ -202,23 +203,25 @@ def stored_result(path: Path) -> bytes | None:
     raw = path.read_bytes()
     doc = _parse_json(raw.decode(errors="replace"))
     payload = doc.get("result") if isinstance(doc, dict) else raw
-    try:
-        blob = base64.b64decode(payload, validate=True)
-    except (TypeError, ValueError):
+    if not isinstance(payload, str | bytes):
+        return None
+    try:  # base64 in lines (``base64.encodebytes``)
+        blob = base64.b64decode(b"".join((payload.encode() if isinstance(payload, str) else payload).split()), validate=True)
+    except ValueError:
         return None
     return blob if blob.startswith(b"\x80") else None  # a pickle starts with its protocol opcode
 
 
-def scan_prefect_home(home: Path, needles: Needles) -> list[str]:
+def scan_prefect_home(home: Path, needles: Needles) -> tuple[list[str], int]:
     """Every file of Prefect's home (the database's own pages, server logs, result storage); a
-    stored result is read as what it holds (its object's repr), not as base64."""
+    stored result is read as what it holds (its object's repr), not as base64. Returns the
+    findings and the number of stored results read."""
     files = sorted(p for p in home.rglob("*") if p.is_file())
     out = scan_files(files, needles)
-    for p in files:
-        blob = stored_result(p)
-        if blob is not None:
-            out += findings(f"{p} (stored result)", repr(pickle.loads(blob)), needles)
-    return out
+    results = [(p, blob) for p in files if (blob := stored_result(p)) is not None]
+    for p, blob in results:
+        out += findings(f"{p} (stored result)", repr(pickle.loads(blob)), needles)
+    return out, len(results)
 
 
 def non_confidential_work_files(work_dir: Path) -> list[Path]:
@@ -227,12 +230,24 @@ def non_confidential_work_files(work_dir: Path) -> list[Path]:
             if p.is_file() and p.relative_to(work_dir).parts[0] not in CONFIDENTIAL_WORK_FILES]
 
 
-def prefect_database() -> Path | None:
-    """The SQLite file of the Prefect server this process talks to, when it is a local one."""
-    from prefect.settings import get_current_settings
+def prefect_server_home() -> Path:
+    """The Prefect home of the server this process talks to: the test session's shared server's
+    (tests/conftest.py), else this process's own (its temporary server's)."""
+    from tests.conftest import _SHARED_SERVER_ENV, SHARED_SERVER_HOME_ENV
 
-    url = get_current_settings().server.database.connection_url
-    url = url.get_secret_value() if url is not None else ""
+    shared = os.environ.get(_SHARED_SERVER_ENV)
+    if shared and os.environ.get("PREFECT_API_URL") == shared:
+        return Path(os.environ[SHARED_SERVER_HOME_ENV])
+    return Path(os.environ["PREFECT_HOME"])
+
+
+def prefect_database() -> Path | None:
+    """The SQLite file of the Prefect server this process talks to: the connection URL in the
+    environment (the server inherits it), else Prefect's default database in the server's home;
+    None for a database that is not a local SQLite file."""
+    url = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL")
+    if not url:
+        return prefect_server_home() / "prefect.db"
     prefix = "sqlite+aiosqlite:///"
     return Path(url.removeprefix(prefix)) if url.startswith(prefix) and ":memory:" not in url else None
 

@@ -137,8 +137,8 @@ def test_a_stored_result_is_read_as_the_object_it_holds(tmp_path):
     its result storage: the scan reads the exception's text, not the base64."""
     storage = tmp_path / "storage"
     storage.mkdir()
-    (storage / "a").write_bytes(base64.b64encode(pickle.dumps(RuntimeError("6436 persons read"))))
+    (storage / "a").write_bytes(base64.encodebytes(pickle.dumps(RuntimeError("6436 persons read " + "x" * 100))))  # in lines, as Prefect writes
     (storage / "b").write_text(json.dumps({"metadata": {}, "result": base64.b64encode(pickle.dumps(["e3" * 32])).decode()}))
     (storage / "c").write_bytes(base64.b64encode(pickle.dumps(RuntimeError("nothing confidential"))))
-    assert scan_prefect_home(tmp_path, NEEDLES) == [f"{storage / 'a'} (stored result): an exact total of the private input",
-                                                    f"{storage / 'b'} (stored result): a private input's plain SHA-256"]
+    assert scan_prefect_home(tmp_path, NEEDLES) == ([f"{storage / 'a'} (stored result): an exact total of the private input",
+                                                     f"{storage / 'b'} (stored result): a private input's plain SHA-256"], 3)
