@@ -188,6 +188,10 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     console.append(capfd.readouterr())
     assert "count_lower_90" in console[-1].out
     assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
+    # the manifest names the private input by its keyed hash only, the public one by its plain hash
+    named = {i["role"]: i for i in manifest["inputs"]}
+    assert "sha256" not in named["private"] and len(named["private"]["hmac_sha256"]) == 64
+    assert named["public"]["sha256"] == json.loads((work / "inputs" / "public-00.json").read_text())["sha256"]
     assert json.loads((work / "validation.json").read_text())["success"] is True
     # no confidential identifier or record reaches the release or a Prefect artifact
     with zipfile.ZipFile(ACS2018 / "csv_pvt.zip") as z:
