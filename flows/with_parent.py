@@ -7,8 +7,8 @@ the kernel does not end a process's children with it: they are re-parented and r
 daemon thread watches the parent's pid (``os.getppid`` changes once the parent is gone) and then
 sends this process SIGTERM, the module's own shutdown (uvicorn stops the server and its
 lifespan); a process still running ``GRACE_S`` later exits at once. Polling works on every
-platform; Linux's ``PR_SET_PDEATHSIG`` would not, and fires when the *thread* that started the
-child ends, not the process.
+platform, where Linux's ``PR_SET_PDEATHSIG`` is Linux-only and fires when the *thread* that
+started the child ends, not its process.
 
 Run by path with ``python -P`` (the script's directory not on ``sys.path``): it needs nothing
 beyond the standard library and the module it runs, whatever the caller's ``sys.path``.

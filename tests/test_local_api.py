@@ -68,7 +68,7 @@ def test_the_temporary_prefect_server_ends_when_the_run_is_killed(tmp_path):
     """``LocalPrefectApi`` in a process of its own (as in ``dprelease run``): once its server
     answers, the process is killed with SIGKILL; the server is gone within seconds."""
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "DPRELEASE_TEST_PREFECT_SERVER")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])))
     code = ("import time\n"
             "from flows.local_api import LocalPrefectApi\n"
             "api = LocalPrefectApi(120).start()\n"
