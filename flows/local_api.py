@@ -8,7 +8,9 @@ temporary-server command: the API app under uvicorn, UI off, in ephemeral mode) 
 loads, so the two overlap, and points this process's Prefect settings (``temporary_settings``:
 its settings were read when Prefect was imported) and, through ``PREFECT_API_URL``, the Dask
 workers it spawns at it; it stops the server when the process exits (an ``atexit`` hook, as
-Prefect's own temporary server: after Prefect's log and event workers have drained to it).
+Prefect's own temporary server: after Prefect's log and event workers have drained to it). The
+server also ends itself when this process is gone without running its ``atexit`` hooks (killed,
+crashed): it runs under :mod:`flows.with_parent`.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def temporary_server_allowed() -> bool:
 class LocalPrefectApi:
     """A temporary local Prefect server for this run (module docstring); nothing when an API is
     configured. ``start`` returns at once; ``serving`` waits until it answers and points Prefect
-    at it while open; ``stop`` ends it (registered to run at exit)."""
+    at it while open; ``stop`` ends it (registered to run at exit; the server ends itself should
+    this process end without its exit hooks)."""
 
     def __init__(self, timeout: float | None = None) -> None:
         """``timeout``: seconds to wait for the server (default: Prefect's
@@ -94,7 +97,8 @@ class LocalPrefectApi:
         env = dict(os.environ, PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
         with os.fdopen(fd, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
+                [sys.executable, "-P", str(Path(__file__).with_name("with_parent.py")), str(os.getpid()), "uvicorn",
+                 "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
                  "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
                  "--lifespan", "on"],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -111,11 +115,12 @@ class LocalPrefectApi:
             from prefect.settings import get_current_settings
 
             self.timeout = float(get_current_settings().server.ephemeral.startup_timeout_seconds)
-        why = wait_for_api(self.api, self.proc, self.timeout)
+        api = self.api
+        why = wait_for_api(api, self.proc, self.timeout)
         if why is not None:
             tail = self.log.read_text()[-2000:] if self.log is not None and self.log.exists() else ""
             self.stop()
-            raise RuntimeError(f"the temporary Prefect API at {self.api} {why} (its output: {tail!r})")
+            raise RuntimeError(f"the temporary Prefect API at {api} {why} (its output: {tail!r})")
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[str | None]:

@@ -342,7 +342,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         "release": cfg.name,
         "description": cfg.description,
         "config": cfg.model_dump(mode="json"),
-        "inputs": manifest_inputs(cfg, reports, paths.run_dir),
+        "inputs": manifest_inputs(cfg, [read_report(r) for r in reports], paths.run_dir),
         "code": code_version(),
         "libraries": library_versions(),
         "privacy_unit": cfg.privacy_unit,

@@ -46,10 +46,11 @@ def load_input(cfg: ReleaseConfig, spec: InputSpec, role: str) -> tuple[Hierarch
 def ingest_input(cfg: ReleaseConfig, paths: RunPaths, role: str, index: int) -> dict:
     """Validate, encode and persist one input file.
 
-    The exclusion report (exact counts of the file: confidential for private inputs) is written
-    next to the encoded data in the owner-only work directory; the returned record holds only file
-    identity and paths, because task results and subflow parameters reach Prefect's database.
-    Raises InputError (file, line, column, what was expected) on bad input.
+    The exclusion report (exact counts and the plain SHA-256 of the file: confidential for private
+    inputs, since a bare hash lets whoever knows every record but one test a guess) is written next
+    to the encoded data in the owner-only work directory; the returned record holds only the role
+    and paths, because task results and subflow parameters reach Prefect's database. Raises
+    InputError (file, line, column, what was expected) on bad input.
     """
     spec = (cfg.private if role == "private" else cfg.public)[index]
     out = paths.inputs_dir / f"{role}-{index:02d}.npz"
@@ -57,9 +58,7 @@ def ingest_input(cfg: ReleaseConfig, paths: RunPaths, role: str, index: int) -> 
     save_npz_atomic(out, data.to_npz)
     report_path = out.with_suffix(".json")
     write_json_atomic(report_path, {"role": role, "path": str(cfg.input_path(spec)), **report})
-    record = {"role": role, "path": str(cfg.input_path(spec)), "encoded": str(out), "report": str(report_path)}
-    record.update({k: report[k] for k in ("file", "sha256", "layout")})
-    return record
+    return {"role": role, "path": str(cfg.input_path(spec)), "encoded": str(out), "report": str(report_path)}
 
 
 def release_geography(cfg: ReleaseConfig, private_npz: str) -> Geography:
@@ -73,7 +72,8 @@ def release_geography(cfg: ReleaseConfig, private_npz: str) -> Geography:
 
 
 def read_report(record: dict) -> dict:
-    """The full exclusion report of one ingested input (work directory only)."""
+    """The full exclusion report of one ingested input, with its role, path, file name, SHA-256
+    and layout (work directory only)."""
     return json.loads(Path(record["report"]).read_text())
 
 
@@ -81,7 +81,7 @@ def validation_record(records: list[dict], issues: list[InputError]) -> dict:
     """The ingestion gate's JSON result kept with the run (work dir only)."""
     return {
         "success": not issues,
-        "inputs": [{k: r[k] for k in ("role", "path", "file", "sha256", "layout")} for r in records],
+        "inputs": [{k: report[k] for k in ("role", "path", "file", "sha256", "layout")} for report in map(read_report, records)],
         "issues": [i.to_dict() for e in issues for i in e.issues],
     }
 

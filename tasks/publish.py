@@ -100,7 +100,8 @@ def input_identity(record: dict, run_dir: Path, housing: Path | None = None) -> 
 
 
 def manifest_inputs(cfg: ReleaseConfig, records: list[dict], run_dir: Path) -> list[dict]:
-    """The manifest's ``inputs``: every file the run read (:func:`input_identity` of each ingested input)."""
+    """The manifest's ``inputs``: every file the run read (:func:`input_identity` of each ingested
+    input; ``records``: their ingest reports, ``tasks.ingest.read_report``, kept in the work directory)."""
     housing = {(role, str(cfg.input_path(spec))): cfg.housing_path(spec)
                for role, specs in (("private", cfg.private), ("public", cfg.public)) for spec in specs}
     return [input_identity(r, run_dir, housing[(r["role"], r["path"])]) for r in records]

@@ -36,6 +36,8 @@ from flows.local_api import free_port, wait_for_api  # noqa: E402
 # behaviour. ``flows.release``'s own temporary server is still exercised: the resume test's first
 # run drops ``PREFECT_API_URL``.
 _SHARED_SERVER_ENV = "DPRELEASE_TEST_PREFECT_SERVER"  # set to the API URL of the server this session started
+# set to that server's Prefect home (its database's folder; an xdist worker's own home lies below it)
+SHARED_SERVER_HOME_ENV = "DPRELEASE_TEST_PREFECT_SERVER_HOME"
 _server: subprocess.Popen | None = None
 
 
@@ -57,6 +59,7 @@ def pytest_configure(config):
     _server = start_prefect_server(port, env, os.path.join(_prefect_home, "shared-server.log"))
     os.environ["PREFECT_API_URL"] = api
     os.environ[_SHARED_SERVER_ENV] = api
+    os.environ[SHARED_SERVER_HOME_ENV] = _prefect_home
 
 
 def pytest_unconfigure(config):

@@ -1,7 +1,10 @@
 """End to end: the release flow on real data (Prefect + a local Dask cluster). Slow: few tests."""
 
+import contextlib
 import json
+import logging
 import os
+import sqlite3
 import stat
 import zipfile
 from datetime import UTC, datetime
@@ -13,6 +16,17 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.confidential_scan import (
+    Needles,
+    findings,
+    non_confidential_work_files,
+    prefect_database,
+    prefect_server_home,
+    scan_database,
+    scan_files,
+    scan_prefect_home,
+    settle_prefect,
+)
 from tests.conftest import ACS2018
 
 pytestmark = pytest.mark.flow
@@ -66,12 +80,22 @@ def flow_run_parameters(since) -> list[str]:
         return [json.dumps(r.parameters, default=str) for r in _flow_runs_since(client, since)]
 
 
-def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
+def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monkeypatch):
     from flows.cli import main
 
     cfg = small_config(tmp_path, data_root)
     started = datetime.now(UTC)
-    assert main(["run", str(cfg)]) == 0
+    # the run logs at dprelease's default level (INFO; the suite's is WARNING), in this process and
+    # in the Dask workers it spawns, so that the scan below reads every line an operator would
+    monkeypatch.setenv("PREFECT_LOGGING_LEVEL", "INFO")
+    prefect_logger = logging.getLogger("prefect")
+    level = prefect_logger.level
+    prefect_logger.setLevel(logging.INFO)
+    try:
+        assert main(["run", str(cfg)]) == 0
+    finally:
+        prefect_logger.setLevel(level)
+    console = [capfd.readouterr()]
     rel = tmp_path / "releases" / "e2e"
     manifest = json.loads((rel / "manifest.json").read_text())
     assert manifest["synthesizer"]["name"] == "prior_update"
@@ -177,8 +201,13 @@ def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
     assert set(marg.marginal[marg.level == "puma"]) >= set(manifest["workload"]["puma"])
     assert set(marg.marginal[marg.level == "state"]) == set(manifest["workload"]["state"])
     assert main(["query", str(rel), "--margin", "NP", "--level", "group", "--where", "ST=50"]) == 0
-    assert "count_lower_90" in capsys.readouterr().out
+    console.append(capfd.readouterr())
+    assert "count_lower_90" in console[-1].out
     assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
+    # the manifest names the private input by its keyed hash only, the public one by its plain hash
+    named = {i["role"]: i for i in manifest["inputs"]}
+    assert "sha256" not in named["private"] and len(named["private"]["hmac_sha256"]) == 64
+    assert named["public"]["sha256"] == json.loads((work / "inputs" / "public-00.json").read_text())["sha256"]
     assert json.loads((work / "validation.json").read_text())["success"] is True
     # no confidential identifier or record reaches the release or a Prefect artifact
     with zipfile.ZipFile(ACS2018 / "csv_pvt.zip") as z:
@@ -202,7 +231,25 @@ def test_release_end_to_end(tmp_path, data_root, capsys, own_local_cluster):
         assert not any(r in b for r in records)
     # a finished release is never overwritten
     assert main(["run", str(cfg)]) == 2
-    assert "never overwritten" in capsys.readouterr().err
+    console.append(capfd.readouterr())
+    assert "never overwritten" in console[-1].err
+    # nothing derived from the private input where an operator reads: every table of Prefect's
+    # database (parameters, task runs, logs, artifacts, events), Prefect's home (result storage,
+    # server log), the console, the release and the work directory's non-confidential files
+    db = prefect_database()
+    assert db is not None and db.exists(), "the scan needs the local Prefect server's SQLite database"
+    settle_prefect(db, str(cfg))
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:  # the run's log lines are among what is scanned
+        assert con.execute("SELECT count(*) FROM log WHERE message LIKE 'published % synthetic households%'").fetchone()[0] >= 1
+    published = {(int(st), int(pu)): int(n) for (st, pu), n in hh.groupby(["ST", "PUMA"]).size().items()}
+    needles = Needles.of_private_input(work, published, {len(hh), persons.num_rows, *(int(n) for n in hh.groupby("ST").size())})
+    assert needles.hashes and len(needles.puma_counts) >= 2 and needles.totals  # enough left to find
+    in_home, results = scan_prefect_home(prefect_server_home(), needles)
+    assert results >= 1  # the refused run's exception among them
+    leaks = scan_database(db, needles, str(cfg)) + in_home
+    leaks += scan_files(non_confidential_work_files(work) + sorted(p for p in rel.rglob("*") if p.is_file()), needles)
+    leaks += findings("console", "\n".join(c.out + c.err for c in console), needles)
+    assert not leaks, leaks
 
 
 def test_bad_input_fails_the_run_and_publishes_nothing(tmp_path, data_root, capsys):
