@@ -47,6 +47,7 @@ def encode_person_table(t: PersonTable, spec: DomainSpec, rules: HouseholdRules)
         "file": t.name,
         "sha256": t.sha256,
         "layout": t.layout,
+        "survey_years": None if t.survey_years is None else list(t.survey_years),
         "persons_read": int(len(hh)),
         "units_read": int(t.n_households),
         "group_quarters_persons": int(t.is_gq.sum()),

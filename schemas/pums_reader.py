@@ -86,6 +86,18 @@ class PersonTable:
     line: np.ndarray  # per person: line number in the file
     vacant_units: int = 0
     extra: dict = field(default_factory=dict)
+    survey_years: tuple[int, ...] | None = None  # the edition(s) of the file: public, as its name is
+
+
+def survey_years(layout: str, path: Path, serials: np.ndarray) -> tuple[int, ...] | None:
+    """The survey years a person file holds: a 2017+ file's SERIALNO starts with its record's year
+    (a 1-year file holds one, a 5-year file five); a pre-2017 file carries none in its records, so
+    its name's (``ss13pde.csv``: 2013), or None."""
+    if layout == "pums2017":
+        years = pd.to_numeric(pd.Series(pd.unique(pd.Series(serials, dtype=object).str.slice(0, 4))), errors="coerce").dropna()
+        return tuple(sorted(int(y) for y in years))
+    m = re.fullmatch(r"ss(\d\d)[ph][a-z]{2}\.csv", path.name, re.I)
+    return (2000 + int(m.group(1)),) if m else None
 
 
 def detect_layout(path: Path) -> str:
@@ -358,7 +370,8 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
             issues.append(InputIssue(name, f"persons of one household have different {g} codes", line=int(line[bad[hh]][0]), column=g, count=int(bad.sum()), check="households"))
     if issues:
         raise InputError(issues)
-    return PersonTable(name, layout, sha, cols | {"_household": hh}, n_hh, is_gq, line, vacant, extra)
+    return PersonTable(name, layout, sha, cols | {"_household": hh}, n_hh, is_gq, line, vacant, extra,
+                       survey_years(layout, Path(path), np.asarray(uniques, dtype=object)))
 
 
 def householder_counts(hh: np.ndarray, relp: np.ndarray, is_gq: np.ndarray, householder_code: int, n_hh: int) -> np.ndarray:

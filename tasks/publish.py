@@ -93,7 +93,7 @@ def file_identity(role: str, path: Path, run_dir: Path) -> dict:
 def input_identity(record: dict, run_dir: Path, housing: Path | None = None) -> dict:
     """The manifest's entry of one ingested input: its person file and, in the legacy layout, the
     housing file read beside it (vacant units, group quarters), each named by :func:`file_identity`."""
-    out = {k: record[k] for k in ("role", "file", "layout")} | file_identity(record["role"], Path(record["path"]), run_dir)
+    out = {k: record.get(k) for k in ("role", "file", "layout", "survey_years")} | file_identity(record["role"], Path(record["path"]), run_dir)
     if housing is not None:
         out["housing"] = {"file": housing.name, **file_identity(record["role"], housing, run_dir)}
     return out

@@ -3,14 +3,17 @@ stored noisy measurements) alone.
 
 A run on a small private input is replayed with the private input replaced by a neighbour —
 without the only household of one PUMA, its households in shuffled order — reusing the first run's
-ledger and measurement store. Every release file must be byte-identical (the manifest compared
-without the fields that name the release, its time and its inputs): the PUMA left without private
+ledger and measurement store. Every release file must be byte-identical, and the manifest and the
+audit log equal once what names the run is set aside (:func:`release_fingerprint`): the PUMA left without private
 households is still a node (the geography is declared, not read off the rows), released from the
 same noisy measurements. Two negative controls: with the ``puma_household_counts`` invariant
 declared, the exact PUMA counts leak into the release and the replay without the household
 differs; with the nodes read off the private rows again, the replay loses the PUMA and differs.
 
-Starts Prefect and a local Dask cluster five times on ~1,000 households: marked ``flow``.
+Under the person unit a replay on an input with one housing unit without its householder and
+another with a second one is byte-identical too.
+
+Starts Prefect and a local Dask cluster seven times on ~1,000 households: marked ``flow``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ pytestmark = pytest.mark.flow
 
 N_PRIVATE = 1000  # households of Vermont kept as the private input
 N_PUBLIC = 2500  # households of New Hampshire kept as the public input
-VOLATILE_MANIFEST_FIELDS = ("release", "published_at", "inputs", "config")
+# what names a run rather than depends on its data: the release's name and time, where its files are
+# (the config's paths and name), and the private input's own identity (its file name and keyed hash,
+# a function of the file under the agency's secret key)
+RUN_NAMES = ("release", "published_at")
+CONFIG_PATHS = ("name", "output_dir", "work_dir", "private")
+PRIVATE_IDENTITY = ("file", "hmac_sha256", "hmac_key_id", "housing")
+AUDIT_RUN_FIELDS = ("seq", "time", "prev", "hash", "release", "config_sha256", "manifest_sha256")
 
 
 def _household_blocks(zip_path: Path, member: str, n: int) -> tuple[str, list[list[str]]]:
@@ -79,7 +88,26 @@ def inputs(tmp_path_factory, data_root) -> dict[str, str]:
         "removed": _write(d / "private_minus_one.csv", header, [neighbour[i] for i in order]),
         "public": _write(d / "public.csv", pub_header, pub_blocks),
         "lonely": node_key((50, int(lonely))),
+        # person unit: one housing unit without its householder, another with a second one (each
+        # left out at ingestion, so the release must not see them)
+        "householders": _write(d / "private_householders.csv", header, _householder_neighbour(header, blocks)),
     }
+
+
+def _householder_neighbour(header: str, blocks: list[list[str]]) -> list[list[str]]:
+    """``blocks`` with the householder (RELP 00) of the first multi-person household removed and a
+    second householder (a copy of the next one's, with a new person number) added to the next."""
+    cols = header.split(",")
+    relp, sporder = cols.index("RELP"), cols.index("SPORDER")
+    multi = [i for i, b in enumerate(blocks) if len(b) > 1]
+    out = [list(b) for b in blocks]
+    a, b = multi[0], multi[1]
+    out[a] = [line for line in out[a] if line.split(",")[relp] != "00"]
+    head = next(line.split(",") for line in out[b] if line.split(",")[relp] == "00")
+    head[sporder] = f"{len(out[b]) + 1:02d}"
+    out[b].append(",".join(head))
+    assert len(out[a]) == len(blocks[a]) - 1 and len(out[b]) == len(blocks[b]) + 1
+    return out
 
 
 def _config(tmp: Path, name: str, private: str, public: str, **over) -> Path:
@@ -119,14 +147,31 @@ def _replay(tmp: Path, source: str, name: str, private: str, public: str, **over
     return tmp / "releases" / name
 
 
+def normalised_manifest(manifest: dict) -> dict:
+    """The manifest without what names the run (:data:`RUN_NAMES`, :data:`CONFIG_PATHS`, the
+    private inputs' :data:`PRIVATE_IDENTITY`): everything else — the config's settings, the public
+    inputs' hashes, the private inputs' roles and layouts, every output's hash — must not depend on
+    which neighbouring private input the run read."""
+    out = {k: v for k, v in manifest.items() if k not in RUN_NAMES}
+    out["config"] = {k: v for k, v in manifest["config"].items() if k not in CONFIG_PATHS}
+    out["inputs"] = [i if i["role"] == "public" else {k: v for k, v in i.items() if k not in PRIVATE_IDENTITY}
+                     for i in manifest["inputs"]]
+    return out
+
+
+def normalised_audit(path: Path) -> list[dict]:
+    """The audit log's events without their chain, times and the run's names (:data:`AUDIT_RUN_FIELDS`)."""
+    return [{k: v for k, v in json.loads(line).items() if k not in AUDIT_RUN_FIELDS} for line in path.read_text().splitlines() if line.strip()]
+
+
 def release_fingerprint(release: Path) -> dict[str, str]:
-    """SHA-256 of every release file, and of the manifest without its volatile fields (the audit
-    log records times and input identities only, and is left out)."""
+    """SHA-256 of every release file; the manifest and the audit log normalised
+    (:func:`normalised_manifest`, :func:`normalised_audit`)."""
     out = {p.relative_to(release).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
            for p in sorted(release.rglob("*")) if p.is_file() and p.name not in ("manifest.json", "audit.jsonl")}
-    manifest = json.loads((release / "manifest.json").read_text())
-    core = {k: v for k, v in manifest.items() if k not in VOLATILE_MANIFEST_FIELDS}
-    out["manifest.json (without release, published_at, inputs, config)"] = hashlib.sha256(json.dumps(core, sort_keys=True).encode()).hexdigest()
+    manifest = normalised_manifest(json.loads((release / "manifest.json").read_text()))
+    out["manifest.json (normalised)"] = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    out["audit.jsonl (normalised)"] = hashlib.sha256(json.dumps(normalised_audit(release / "audit.jsonl"), sort_keys=True).encode()).hexdigest()
     return out
 
 
@@ -135,7 +180,9 @@ def _differences(a: dict[str, str], b: dict[str, str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory, inputs):
+def first_run(tmp_path_factory, inputs, _shared_prefect_server_is_up, _session_dask_cluster):
+    """The first run (a module fixture runs before the tests' own fixtures: it asks for the
+    session's Prefect server and Dask cluster itself)."""
     tmp = tmp_path_factory.mktemp("closure")
     _run(_config(tmp, "a", inputs["original"], inputs["public"]))
     return tmp
@@ -149,9 +196,38 @@ def test_replay_on_the_neighbour_without_a_pumas_only_household_is_byte_identica
     assert inputs["lonely"] in _coc_nodes(tmp / "releases" / "a")
     replay = _replay(tmp, "a", "a-removed", inputs["removed"], inputs["public"])
     assert _differences(reference, release_fingerprint(replay)) == []
+    # negative controls of the manifest's and the audit log's comparison: an exact count of the
+    # private input, or its plain hash, put into either makes the replay differ
+    for leak in ("manifest", "audit"):
+        leaked = tmp / f"leaked-{leak}"
+        shutil.copytree(replay, leaked)
+        if leak == "manifest":
+            m = json.loads((leaked / "manifest.json").read_text())
+            next(i for i in m["inputs"] if i["role"] == "private")["sha256"] = hashlib.sha256(Path(inputs["removed"]).read_bytes()).hexdigest()
+            (leaked / "manifest.json").write_text(json.dumps(m))
+        else:
+            with (leaked / "audit.jsonl").open("a") as f:
+                f.write(json.dumps({"event": "ingest", "households": N_PRIVATE - 1}) + "\n")
+        assert _differences(reference, release_fingerprint(leaked)) in (["manifest.json (normalised)"], ["audit.jsonl (normalised)"])
     # nothing was measured again: the replay charged exactly what the first run charged
     ledgers = [(tmp / "work" / n / "ledger.jsonl").read_text() for n in ("a", "a-removed")]
     assert ledgers[0] == ledgers[1]
+
+
+@pytest.fixture(scope="module")
+def person_run(tmp_path_factory, inputs, _shared_prefect_server_is_up, _session_dask_cluster):
+    tmp = tmp_path_factory.mktemp("closure-person")
+    _run(_config(tmp, "p", inputs["original"], inputs["public"], privacy_unit="person"))
+    return tmp
+
+
+def test_person_unit_replay_without_a_householder_and_with_a_second_one_is_byte_identical(person_run, inputs):
+    """Under the person unit a householder is protected like every person: removing one, or adding
+    a second one, changes what ingestion keeps, never the release beyond its measurements."""
+    tmp = person_run
+    reference = release_fingerprint(tmp / "releases" / "p")
+    replay = _replay(tmp, "p", "p-householders", inputs["householders"], inputs["public"], privacy_unit="person")
+    assert _differences(reference, release_fingerprint(replay)) == []
 
 
 def _coc_nodes(release: Path) -> set[str]:

@@ -179,3 +179,18 @@ def test_a_person_joining_at_the_cap_is_encoded_as_the_sensitivity_harness_model
     want = [p for g, p in enumerate(want) if g != h] if joined is None else [joined if g == h else p for g, p in enumerate(want)]
     got = [after.person[after.person_offsets[g]:after.person_offsets[g + 1]] for g in range(after.n_households)]
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_survey_year_of_every_input_reaches_its_manifest_entry(data_root, tmp_path):
+    """A 2017+ file's year from its SERIALNO prefixes, a pre-2017 file's from its name; the manifest
+    names each input with it (the edition of a file is public, as its name is)."""
+    from schemas.domain_spec import load_domain_spec
+    from schemas.ingestion import HouseholdRules, load_person_file
+    from tasks.publish import input_identity
+
+    _, new = load_person_file(data_root / "acs2018_1yr" / "csv_pvt.zip", load_domain_spec(), HouseholdRules())
+    _, old = load_person_file(data_root / "acs2013_1yr_de" / "ss13pde.csv", load_domain_spec("acs_pums_core"), HouseholdRules(),
+                              housing=data_root / "acs2013_1yr_de" / "ss13hde.csv")
+    assert new["survey_years"] == [2018] and old["survey_years"] == [2013]
+    entry = input_identity({"role": "public", "path": str(data_root / "acs2018_1yr" / "csv_pvt.zip"), **new}, tmp_path)
+    assert entry["survey_years"] == [2018] and entry["role"] == "public" and len(entry["sha256"]) == 64

@@ -80,3 +80,21 @@ def test_a_resumed_run_says_how_far_the_earlier_one_got(tmp_path):
     note = cli.resume_note(run_dir)
     assert note is not None and note.startswith(f"resuming release r from {run_dir} (run 2)")
     assert "stages finished before: ingest, select_workload; stopped in count_of_counts" in note
+
+
+def test_the_new_year_recipe_followed_literally_plans(tmp_path, data_root, capsys):
+    """docs/configuration.md's recipe on the shipped 2013 → 2018 config: a new name, the new year's
+    file private, a 2017+ file public with its layout and housing removed, the full domain. The
+    shared data hold no second 2017+ year of Delaware, so another state's 2018 file stands in for it."""
+    from tests.conftest import PROJECT_ROOT
+
+    raw = yaml.safe_load((PROJECT_ROOT / "deploy" / "releases" / "de_2018_from_2013.yaml").read_text())
+    raw["name"] = "de-next-year"
+    raw["private"] = [{"path": "acs2018_1yr/csv_pde.zip"}]
+    raw["public"] = [{k: v for k, v in {**raw["public"][0], "path": "acs2018_1yr/csv_pvt.zip"}.items() if k not in ("layout", "housing")}]
+    raw["domain"] = "acs_pums"
+    raw.update(data_root=str(data_root), output_dir=str(tmp_path / "releases"), work_dir=str(tmp_path / "work"))
+    cfg = tmp_path / "next.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    assert cli.main(["plan", str(cfg)]) == 0
+    assert "release de-next-year" in capsys.readouterr().out
