@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DPReleaseError as e:  # a deliberate refusal: one line, its exit code (engine/errors.py)
-        print(f"error: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or [""]:  # one line per issue, each marked
+            print(f"error: {line}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130

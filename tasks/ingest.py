@@ -31,11 +31,12 @@ def load_input(cfg: ReleaseConfig, spec: InputSpec, role: str) -> tuple[Hierarch
     """Validate + encode one input (no Prefect); attribute subset of the config applied. A private
     input's records must lie in the declared geography (``schemas.geography.check_declared``); a
     public input's geography is not the release's (other states, other years)."""
-    domain_spec = load_domain_spec(cfg.domain_path())
-    table = read_person_file(cfg.input_path(spec), domain_spec, layout=spec.layout, housing=cfg.housing_path(spec))
+    domain_spec, rules = load_domain_spec(cfg.domain_path()), household_rules(cfg)
+    table = read_person_file(cfg.input_path(spec), domain_spec, layout=spec.layout, housing=cfg.housing_path(spec),
+                             householders=rules.householders)
     if role == "private":
         check_declared(table, domain_spec, declared(cfg.puma_list(), cfg.geography.states))
-    data, report = encode_person_table(table, domain_spec, household_rules(cfg))
+    data, report = encode_person_table(table, domain_spec, rules)
     a = cfg.attributes
     if a.group is not None or a.person is not None:
         data = data.project(a.group, a.person)

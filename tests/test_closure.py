@@ -159,9 +159,14 @@ def normalised_manifest(manifest: dict) -> dict:
     return out
 
 
-def normalised_audit(path: Path) -> list[dict]:
-    """The audit log's events without their chain, times and the run's names (:data:`AUDIT_RUN_FIELDS`)."""
-    return [{k: v for k, v in json.loads(line).items() if k not in AUDIT_RUN_FIELDS} for line in path.read_text().splitlines() if line.strip()]
+def normalised_audit(path: Path) -> dict[str, list]:
+    """The audit log's events without their chain, times and the run's names (:data:`AUDIT_RUN_FIELDS`):
+    the run's events in order, and its charges as a sorted list (a replay finds every charge in the
+    ledger it was given and copies them all at its first stage's end, where the first run copied
+    each stage's at its end)."""
+    events = [{k: v for k, v in json.loads(line).items() if k not in AUDIT_RUN_FIELDS} for line in path.read_text().splitlines() if line.strip()]
+    charges = sorted((e for e in events if e["event"] == "charge"), key=lambda e: json.dumps(e, sort_keys=True))
+    return {"events": [e for e in events if e["event"] != "charge"], "charges": charges}
 
 
 def release_fingerprint(release: Path) -> dict[str, str]:
