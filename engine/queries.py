@@ -435,6 +435,7 @@ class IncidenceCache:
         self._cells: dict[Workload, np.ndarray] = {}
         self._joint: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix]] = OrderedDict()
         self._pairs: OrderedDict[tuple[tuple[Workload, ...], tuple[Workload, ...]], PatternPairs] = OrderedDict()
+        self._live: OrderedDict[tuple[Workload, ...], tuple[np.ndarray, sp.csr_matrix, sp.csr_matrix]] = OrderedDict()
 
     def matrix(self, w: Workload) -> sp.csr_matrix:
         A = self._A.get(w)
@@ -477,6 +478,21 @@ class IncidenceCache:
         by (``engine.map_update``)."""
         M, pattern_of = self.joint_patterns(workloads)
         return M, self._joint[tuple(workloads)][2], pattern_of
+
+    def live_incidence(self, workloads: Sequence[Workload], live: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+        """:meth:`joint_incidence`'s matrix and its transpose restricted to the patterns ``live``
+        (ascending): ``(matrix[:, live], transpose[live])``, both CSR. The last restriction of each
+        workload list is kept: the fits that share a prior (every candidate strength of a played
+        state, every PUMA under one state posterior) share its zero-mass patterns."""
+        key = tuple(workloads)
+        got = self._live.get(key)
+        if got is None or not np.array_equal(got[0], live):
+            At = self.joint_incidence(key)[1][live]
+            got = self._live[key] = (np.array(live, copy=True), At.T.tocsr(), At)
+        self._live.move_to_end(key)
+        while len(self._live) > self.JOINT_CACHE:
+            self._live.popitem(last=False)
+        return got[1], got[2]
 
     def pattern_pairs(self, rows: Sequence[Workload], cols: Sequence[Workload]) -> PatternPairs:
         """The households grouped by their (pattern of ``rows``, pattern of ``cols``) pair

@@ -190,6 +190,22 @@ def test_joint_patterns_extended_from_a_cached_prefix_equal_a_fresh_build():
     assert len(small._joint) == 2
 
 
+def test_live_incidence_is_the_joint_incidence_restricted_to_each_live_set():
+    """The restriction to the live patterns (those of positive prior mass) is kept for the next
+    fit with the same zero-mass patterns and rebuilt, not reused, when they change."""
+    ws = [w for w in WORKLOADS if len(w.attrs) <= 2][:3]
+    cache = IncidenceCache(DATA)
+    M, Mt, _ = cache.joint_incidence(ws)
+    U = M.shape[1]
+    first, second = np.arange(0, U, 2), np.arange(1, U)
+    for live in (first, second, first):
+        A, At = cache.live_incidence(ws, live)
+        np.testing.assert_array_equal(At.toarray(), Mt.toarray()[live])
+        np.testing.assert_array_equal(A.toarray(), M.toarray()[:, live])
+    again = cache.live_incidence(ws, first.copy())
+    assert again[0] is A and again[1] is At  # the same live set: the kept restriction
+
+
 def test_cache_builds_each_incidence_once_and_is_shared():
     s = Support.from_data(DATA)
     w = Workload("person", ("TEN",), ("AGE",))
