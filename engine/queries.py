@@ -440,12 +440,24 @@ class IncidenceCache:
     (state posterior → every PUMA of the state): answering a workload for new weights is then a
     single sparse matrix–vector product. The joint patterns of the last ``JOINT_CACHE`` workload
     lists are kept (least recently used dropped): a worker's support serves every state.
+
+    ``copies_of`` (a cache of other households and a set of attribute names): ``data`` is those
+    households repeated, the repeats differing from them only in the named attributes (the prior
+    mixture's widened support, ``engine.prior_mixture.widen``). A workload that reads none of them
+    has the same column for every repeat of a household, so its incidence is the other cache's
+    repeated and its patterns are the other cache's, each household's repeated — taken from there,
+    exactly, instead of grouping all the repeats again.
     """
 
     JOINT_CACHE = 16
 
-    def __init__(self, data: HierarchicalData):
-        self.data = data
+    def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str]] | None = None):
+        self.data: HierarchicalData = data
+        self._copies_of = copies_of
+        if copies_of is not None:
+            n = copies_of[0].data.n_households
+            if n == 0 or data.n_households % n:
+                raise ValueError("the households are not whole repeats of the copied cache's")
         self._A: dict[Workload, sp.csr_matrix] = {}
         self._patterns: dict[Workload, Patterns] = {}
         self._cells: dict[Workload, np.ndarray] = {}
@@ -453,16 +465,34 @@ class IncidenceCache:
         self._pairs: OrderedDict[tuple[tuple[Workload, ...], tuple[Workload, ...]], PatternPairs] = OrderedDict()
         self._live: OrderedDict[tuple[Workload, ...], tuple[np.ndarray, sp.csr_matrix, sp.csr_matrix]] = OrderedDict()
 
+    def _copied(self, w: Workload) -> tuple[IncidenceCache, int] | None:
+        """The copied cache and the number of repeats when ``w`` reads no attribute the repeats vary in."""
+        if self._copies_of is None or self._copies_of[1].intersection(w.attrs):
+            return None
+        base = self._copies_of[0]
+        return base, self.data.n_households // base.data.n_households
+
     def matrix(self, w: Workload) -> sp.csr_matrix:
         A = self._A.get(w)
         if A is None:
-            A = self._A[w] = incidence_matrix(self.data, w)
+            copied = self._copied(w)
+            if copied is None:
+                A = incidence_matrix(self.data, w)
+            else:
+                A = sp.hstack([copied[0].matrix(w)] * copied[1], format="csr")
+            A = self._A[w] = A
         return A
 
     def patterns(self, w: Workload) -> Patterns:
         P = self._patterns.get(w)
         if P is None:
-            P = self._patterns[w] = incidence_patterns(self.data, w, self.matrix(w))
+            copied = self._copied(w)
+            if copied is None:
+                P = incidence_patterns(self.data, w, self.matrix(w))
+            else:  # the same distinct columns, first met among the copied households: the same numbering
+                base = copied[0].patterns(w)
+                P = Patterns(base.matrix, np.tile(base.pattern_of, copied[1]))
+            self._patterns[w] = P
         return P
 
     def joint_patterns(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
