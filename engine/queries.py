@@ -450,6 +450,7 @@ class IncidenceCache:
     """
 
     JOINT_CACHE = 16
+    LIVE_CACHE = 2  # restrictions kept (live_incidence): each is a copy of a joint incidence, and the fits that reuse one come one after another
 
     def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str]] | None = None):
         self.data: HierarchicalData = data
@@ -528,15 +529,16 @@ class IncidenceCache:
     def live_incidence(self, workloads: Sequence[Workload], live: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
         """:meth:`joint_incidence`'s matrix and its transpose restricted to the patterns ``live``
         (ascending): ``(matrix[:, live], transpose[live])``, both CSR. The last restriction of each
-        workload list is kept: the fits that share a prior (every candidate strength of a played
-        state, every PUMA under one state posterior) share its zero-mass patterns."""
+        workload list is kept, for the last ``LIVE_CACHE`` lists: the fits that share a prior (every
+        candidate strength of a played state, every PUMA under one state posterior) share its
+        zero-mass patterns."""
         key = tuple(workloads)
         got = self._live.get(key)
         if got is None or not np.array_equal(got[0], live):
             At = self.joint_incidence(key)[1][live]
             got = self._live[key] = (np.array(live, copy=True), At.T.tocsr(), At)
         self._live.move_to_end(key)
-        while len(self._live) > self.JOINT_CACHE:
+        while len(self._live) > self.LIVE_CACHE:
             self._live.popitem(last=False)
         return got[1], got[2]
 
