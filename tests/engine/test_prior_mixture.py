@@ -122,8 +122,11 @@ def test_the_widened_support_takes_what_no_flip_changes_from_the_public_cache_ex
     public_support = Support.from_data(public)
     widened = widen(public, (FLIP,), public_cache=public_support.cache)
     fresh = IncidenceCache(widened.support.data)
-    reads_no_flip = [w for w in all_workloads(DOMAIN) if not {"SEX", "HHLDR_SEX"} & set(w.attrs)]
-    reads_flip = [w for w in all_workloads(DOMAIN) if {"SEX", "HHLDR_SEX"} & set(w.attrs)]
+    person = [w for w in all_workloads(DOMAIN) if w.level == "person"]
+    variants = [Workload("person", w.group_attrs, w.person_attrs, first, norm) for w in person for first, norm in ((2, False), (0, True))]
+    workloads = [*all_workloads(DOMAIN), *variants]  # plain, first persons, normalised
+    reads_no_flip = [w for w in workloads if not {"SEX", "HHLDR_SEX"} & set(w.attrs)]
+    reads_flip = [w for w in workloads if {"SEX", "HHLDR_SEX"} & set(w.attrs)]
     assert reads_no_flip and reads_flip
     for w in [*reads_no_flip, *reads_flip]:
         got, want = widened.support.cache.matrix(w), fresh.matrix(w)
