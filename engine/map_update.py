@@ -97,7 +97,8 @@ def map_fit(
     # scale (unscaled, a normalised node took four times the iterations). The rows are scaled in
     # the products (D A q and Aᵀ D λ, D = diag(1/unit)): the incidence and its transpose are the
     # ones cached with the support (IncidenceCache.joint_incidence), not copies
-    A, At, pattern_of = support.cache.joint_incidence([m.workload for m in measurements])
+    workloads = [m.workload for m in measurements]
+    A, At, pattern_of = support.cache.joint_incidence(workloads)
     y = np.concatenate([m.answers(G) for m in measurements])
     s2 = np.concatenate([np.full(m.noisy_answer.size, (m.sigma / G) ** 2) for m in measurements])
     if A.shape[0] != y.shape[0]:
@@ -108,8 +109,7 @@ def map_fit(
     P = np.bincount(pattern_of, weights=p, minlength=A.shape[1])
     live = np.flatnonzero(P > 0)
     if live.size < P.size:
-        At = At[live]
-        A = At.T.tocsr()
+        A, At = support.cache.live_incidence(workloads, live)
     logp = np.log(P[live])
     inv_alpha = 1.0 / alpha
 

@@ -36,6 +36,7 @@ from scipy.optimize import lsq_linear
 from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.measurement import Measurement
+from engine.queries import IncidenceCache
 from engine.support import Support
 
 __all__ = ["MIN_GAIN", "Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "flipped", "node_prior", "widen"]
@@ -108,18 +109,26 @@ class WidenedSupport:
         return np.concatenate([(1.0 - lam.sum()) * base, *(l * base for l in lam)])
 
 
-def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndarray | None = None) -> WidenedSupport:
+def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndarray | None = None,
+          public_cache: IncidenceCache | None = None) -> WidenedSupport:
     """The public households and one flipped copy of them per flip (:class:`WidenedSupport`);
-    ``public_prior``: the public households' prior weights (uniform when None)."""
+    ``public_prior``: the public households' prior weights (uniform when None); ``public_cache``:
+    the public support's incidence cache, from which the widened support takes the incidences and
+    patterns of every workload that reads no flipped attribute (a copy's column equals its public
+    household's there), so that they are built once for both supports."""
     if not flips:
         raise ValueError("widen needs at least one flip")
     names = [f.attribute for f in flips]
     if len(set(names)) != len(names):
         raise ValueError(f"prior flips name an attribute twice: {names}")
+    if public_cache is not None and public_cache.data is not public:
+        raise ValueError("public_cache belongs to other households than the public ones")
     data = HierarchicalData.concat([public, *(flipped(public, f) for f in flips)])
     base = Support.from_data(public, public_prior).weights
     weights = np.concatenate([base, np.zeros(public.n_households * len(flips))])
-    return WidenedSupport(Support(data, weights), tuple(flips))
+    varied = frozenset(name for f in flips for name in (f.attribute, *f.householder_attributes))
+    cache = IncidenceCache(data, (IncidenceCache(public) if public_cache is None else public_cache, varied))
+    return WidenedSupport(Support(data, weights, cache), tuple(flips))
 
 
 @dataclass(frozen=True)

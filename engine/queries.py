@@ -373,15 +373,31 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray) -> np.ndarray:
     return (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray() - np.outer(a, a)
 
 
+GROUP_KEY_LIMIT = 1 << 62  # a fused group key stays below this: int64 with room to spare
+
+
 def group_rows(columns: Sequence[np.ndarray], n: int, start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``n`` rows grouped by their non-negative integer codes in ``columns`` (after the groups
     ``start``, if given), exactly, by successive 1-D ``np.unique`` (much faster than
-    ``unique(axis=0)``): (group 0..U−1 of every row, the first row of every group)."""
+    ``unique(axis=0)``): (group 0..U−1 of every row, the first row of every group). The groups
+    are numbered in the lexicographic order of (start, columns...). Consecutive columns are fused
+    into one mixed-radix key while it fits in int64 (each code below its radix, so the key's
+    order is the tuples' lexicographic order): one sort per fused run instead of one per column,
+    the same numbering."""
     gid = np.zeros(n, dtype=np.int64) if start is None else np.asarray(start, dtype=np.int64)
-    for c in columns:
-        c = np.asarray(c, dtype=np.int64)
-        _, gid = np.unique(gid * (int(c.max(initial=0)) + 1) + c, return_inverse=True)
+    cols = [np.asarray(c, dtype=np.int64) for c in columns]
+    radix = [int(c.max(initial=0)) + 1 for c in cols]
+    i = 0
+    while i < len(cols):
+        key, span = gid, int(gid.max(initial=0)) + 1
+        j = i
+        while j < len(cols) and (j == i or span * radix[j] < GROUP_KEY_LIMIT):
+            key = key * radix[j] + cols[j]
+            span *= radix[j]
+            j += 1
+        _, gid = np.unique(key, return_inverse=True)
         gid = gid.reshape(-1).astype(np.int64)
+        i = j
     _, first = np.unique(gid, return_index=True)
     return gid, first
 
@@ -442,28 +458,60 @@ class IncidenceCache:
     (state posterior → every PUMA of the state): answering a workload for new weights is then a
     single sparse matrix–vector product. The joint patterns of the last ``JOINT_CACHE`` workload
     lists are kept (least recently used dropped): a worker's support serves every state.
+
+    ``copies_of`` (a cache of other households and a set of attribute names): ``data`` is those
+    households repeated, the repeats differing from them only in the named attributes (the prior
+    mixture's widened support, ``engine.prior_mixture.widen``). A workload that reads none of them
+    has the same column for every repeat of a household, so its incidence is the other cache's
+    repeated and its patterns are the other cache's, each household's repeated — taken from there,
+    exactly, instead of grouping all the repeats again.
     """
 
     JOINT_CACHE = 16
+    LIVE_CACHE = 2  # restrictions kept (live_incidence): each is a copy of a joint incidence, and the fits that reuse one come one after another
 
-    def __init__(self, data: HierarchicalData):
-        self.data = data
+    def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str]] | None = None):
+        self.data: HierarchicalData = data
+        self._copies_of = copies_of
+        if copies_of is not None:
+            n = copies_of[0].data.n_households
+            if n == 0 or data.n_households % n:
+                raise ValueError("the households are not whole repeats of the copied cache's")
         self._A: dict[Workload, sp.csr_matrix] = {}
         self._patterns: dict[Workload, Patterns] = {}
         self._cells: dict[Workload, np.ndarray] = {}
         self._joint: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix]] = OrderedDict()
         self._pairs: OrderedDict[tuple[tuple[Workload, ...], tuple[Workload, ...]], PatternPairs] = OrderedDict()
+        self._live: OrderedDict[tuple[Workload, ...], tuple[np.ndarray, sp.csr_matrix, sp.csr_matrix]] = OrderedDict()
+
+    def _copied(self, w: Workload) -> tuple[IncidenceCache, int] | None:
+        """The copied cache and the number of repeats when ``w`` reads no attribute the repeats vary in."""
+        if self._copies_of is None or self._copies_of[1].intersection(w.attrs):
+            return None
+        base = self._copies_of[0]
+        return base, self.data.n_households // base.data.n_households
 
     def matrix(self, w: Workload) -> sp.csr_matrix:
         A = self._A.get(w)
         if A is None:
-            A = self._A[w] = incidence_matrix(self.data, w)
+            copied = self._copied(w)
+            if copied is None:
+                A = incidence_matrix(self.data, w)
+            else:
+                A = sp.hstack([copied[0].matrix(w)] * copied[1], format="csr")
+            A = self._A[w] = A
         return A
 
     def patterns(self, w: Workload) -> Patterns:
         P = self._patterns.get(w)
         if P is None:
-            P = self._patterns[w] = incidence_patterns(self.data, w, self.matrix(w))
+            copied = self._copied(w)
+            if copied is None:
+                P = incidence_patterns(self.data, w, self.matrix(w))
+            else:  # the same distinct columns, first met among the copied households: the same numbering
+                base = copied[0].patterns(w)
+                P = Patterns(base.matrix, np.tile(base.pattern_of, copied[1]))
+            self._patterns[w] = P
         return P
 
     def joint_patterns(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
@@ -495,6 +543,22 @@ class IncidenceCache:
         by (``engine.map_update``)."""
         M, pattern_of = self.joint_patterns(workloads)
         return M, self._joint[tuple(workloads)][2], pattern_of
+
+    def live_incidence(self, workloads: Sequence[Workload], live: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+        """:meth:`joint_incidence`'s matrix and its transpose restricted to the patterns ``live``
+        (ascending): ``(matrix[:, live], transpose[live])``, both CSR. The last restriction of each
+        workload list is kept, for the last ``LIVE_CACHE`` lists: the fits that share a prior (every
+        candidate strength of a played state, every PUMA under one state posterior) share its
+        zero-mass patterns."""
+        key = tuple(workloads)
+        got = self._live.get(key)
+        if got is None or not np.array_equal(got[0], live):
+            At = self.joint_incidence(key)[1][live]
+            got = self._live[key] = (np.array(live, copy=True), At.T.tocsr(), At)
+        self._live.move_to_end(key)
+        while len(self._live) > self.LIVE_CACHE:
+            self._live.popitem(last=False)
+        return got[1], got[2]
 
     def pattern_pairs(self, rows: Sequence[Workload], cols: Sequence[Workload]) -> PatternPairs:
         """The households grouped by their (pattern of ``rows``, pattern of ``cols``) pair

@@ -168,7 +168,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     sums = session_puma_sums(session, pumas, sel.puma, rho_puma) if pumas_inform_state else []
     measure = session_measure(session, "state_synthesis", "state", node)
     if prior_flips and update_rule == "map":  # charged once: the fit below reads the stored answers back
-        support, prior, mixture = node_prior(support, widen(public, prior_flips), [*sums, *initial_measurements(sel.state, rho_state, measure, adaptive)],
+        support, prior, mixture = node_prior(support, widen(public, prior_flips, public_cache=support.cache), [*sums, *initial_measurements(sel.state, rho_state, measure, adaptive)],
                                              max(sum(G.values()), 1.0))
     else:
         prior, mixture = support.weights, None

@@ -76,7 +76,8 @@ def cached_support(public_npz: str) -> Support:
 
 @lru_cache(maxsize=4)
 def _cached_widened(key: FileKey, flips: tuple[Flip, ...]) -> WidenedSupport:
-    return widen(_cached_support(key).data, flips)
+    public = _cached_support(key)
+    return widen(public.data, flips, public_cache=public.cache)
 
 
 def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:

@@ -128,3 +128,22 @@ def test_households_outside_the_prior_stay_at_zero_and_ties_split_by_prior(tiny)
     for u in np.unique(pattern_of):
         members = np.flatnonzero((pattern_of == u) & (p > 0))
         np.testing.assert_allclose(ratio[members], ratio[members][0], rtol=1e-9)
+
+
+def test_fits_sharing_a_support_equal_fits_on_a_fresh_one(tiny):
+    """Fits on one support whose priors exclude different households (the restriction of the
+    incidence to the prior's patterns is kept between fits) are bit for bit the fits on a fresh
+    support."""
+    support, private = tiny
+    ms = measurements(support, private, 3.0, np.random.default_rng(6))
+    rng = np.random.default_rng(7)
+    priors = []
+    for zeros in ([0, 1], [2], [0, 1]):
+        p = rng.dirichlet(np.ones(support.n_support))
+        p[zeros] = 0.0
+        priors.append(p)
+    for p in priors:
+        shared = map_fit(support, p, ms, private.n_households, prior_strength=1.0)
+        fresh = map_fit(Support.from_data(support.data), p, ms, private.n_households, prior_strength=1.0)
+        np.testing.assert_array_equal(shared.weights, fresh.weights)
+        assert shared.weights[p == 0].max() == 0.0

@@ -12,8 +12,9 @@ from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.measurement import Measurement
 from engine.prior_mixture import Flip, choose_mixture, flipped, widen
-from engine.queries import Workload
-from tests.engine._support_testdata import attr, random_data, small_domain
+from engine.queries import IncidenceCache, Workload
+from engine.support import Support
+from tests.engine._support_testdata import all_workloads, attr, random_data, small_domain
 
 BASE = small_domain(M=4)
 # the small domain with a household attribute derived from the householder's SEX
@@ -111,3 +112,33 @@ def test_measurements_that_agree_with_the_public_prior_keep_the_public_support()
     choice = choose_mixture(w, w.support.weights[:3000], measure(private, 5.0, rng), G)
     assert not choice.widened and choice.weights == (0.0,)
     assert choice.to_dict()["widened"] is False
+
+
+def test_the_widened_support_takes_what_no_flip_changes_from_the_public_cache_exactly():
+    """Workloads that read no flipped attribute take their incidence and patterns from the public
+    support's cache (its pattern matrix itself, each household's pattern repeated); every workload's
+    incidence, patterns and the joint patterns equal a fresh build on the widened households."""
+    public = with_householder_sex(random_data(BASE, 300, seed=5))
+    public_support = Support.from_data(public)
+    widened = widen(public, (FLIP,), public_cache=public_support.cache)
+    fresh = IncidenceCache(widened.support.data)
+    person = [w for w in all_workloads(DOMAIN) if w.level == "person"]
+    variants = [Workload("person", w.group_attrs, w.person_attrs, first, norm) for w in person for first, norm in ((2, False), (0, True))]
+    workloads = [*all_workloads(DOMAIN), *variants]  # plain, first persons, normalised
+    reads_no_flip = [w for w in workloads if not {"SEX", "HHLDR_SEX"} & set(w.attrs)]
+    reads_flip = [w for w in workloads if {"SEX", "HHLDR_SEX"} & set(w.attrs)]
+    assert reads_no_flip and reads_flip
+    for w in [*reads_no_flip, *reads_flip]:
+        got, want = widened.support.cache.matrix(w), fresh.matrix(w)
+        for part in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(got, part), getattr(want, part))
+        P, Q = widened.support.cache.patterns(w), fresh.patterns(w)
+        np.testing.assert_array_equal(P.pattern_of, Q.pattern_of)
+        np.testing.assert_array_equal(P.matrix.toarray(), Q.matrix.toarray())
+    assert all(widened.support.cache.patterns(w).matrix is public_support.cache.patterns(w).matrix for w in reads_no_flip)
+    ws = [*reads_no_flip[:3], *reads_flip[:2]]
+    (A, pattern_of), (B, fresh_of) = widened.support.cache.joint_patterns(ws), fresh.joint_patterns(ws)
+    np.testing.assert_array_equal(pattern_of, fresh_of)
+    np.testing.assert_array_equal(A.toarray(), B.toarray())
+    with pytest.raises(ValueError, match="public_cache"):
+        widen(public, (FLIP,), public_cache=IncidenceCache(random_data(BASE, 300, seed=5)))

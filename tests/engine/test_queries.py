@@ -16,6 +16,7 @@ from engine.queries import (
     Workload,
     answer,
     centred_gram,
+    group_rows,
     incidence_matrix,
     incidence_patterns,
     normalise_columns,
@@ -188,6 +189,41 @@ def test_joint_patterns_extended_from_a_cached_prefix_equal_a_fresh_build():
     for k in range(1, len(ws) + 1):
         small.joint_patterns(ws[:k])
     assert len(small._joint) == 2
+
+
+@pytest.mark.parametrize("high", [3, 70_000, 2**31])
+def test_group_rows_numbers_the_groups_in_lexicographic_order(high):
+    """Exact grouping, groups numbered by the rows' lexicographic order after ``start``, however
+    many columns fit in one fused key (large codes: one column per key; small: all at once)."""
+    rng = np.random.default_rng(high)
+    n = 4000
+    start = rng.integers(0, 40, n)
+    cols = [rng.integers(0, 2, n) * (high - 1) for _ in range(6)]  # codes 0 and high − 1: the radix is high
+    gid, first = group_rows(cols, n, start)
+    rows = np.stack([start, *cols], axis=1)
+    uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+    np.testing.assert_array_equal(gid, inverse.reshape(-1))
+    np.testing.assert_array_equal(rows[first], uniq)
+    assert 1 < uniq.shape[0] < n  # neither trivial nor all distinct
+
+
+def test_live_incidence_is_the_joint_incidence_restricted_to_each_live_set():
+    """The restriction to the live patterns (those of positive prior mass) is kept for the next
+    fit with the same zero-mass patterns and rebuilt, not reused, when they change."""
+    ws = [w for w in WORKLOADS if len(w.attrs) <= 2][:3]
+    cache = IncidenceCache(DATA)
+    M, Mt, _ = cache.joint_incidence(ws)
+    U = M.shape[1]
+    first, second = np.arange(0, U, 2), np.arange(1, U)
+    for live in (first, second, first):
+        A, At = cache.live_incidence(ws, live)
+        np.testing.assert_array_equal(At.toarray(), Mt.toarray()[live])
+        np.testing.assert_array_equal(A.toarray(), M.toarray()[:, live])
+    again = cache.live_incidence(ws, first.copy())
+    assert again[0] is A and again[1] is At  # the same live set: the kept restriction
+    for k in range(1, len(ws) + 1):  # a copy per workload list: only the last LIVE_CACHE lists are kept
+        cache.live_incidence(ws[:k], np.arange(1, cache.joint_incidence(ws[:k])[0].shape[1]))
+    assert len(cache._live) == cache.LIVE_CACHE
 
 
 def test_cache_builds_each_incidence_once_and_is_shared():
