@@ -176,19 +176,3 @@ def encode_inputs(cfg, directory: Path) -> dict[str, str]:
         out[role] = str(directory / f"{role}.npz")
         save_npz_atomic(directory / f"{role}.npz", data.to_npz)
     return out
-
-
-def load_benchmark(name: str):
-    """Import ``benchmarks/<name>.py`` as module ``name`` (the benchmarks folder is not a package;
-    it goes on sys.path so that a benchmark's own imports of its siblings resolve)."""
-    import importlib.util
-    import sys
-
-    root = Path(__file__).resolve().parent.parent / "benchmarks"
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod

@@ -7,8 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from tests.conftest import load_benchmark
+from conftest import load_benchmark
 
 
 def test_summary_reports_the_difference_in_standard_errors():
