@@ -37,7 +37,7 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 
 # the suite in parallel worker processes (pytest-xdist; tests/conftest.py gives each its own Prefect
-# home, one Prefect server for the session, one Dask cluster per worker): about 7 minutes on 2 cores.
+# home, one Prefect server for the session, one Dask cluster per worker).
 # TEST_ARGS="-n 0" runs it in one process.
 TEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
 

@@ -1,6 +1,5 @@
 """Does the count-of-counts stage ever hurt? The full pipeline (``dprelease run``) on the default
-release, with the stage on (the default allocation) and off, side by side in one run
-(issue 15 item 3).
+release, with the stage on (the default allocation) and off, side by side in one run.
 
 Configs (both from ``deploy/releases/acs2018_default.yaml``, same ε, δ, split and unit):
   on   the default allocation (count-of-counts and group_counts stages, the synthesis stages);

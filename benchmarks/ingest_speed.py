@@ -2,7 +2,7 @@
 read of the same columns as the baseline measured in the same run; optionally the default
 end-to-end release (Prefect + Dask start-up included).
 
-Targets (issue #3): all 12 states <= 5 s on 2 cores; the default end-to-end run <= 2 minutes.
+Targets: all 12 states <= 5 s on 2 cores; the default end-to-end run <= 2 minutes.
 
     .venv/bin/python benchmarks/ingest_speed.py [--end-to-end]
 """

@@ -1,4 +1,4 @@
-"""Calibration of the release's 90 % intervals (issue 18 item 4; internal: it reads the
+"""Calibration of the release's 90 % intervals (internal: it reads the
 confidential inputs, so its output is benchmark/QA material, never a release).
 
 For a finished release of a config, per level (nation, state, PUMA), the share of confidential
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     cov["inside"], cov["mean_se"], cov["mean_abs_error"] = cov.inside_n / cov.cells, cov.se_n / cov.cells, cov.err_n / cov.cells
     cov = cov.sort_values(["kind", "level"], key=lambda c: c.map(LEVEL_ORDER) if c.name == "level" else c)
     runs = "; ".join(f"{c} -> {Path(r).name}" for c, r in zip(args.config, args.release))
-    lines = [f"Interval calibration (issue 18 item 4): {runs}; {n_households} confidential households; {time.time() - t0:.0f} s.",
+    lines = [f"Interval calibration: {runs}; {n_households} confidential households; {time.time() - t0:.0f} s.",
              "Share of confidential answers inside the 90 % intervals (target 85-95 %), per level, pooled over the releases.",
              "",
              "Measured marginals (dprelease query's 'measured' columns): the noisy measurement +- 1.645 sd;",

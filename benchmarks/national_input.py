@@ -1,4 +1,4 @@
-"""A national-size PUMS input built from the 12 shared 2018 states (issue 17 item 3).
+"""A national-size PUMS input built from the 12 shared 2018 states.
 
 52 target states (the 50 states, DC and Puerto Rico, by their FIPS codes) are filled with copies
 of the shared states' person records, re-keyed: each copy gets the target's ST, new PUMA codes

@@ -1,4 +1,4 @@
-"""Peer benchmark (issue 15 item 1): AIM and MST (McKenna et al.) side by side with the full
+"""Peer benchmark: AIM and MST (McKenna et al.) side by side with the full
 dprelease pipeline — count-of-counts included — and its public-only baseline, on the same
 private/public split, workload and δ, in one run.
 
@@ -6,7 +6,7 @@ Split: one 2018 state private (``--private``, default New Hampshire), the other 
 δ = 1/n² with n = the private state's persons; ρ = eps_delta_to_rho(ε, δ, "cks") (the pipeline's
 own conversion, the same ρ for every method).
 
-Workload (the AIM paper's ACS set-up, issue 15): eleven attributes, all 165 3-way marginals,
+Workload (the AIM paper's ACS set-up): eleven attributes, all 165 3-way marginals,
 evaluated on person records (one row per person):
   AGEP_BAND (0-4, 5-17, 18-24, 25-34, 35-44, 45-54, 55-64, 65-74, 75+), SEX, RAC1P (9),
   HISP_ORIGIN (2), SCHL_GROUP (blank; 01-15; 16-17; 18-20; 21; 22-24), MAR (5), ESR_GROUP (blank,
@@ -434,7 +434,7 @@ def render(res: dict) -> str:
                 seen.append(cfg)
         return seen
     lines = [
-        f"Peer comparison (issue 15 item 1): {st['private'].upper()} 2018 private ({st['private_persons']} persons, "
+        f"Peer comparison: {st['private'].upper()} 2018 private ({st['private_persons']} persons, "
         f"{st['private_households']} units incl. group-quarters persons), public = {', '.join(s.upper() for s in st['public'])}.",
         f"δ = 1/n² = {st['delta']:.3g}; ρ from (ε, δ) by the CKS conversion, the same ρ for every method. "
         f"Workload: all 165 3-way marginals of {', '.join(ATTRS)} on person records.",

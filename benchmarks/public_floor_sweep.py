@@ -1,4 +1,4 @@
-"""Never worse than the public data alone (issue 15 target): every shared state in turn private, the
+"""Never worse than the public data alone: every shared state in turn private, the
 other eleven public, the whole pipeline (``dprelease``) beside the public-only baseline (``public``:
 the same pipeline with ``synthesizer: public_baseline``, which spends only the household-count
 share) at each ε, scored as ``benchmarks/peer_comparison.py`` scores (mean L1 over the 165 3-way
@@ -25,7 +25,7 @@ import peer_comparison as pc  # noqa: E402
 
 
 def table(out: Path, states: list[str], epsilons: list[float]) -> str:
-    lines = ["Never above the public-only baseline (issue 15): each state private, the other 11 public, the default config,",
+    lines = ["Never above the public-only baseline: each state private, the other 11 public, the default config,",
              "mean L1 over the 165 3-way marginals (benchmarks/peer_comparison.py scoring); ratio = dprelease / public-only.",
              "", f"{'state':<7}" + "".join(f"{'ε=' + format(e, 'g') + ' dp / pub (ratio)':>30}" for e in epsilons)]
     above = []

@@ -1,4 +1,4 @@
-"""Scale curve of the whole pipeline (issue 17 item 4): the default release config on K re-keyed
+"""Scale curve of the whole pipeline: the default release config on K re-keyed
 copies of the 12 shared states (``benchmarks/national_input.py``), every copy private, the 12
 originals public, end to end with ``dprelease run`` (count-of-counts and synthesis included).
 
@@ -175,7 +175,7 @@ def write(rows: list[dict], out: Path) -> None:
     """The table (ratios to the first size, dominant stage) and the JSON rows, rewritten after every
     size so that an interrupted curve keeps the sizes it finished."""
     base = rows[0]
-    lines = ["Scale curve (issue 17 item 4): deploy/releases/acs2018_default.yaml settings on K re-keyed copies of the 12",
+    lines = ["Scale curve: deploy/releases/acs2018_default.yaml settings on K re-keyed copies of the 12",
              "shared 2018 states (benchmarks/national_input.py), all private, the 12 originals public; "
              f"{os.cpu_count()} CPUs (shared); {time.strftime('%Y-%m-%d')}; code: {code_version()}.",
              "time/hh ratio: (wall / households) relative to the first size (1.0 = linear growth).",

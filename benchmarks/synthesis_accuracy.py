@@ -1,5 +1,5 @@
 """Synthesis accuracy: prior update (MAP / Tao IDE) against the public-only prior, independent noisy
-marginals and MWEM from a uniform start, on the ACS 2018 12-state split (issue #5 item 5).
+marginals and MWEM from a uniform start, on the ACS 2018 12-state split.
 
 Set-up (the default release, ``deploy/releases/acs2018_default.yaml``):
   private = DE, ME, MT, NE, NM, VT;  public = ID, ND, NH, RI, SD, WY (merged into one support).

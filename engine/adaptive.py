@@ -30,12 +30,11 @@ workload is measured in that form too (:func:`measured_form`), and the candidate
 the plain counts of each household's first ``select_first`` persons (:data:`SELECT_FIRST`, 2, by
 default): the scores need the model's answers of every candidate, which plain counts give from one
 grouping of the support's persons (:class:`CandidateAnswers`), and their L1 sensitivity is 2 where
-every person's counts have M. Scoring every person was 9–10 % worse (an in-memory probe of New
-Mexico's state fit). Three persons (``select_first: 3``) let the third and later ones — the
-children of large households — into the scores: New Mexico's marginals with NP at ε = 2 about 5 %
-lower, the mean L1 within the runs' spread, but North Dakota at ε = 0.1 12 % higher, where the
-selection's noise grows with its sensitivity (peer benchmark, ``benchmarks/results/HISTORY.md``,
-session 13).
+every person's counts have M. Two persons, not more: each further person lets the children of
+large households into the scores, which helps a state whose large households the public data
+mis-states, but raises the selection's sensitivity and with it its noise, which costs most at small
+budgets (the peer benchmark's runs: ``benchmarks/results/HISTORY.md``, "Normalised workloads and
+the selection's persons").
 """
 
 from __future__ import annotations

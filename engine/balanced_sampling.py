@@ -4,10 +4,8 @@ Releasing microdata means drawing whole households: ``n`` integer copies of supp
 whose expected counts are ``n·q``. Every released marginal then carries the draw's noise on top of
 the posterior's own error. Systematic sampling along the household order
 (:func:`engine.household_sampling.household_order`) removes that noise from the household
-attributes' leading runs only; person attributes and their combinations keep all of it. On the peer
-benchmark (New Hampshire private, ε = 2) the posterior's expected counts scored a mean L1 of 0.082
-over the 165 3-way marginals and its systematic draws 0.093–0.095
-(``benchmarks/results/HISTORY.md``).
+attributes' leading runs only; person attributes and their combinations keep all of it, and at
+large budgets that noise is a large part of the released error (``benchmarks/results/HISTORY.md``).
 
 A balanced sample (Deville & Tillé, "Efficient balanced sampling: the cube method", Biometrika
 2004) chooses its units so that the sample's totals of auxiliary variables equal their expected
@@ -30,10 +28,8 @@ chosen by the domain alone, never by a benchmark's workload. The draw (:func:`ba
 A state's PUMAs are drawn one after the other (:func:`balanced_draws`), each search aiming at its
 expected counts less the residual the earlier PUMAs left (error diffusion): the state's marginals,
 sums of its PUMAs', then carry a bounded residual instead of the PUMAs' independent ones added up.
-On the peer benchmark's set-up (New Hampshire ε = 2, the same posteriors drawn both ways, 2 seeds ×
-2 draws) the person triples with the diffusion took the draws from 0.0748–0.0766 to 0.0723–0.0748
-(the posteriors' expected counts 0.0697–0.0714); either alone changed nothing
-(``benchmarks/results/HISTORY.md``).
+The person triples among the balanced cells and the diffusion help together, not one without the
+other (``benchmarks/results/HISTORY.md``).
 
 Every released household is a pool household, i.e. a draw from the posterior, so the posterior's
 higher-order structure is kept; the search only chooses which of the draws to keep. The result is a

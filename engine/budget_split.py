@@ -1,5 +1,5 @@
 """The synthesis budget's split between the state and the PUMA level, chosen by the expected error
-simulated on the public data (issue 15 item 4): no privacy cost, no confidential input.
+simulated on the public data: no privacy cost, no confidential input.
 
 Each public state in turn plays the private state, the other public states pooled are its prior.
 For every cell c of every workload, with the Gaussian noise σ of a measurement at a level's ρ

@@ -3,10 +3,8 @@
 Each PUMA posterior is its state's posterior updated with the PUMA's own noisy measurements. What a
 PUMA fit takes from its noise does not cancel when the PUMAs are added up, so a state's released
 answers — the sums of its PUMAs' — drift from the state posterior, which was fitted to the state's
-own measurements with the state's larger budget. On the peer benchmark's stored measurements
-(New Hampshire, ε = 2, the same noise refitted both ways) the state-wide person marginals of the
-PUMA posteriors' sum erred 0.064 (mean L1) against 0.056 once the sum was held to the state
-posterior (``benchmarks/results/HISTORY.md``).
+own measurements with the state's larger budget, so the sum is the less accurate of the two
+(``benchmarks/results/HISTORY.md``).
 
 :func:`rake_to_parent` tilts every child by one common factor per household so that the children's
 sum comes close to the parent's answers on the parent's measured workloads, by the noise-aware MAP
@@ -23,9 +21,8 @@ Post-processing of DP posteriors: no privacy cost.
 
 The other direction, :func:`children_sum`: a workload measured at every child of a node is also a
 measurement of the node itself — the sum of the children's noisy answers, with the sum of their
-noise variances — so the parent's own fit takes its children's measurements in beside its own
-(issue 15 item 5: "measure state and PUMA levels so that PUMA measurements also inform their
-state"). Post-processing of measurements already charged at the children's level: no privacy cost.
+noise variances — so the parent's own fit takes its children's measurements in beside its own,
+and what the PUMA level measures informs its state too. Post-processing of measurements already charged at the children's level: no privacy cost.
 """
 
 from __future__ import annotations

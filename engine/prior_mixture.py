@@ -4,10 +4,9 @@ their weight in the prior read off the node's own measurements.
 The support (:mod:`engine.support`) holds only public households, and the MAP prior
 (:mod:`engine.map_update`) pulls every interaction the measurements do not pin toward the public
 one. Where the private state's population differs from the public states' in one attribute, the
-few public households with the private state's common value stand in for all of them: the public
-states of the peer benchmark are 5 % Hispanic, New Mexico 39 %, and the public Hispanic households
-(younger, more often born abroad) carried New Mexico's Hispanic three-way marginals at 1.3× AIM's
-error (``benchmarks/results/HISTORY.md``, session 14).
+few public households with the private state's common value stand in for all of them, and they
+need not be typical of that value in the private state (New Mexico's Hispanic households against
+the other shared states': ``benchmarks/results/HISTORY.md``).
 
 :func:`widen` adds, for each listed binary person attribute, a copy of every public household with
 that attribute flipped for every person and for the household attributes derived from its

@@ -2,10 +2,9 @@
 noisy measurements by empirical Bayes (type-II maximum likelihood).
 
 The MAP update (:mod:`engine.map_update`) weighs the prior by α = r·G pseudo-households. The right
-r depends on how far the private node is from the public data, which no fixed value knows: on the
-peer benchmark's stored measurements (paired refits of the state posterior) the best r was about
-0.1 for New Hampshire at ε = 2 but 0.03 at ε = 0.25, and 0.03–0.05 for New Mexico, whose population
-the public states resemble least (``benchmarks/results/HISTORY.md``). Here r is read off the
+r depends on how far the private node is from the public data and on the budget, which no fixed
+value knows (the best value differs between states and between budgets of one state:
+``benchmarks/results/HISTORY.md``). Here r is read off the
 measurements themselves, so that where they contradict the prior the prior weighs less.
 
 Model (the Laplace view of the MAP prior): the node's household distribution q scatters around the
@@ -102,9 +101,7 @@ def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Seq
     """The candidate relative strength of largest marginal likelihood — but the strongest candidate
     unless the best beats it by ``min_gain`` in log-likelihood: where the measurements carry little
     information (tiny budgets, small states) the likelihood is nearly flat, and a weak prior would
-    let their noise in for nothing (Delaware at ε = 0.1: log-likelihoods within 1.3 of each other,
-    mean L1 0.244 with the weakest candidate against 0.235 with the strongest;
-    ``benchmarks/results/HISTORY.md``). ``floor``: the choice is raised to the smallest candidate
+    let their noise in for nothing (``benchmarks/results/HISTORY.md``). ``floor``: the choice is raised to the smallest candidate
     of at least ``floor`` (the public simulation's weakest useful prior, :mod:`engine.strength_floor`;
     the largest candidate if none is that strong). When at most one candidate is at or above the
     floor, that rule alone decides and the likelihood (a dense eigendecomposition in the measured

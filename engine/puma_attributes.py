@@ -22,15 +22,10 @@ there to capture spreads the level's ρ thinner for the others — stopping at t
 or at ``maximum``. More ρ per PUMA, or larger PUMAs, measure more attributes; at small budgets
 the PUMA level keeps its ``minimum``.
 
-Why: on the peer benchmark's set-up (one private state, the other eleven public; the posteriors'
-expected counts scored on the 165 three-way marginals, 3 noise seeds, ``benchmarks/results/HISTORY.md``)
-more PUMA attributes than four lowered the error at ε = 2 where the PUMAs are large enough (New
-Hampshire: five −1.5 %, six −2.3 %; Maine: six −5.4 %, seven −1.5 %; South Dakota: five −1.6 %), not in
-New Mexico (six +0.7 %, its PUMAs a third smaller), tied at ε = 1 and lost at ε ≤ 0.25; eight lost to
-six everywhere at ε = 2. With the size attribute left to the count-of-counts stage
-(``engine.workload_selection.select_workloads``' ``puma_exclude``), the rule gives five, six and five for
-the first three at ε = 2, four for New Mexico, and four for every one of the twelve shared states at
-ε ≤ 1 (the release there is the one measured before the rule).
+Why a rule rather than a fixed number: more PUMA attributes than four lower the error only where
+the budget is large and the PUMAs are large enough for each marginal to carry more signal than
+noise; with small PUMAs or small budgets they spread the level's ρ too thin, and past six they lose
+everywhere (the peer benchmark's runs: ``benchmarks/results/HISTORY.md``).
 """
 
 from __future__ import annotations

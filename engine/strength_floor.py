@@ -1,11 +1,10 @@
-"""The weakest prior a state's update may use, simulated on the public data (issue 15 items 4 and 6).
+"""The weakest prior a state's update may use, simulated on the public data.
 
 Empirical Bayes (:mod:`engine.prior_strength`) reads the prior strength off the node's measured
 workloads alone. At large budgets it fits those closely by concentrating the posterior on few
-public households, and the marginals nobody measured pay for it: on the peer benchmark's set-up
-(New Mexico private, ε = 2) it chose 0.03 while 0.1 scored 5 % better on the 3-way marginals the
-state did not measure (``benchmarks/results/HISTORY.md``, sessions 3 and 4). The measured answers
-cannot show this; the public data can.
+public households, and the marginals nobody measured pay for it: it can choose a weaker prior
+than the one that scores best on the marginals the state did not measure
+(``benchmarks/results/HISTORY.md``). The measured answers cannot show this; the public data can.
 
 Each public state in turn plays the private one, the other public states pooled are its prior (as
 in :mod:`engine.budget_split`). Its workloads are answered exactly and given Gaussian noise of the

@@ -171,9 +171,8 @@ def size_measurement(domain, histogram: Sequence[float], sd: float) -> Measureme
 
 # The rounds' fits only rank the candidates for the exponential mechanism, whose noise has scale
 # 2Δ/ε₀ (hundreds of households at the default budgets): a solver tolerance of 1e-7 instead of
-# 1e-10 moves a candidate's model count by under 2 households in a 31,000-household state and
-# takes about a third fewer iterations (benchmarks/results/HISTORY.md, "national size at the richer
-# domain"). The node's final fit keeps 1e-10.
+# 1e-10 moves a candidate's model count by far less than that noise and needs fewer solver
+# iterations (benchmarks/results/HISTORY.md). The node's final fit keeps 1e-10.
 ROUND_FIT_TOL = 1e-7
 
 
@@ -274,8 +273,8 @@ def synthesize_node(
     ``completion``: workloads among ``workloads`` (a state's pair completion,
     :func:`engine.workload_selection.pair_completion`) measured with the others and fitted by the
     final fit, but left out of the adaptive rounds' fits, which then rank the candidates on a model
-    of the selection's workloads alone — at a third of the cost with the completion's cells (New
-    Mexico, ε = 2: no worse on the peer benchmark, ``benchmarks/results/HISTORY.md``).
+    of the selection's workloads alone — far cheaper than with the completion's cells, and the
+    rounds' choices no worse (``benchmarks/results/HISTORY.md``).
     With nothing to fit the prior is returned unchanged."""
     p = np.asarray(prior, dtype=np.float64)
     if rho > 0 and workloads and measure is None:

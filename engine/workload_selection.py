@@ -206,13 +206,10 @@ def pair_completion(domain: Domain, chosen: Sequence[Workload], max_cells: int) 
     The mutual-information graph keeps the pairs that are strong on the public data; a pair that is
     weak there is left to the prior, which for a private state unlike the public ones (New Mexico
     among the shared states) is the wrong answer: measured, the pair corrects it, and where the
-    prior was right the MAP fit barely moves. On the peer benchmark's set-up (the posteriors'
-    expected counts, 2 seeds) New Mexico at ε = 2 went from 0.0964 to 0.0908 mean L1, the
-    person-only marginals from 0.072 to 0.066; the whole pipeline from 1.05× to 0.99× AIM
-    (``benchmarks/results/HISTORY.md``, session 10). It roughly doubles the state level's measured
-    cells, and with them the cost of the state's final fit and of the dense algebra of its error
-    estimates; the adaptive rounds' fits leave the completion out (``engine.synthesis.synthesize_node``),
-    so the default release (``synthesis.complete_pairs``, on by default) takes about 1.25× its time without."""
+    prior was right the MAP fit barely moves (``benchmarks/results/HISTORY.md``). It roughly
+    doubles the state level's measured cells, and with them the cost of the state's final fit and
+    of the dense algebra of its error estimates; the adaptive rounds' fits leave the completion out
+    (``engine.synthesis.synthesize_node``) to keep that cost to the final fit."""
     held = [(set(w.group_attrs), set(w.person_attrs)) for w in chosen if w.level == "person"]
     names = [a.name for a in domain.person]
     out = [Workload("person", (), pair) for pair in itertools.combinations(names, 2)

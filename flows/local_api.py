@@ -3,7 +3,7 @@
 Without a configured API (``PREFECT_API_URL`` or the active profile's ``api.url``), Prefect starts
 a temporary local server the first time the flow needs one — after the pipeline's modules have
 loaded — and the run waits for it (its imports and, on a new Prefect home, its database
-migrations: 10–20 s on two cores). :class:`LocalPrefectApi` starts the same server (Prefect's own
+migrations, seconds on a small machine). :class:`LocalPrefectApi` starts the same server (Prefect's own
 temporary-server command: the API app under uvicorn, UI off, in ephemeral mode) before the pipeline
 loads, so the two overlap, and points this process's Prefect settings (``temporary_settings``:
 its settings were read when Prefect was imported) and, through ``PREFECT_API_URL``, the Dask
@@ -129,8 +129,8 @@ class LocalPrefectApi:
 
         With the temporary API the flow runs send no heartbeats: they let a server notice a run that
         crashed, and this one ends with the run. Prefect's heartbeat thread sleeps in one-second
-        steps and every flow run waits for it at its end: up to a second per flow run (an empty
-        subflow 1.25 s against 0.3 s; the release runs about ten)."""
+        steps and every flow run waits for it at its end: up to a second per flow run, and a release
+        runs about ten."""
         self.wait()
         if self.api is None:
             yield None

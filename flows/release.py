@@ -158,7 +158,7 @@ def ingest_stage(cfg: ReleaseConfig, paths: RunPaths) -> list[dict]:
     logger = get_run_logger()
     jobs = [("private", i) for i in range(len(cfg.private))] + [("public", i) for i in range(len(cfg.public))]
     futures = [ingest_input.submit(cfg, paths, role, i) for role, i in jobs]
-    expectations()  # the input gate's Great Expectations import (6 s on two cores) while the workers read the inputs
+    expectations()  # the input gate's Great Expectations import (slow) while the workers read the inputs
     reports, errors = [], []
     progress = Progress(logger, "ingest", len(futures))
     for f in futures:

@@ -230,9 +230,8 @@ class SynthesisSpec(_Strict):
                                  "persons that the mutual-information selection leaves out (each pair of person attributes, and "
                                  "the size with each person attribute; engine.workload_selection.pair_completion), fitted by the "
                                  "state's final fit (the adaptive rounds rank their candidates without them): the prior's weak "
-                                 "pairs are where a private state unlike the public ones differs (New Mexico at eps 2: 1.05x to "
-                                 "1.01x AIM in the same peer benchmark run), at about 1.25x the release's time without; false: the "
-                                 "selection's cliques only")
+                                 "pairs are where a private state unlike the public ones differs; the cost is the state's final fit's "
+                                 "and its error estimates' time on the extra cells; false: the selection's cliques only")
     puma_attributes: int = Field(default=PUMA_ATTRIBUTES, ge=1, le=32, description="PUMA level: the one-way marginals of this many "
                                  "attributes (at least this many under puma_attributes_rule signal_to_noise), those that vary most "
                                  "between the PUMAs of a public state (engine.workload_selection.select_workloads' puma_max_attributes)")

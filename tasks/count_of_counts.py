@@ -14,8 +14,8 @@ charged measurements, unless the release declares ``invariants: [puma_household_
   measurements by their precision; the released count-of-counts table is then the size
   histograms of the released microdata. (The consistent estimates are post-processed — rounded,
   isotonic, matched across levels — so their errors are neither independent nor of the raw σ:
-  fitted as measurements of that σ they pulled the posteriors off, by 2–4 % in mean L1 on the
-  peer benchmark's stored measurements; ``benchmarks/results/HISTORY.md``.)
+  fitted as measurements of that σ they would pull the posteriors off with a confidence they do
+  not have; ``benchmarks/results/HISTORY.md``.)
 - ``household_counts_task``: without the count-of-counts stage, G per node from the
   ``group_counts`` stage alone (or exact under the invariant).
 

@@ -1,4 +1,4 @@
-"""H-GEM synthesis of one state (issue #7, item 6): the Prefect adapter of ``engine.hgem.state``.
+"""H-GEM synthesis of one state: the Prefect adapter of ``engine.hgem.state``.
 
 ``hgem_state_task`` runs :func:`engine.hgem.state.run_state` (the whole per-state procedure:
 candidates, exact budget split, normalisers, initial measurements, adaptive rounds, sampling; see

@@ -28,8 +28,8 @@ from flows.local_api import free_port, wait_for_api  # noqa: E402
 
 # One Prefect server for the whole test session (the suite's time on 2 cores). Without it every
 # process that runs a flow — each pytest worker and each ``dprelease run`` subprocess a test starts —
-# starts its own temporary server (9-20 s each on 2 cores, most of it the server's imports and
-# database migrations). The main pytest process starts ``prefect server start`` in the background
+# starts its own temporary server (most of its start is the server's imports and database
+# migrations). The main pytest process starts ``prefect server start`` in the background
 # before the workers are spawned, so they inherit ``PREFECT_API_URL``; a process waits for the
 # server's health check once, before its first test marked ``flow`` (the tests that run flows).
 # ``DPRELEASE_TEST_SHARED_PREFECT=0`` (or a ``PREFECT_API_URL`` already set) keeps the previous
@@ -106,7 +106,7 @@ def _session_dask_cluster():
     """One Dask ``LocalCluster`` per test process for the end-to-end tests (marked ``flow``),
     the one a run would start (``flows.release.dask_scheduler``), whose address the runs read from ``DASK_SCHEDULER_ADDRESS`` (in-process
     ones through ``dask.config``, subprocesses through the environment). A run's own LocalCluster
-    costs it the cluster's start and every worker's imports (5-10 s on 2 cores); the tests of the
+    costs it the cluster's start and every worker's imports; the tests of the
     default path (``test_release_end_to_end``, the resume test's first run) drop the address and
     start their own. ``DPRELEASE_TEST_SHARED_DASK=0`` turns it off."""
     if os.environ.get("DPRELEASE_TEST_SHARED_DASK") == "0" or os.environ.get("DASK_SCHEDULER_ADDRESS"):
@@ -176,19 +176,3 @@ def encode_inputs(cfg, directory: Path) -> dict[str, str]:
         out[role] = str(directory / f"{role}.npz")
         save_npz_atomic(directory / f"{role}.npz", data.to_npz)
     return out
-
-
-def load_benchmark(name: str):
-    """Import ``benchmarks/<name>.py`` as module ``name`` (the benchmarks folder is not a package;
-    it goes on sys.path so that a benchmark's own imports of its siblings resolve)."""
-    import importlib.util
-    import sys
-
-    root = Path(__file__).resolve().parent.parent / "benchmarks"
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod

@@ -1,4 +1,4 @@
-"""The closure test (issue 14): a release is a function of (config, public inputs, sampling seed,
+"""The closure test: a release is a function of (config, public inputs, sampling seed,
 stored noisy measurements) alone.
 
 A run on a small private input is replayed with the private input replaced by a neighbour —

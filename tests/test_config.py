@@ -29,10 +29,6 @@ def test_default_config_loads_and_inputs_exist(data_root):
 
 
 def test_the_adaptive_selections_persons_reach_the_engines_plan(tmp_path):
-    from engine.adaptive import SELECT_FIRST
-
-    cfg = load_config(DEFAULT)
-    assert cfg.synthesis.adaptive.plan("state").select_first == SELECT_FIRST == 2
     raw = yaml.safe_load(DEFAULT.read_text())
     raw["synthesis"]["adaptive"]["select_first"] = 5
     path = tmp_path / "c.yaml"
@@ -85,18 +81,6 @@ def test_bad_configs_get_clear_errors(tmp_path, mutate, expected):
     with pytest.raises(ConfigError, match=expected) as e:
         load_config(write(tmp_path, mutate))
     assert str(tmp_path / "cfg.yaml") in str(e.value)
-
-
-def test_households_are_drawn_balanced_by_default_and_systematic_on_request(tmp_path):
-    assert load_config(DEFAULT).synthesis.normalise is True and load_config(DEFAULT).synthesis.person_first == 0
-    assert load_config(DEFAULT).synthesis.sampling == "balanced"
-    assert load_config(DEFAULT).synthesis.level_consistency == "rake"
-    assert load_config(DEFAULT).synthesis.puma_attributes == 4
-    assert load_config(DEFAULT).synthesis.puma_attributes_rule == "signal_to_noise" and load_config(DEFAULT).synthesis.puma_candidates() == 8
-    assert load_config(DEFAULT).synthesis.complete_pairs is True
-    assert load_config(write(tmp_path, lambda r: r.setdefault("synthesis", {}).update(complete_pairs=False))).synthesis.complete_pairs is False
-    assert load_config(DEFAULT).synthesis.prior_strength_rule == "empirical_bayes"
-    assert load_config(write(tmp_path, lambda r: r.setdefault("synthesis", {}).update(sampling="systematic"))).synthesis.sampling == "systematic"
 
 
 def test_unreadable_config(tmp_path):

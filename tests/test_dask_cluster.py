@@ -1,4 +1,4 @@
-"""A real Dask cluster (issue 17 item 2): a scheduler and two `dask worker` processes started from
+"""A real Dask cluster: a scheduler and two `dask worker` processes started from
 another working directory and with another environment than the client, as on other machines.
 A small release runs through `--dask-address` and has the structure of a LocalCluster run; a
 second run loses a worker mid-stage and still completes, with no measurement charged twice."""

@@ -1,4 +1,4 @@
-"""The Great Expectations gates (issue 16), without Prefect, on small frames.
+"""The Great Expectations gates, without Prefect, on small frames.
 
 The release gate: the real tables pass; each family of expectations refuses a table broken the way
 it guards, naming the expectation and the table; a refused publish leaves nothing; the shipped

@@ -1,4 +1,4 @@
-"""measurements.parquet (issue 18 item 1): every noisy measurement of the run, one row per cell,
+"""measurements.parquet: every noisy measurement of the run, one row per cell,
 labelled from the workload and the domain, every value read from the measurement store."""
 
 from __future__ import annotations

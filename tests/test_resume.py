@@ -1,6 +1,6 @@
 """Resume and idempotence: a run killed with SIGKILL in the middle of a stage is completed by
 rerunning the same command, reusing persisted measurements and finished nodes, with an unchanged
-ledger. A second concurrent run is refused. (Issue #8; starts Prefect: marked flow.)"""
+ledger. A second concurrent run is refused. (Starts Prefect: marked flow.)"""
 
 import hashlib
 import json

@@ -2,8 +2,8 @@
 
 An H-GEM update round is many small steps on a fixed set of measurements: at B = 1000 the
 generator and the answers of a few measured workloads take a few GFLOP a step, which an H100 does
-in well under a millisecond, but eagerly a step is about six hundred kernel launches (measured on an
-H100) behind some two thousand operator calls, each with its Python and dispatcher overhead. On a
+in well under a millisecond, but eagerly a step is hundreds of small kernel launches behind
+thousands of operator calls, each with its Python and dispatcher overhead. On a
 GPU the round is then bound by the host, not the device.
 :class:`AdamSteps` captures one whole step (forward, loss, backward, Adam, and the next step's
 stopping statistics) as a CUDA graph once per round and replays it, one launch a step;

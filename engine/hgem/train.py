@@ -64,7 +64,7 @@ learning-rate decay).
 
 On a GPU every update step (and every round's scoring of all candidates) is a CUDA-graph replay
 (``engine.hgem.steps``; ``cuda_graphs=False`` runs them eagerly): the steps are launch-bound, and
-the replays make a round 5× faster than eager GPU steps (``benchmarks/hgem_speed.py``).
+the replays remove the host's per-operator overhead (``benchmarks/hgem_speed.py`` times both).
 
 z is a fixed batch held by the generator (GEM B.2: fixing z converges faster).
 Public pretraining (GEM^Pub, GEM paper §5): before the private rounds, fit F to the exact answers

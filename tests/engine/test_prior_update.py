@@ -78,8 +78,8 @@ def test_non_partition_workloads_converge_to_their_answers():
     res = prior_update(s, _target_measurements(s, x, ws), total=G, T=100, order="random", rng=rng, tol=1e-8)
     for w in ws:
         np.testing.assert_allclose(s.answer(w, res.weights), s.answer(w, x), atol=1e-7)
-    # with a "contains" workload the cyclic projections converge too, but slowly (about 2% per
-    # sweep on this instance): the error keeps falling sweep after sweep
+    # with a "contains" workload the cyclic projections converge too, but slowly: the error keeps
+    # falling sweep after sweep
     ws = [WORKLOADS[2], WORKLOADS[3]]
     res = prior_update(s, _target_measurements(s, x, ws), total=G, T=30, tol=1e-8)
     errs = np.array([h["l1_feasible"] for h in res.history])

@@ -5,14 +5,10 @@ evaluator against engine.metrics."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.conftest import load_benchmark
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")

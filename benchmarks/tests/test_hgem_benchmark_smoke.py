@@ -7,8 +7,7 @@ import json
 
 import numpy as np
 import pytest
-
-from tests.conftest import load_benchmark
+from conftest import load_benchmark
 
 TINY = ["--epsilons", "1", "--runs", "1", "--rounds", "2", "--tmax", "3", "--batch-size", "16", "--hidden", "16",
         "--z-dim", "4", "--pretrain-steps", "5", "--per-group-count", "2", "--device", "cpu"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import load_benchmark
+from conftest import load_benchmark
 
 
 def _summary(dp: float | None, pub: float) -> dict:

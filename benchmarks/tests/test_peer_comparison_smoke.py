@@ -7,16 +7,13 @@ marginals AIM selects with equal mbi's own, and the scorer gives 0 on the truth.
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.conftest import load_benchmark
+from conftest import load_benchmark
 
 pytest.importorskip("mbi")
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
-from tests.conftest import load_benchmark
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT, load_benchmark
 
 
 @pytest.fixture(scope="module")

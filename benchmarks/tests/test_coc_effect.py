@@ -1,14 +1,13 @@
 """The count-of-counts on/off benchmark's summary (benchmarks/coc_effect.py): per metric the means,
 standard errors, ratio and Welch z of the difference, which says whether the stage made a metric
-worse beyond the runs' noise (issue 15 item 3)."""
+worse beyond the runs' noise."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-
-from tests.conftest import load_benchmark
+from conftest import load_benchmark
 
 
 def test_summary_reports_the_difference_in_standard_errors():

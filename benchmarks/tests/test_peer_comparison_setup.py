@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
-from tests.conftest import load_benchmark
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
