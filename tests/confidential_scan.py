@@ -45,9 +45,10 @@ import numpy as np
 _INTEGER = re.compile(r"(?<![\w.\-])(?:0|[1-9]\d*)(?![\w.\-])")
 DISTINCTIVE = 1000
 
-# the work directory's confidential files (exact counts, the plain hash, the private rows):
-# written owner-only and never published, so not searched
-CONFIDENTIAL_WORK_FILES = ("inputs", "qa", "validation.json", "run_summary.json", "gx_inputs.json")
+# the work directory's confidential files (exact counts, the plain hash, the private rows; the run's
+# binding to its inputs' identities, which a resume compares): written owner-only and never
+# published, so not searched
+CONFIDENTIAL_WORK_FILES = ("inputs", "qa", "validation.json", "run_summary.json", "gx_inputs.json", "binding.json")
 
 
 @dataclass(frozen=True)

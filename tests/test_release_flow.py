@@ -244,8 +244,9 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     published = {(int(st), int(pu)): int(n) for (st, pu), n in hh.groupby(["ST", "PUMA"]).size().items()}
     needles = Needles.of_private_input(work, published, {len(hh), persons.num_rows, *(int(n) for n in hh.groupby("ST").size())})
     assert needles.hashes and len(needles.puma_counts) >= 2 and needles.totals  # enough left to find
-    in_home, results = scan_prefect_home(prefect_server_home(), needles)
-    assert results >= 1  # the refused run's exception among them
+    # the refused rerun never reached Prefect (refused before it starts: flows.preflight), so no
+    # stored exception is expected here; reading stored results is tested in test_confidential_scan
+    in_home, _ = scan_prefect_home(prefect_server_home(), needles)
     leaks = scan_database(db, needles, str(cfg)) + in_home
     leaks += scan_files(non_confidential_work_files(work) + sorted(p for p in rel.rglob("*") if p.is_file()), needles)
     leaks += findings("console", "\n".join(c.out + c.err for c in console), needles)
