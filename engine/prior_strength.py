@@ -93,7 +93,7 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     return np.asarray(out)
 
 
-MIN_GAIN = 2.0  # log-likelihood: a weaker prior is taken only at a likelihood ratio of at least e² ≈ 7.4
+MIN_GAIN = 2.0  # log-likelihood: a weaker prior (or, in engine.prior_mixture, a wider one) is taken only at a likelihood ratio of at least e² ≈ 7.4
 
 
 def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Sequence[Measurement], total: float,

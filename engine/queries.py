@@ -600,3 +600,69 @@ class IncidenceCache:
             else:
                 self.partition_cells(w)
         return self
+
+
+class CandidateAnswers:
+    """Answers of many candidate workloads on one set of households for changing weights.
+
+    The counted persons (and the households) are grouped once by their full tuple of attribute
+    codes — households and persons with equal codes fall in the same cell of every candidate —
+    and each candidate's cell of every such pattern is computed once and kept (in the smallest
+    integer type that holds its cells). A round then costs one weighted ``bincount`` over the
+    persons (their weights summed per pattern) and one per candidate over the patterns, a few
+    times fewer than the persons (:func:`answer` rebuilds the cells of every workload
+    per call). Person-level candidates must share one ``first``."""
+
+    def __init__(self, data: HierarchicalData, candidates: Sequence[Workload]):
+        firsts = {w.first for w in candidates if w.level == "person"}
+        if len(firsts) > 1 or any((w.level == "group" and w.person_attrs) or w.normalised for w in candidates):
+            raise ValueError("candidates: plain person-level counts with one `first`, or group-level partitions")
+        self.domain, self.n_households = data.domain, data.n_households
+        first = firsts.pop() if firsts else 0
+        keep = np.flatnonzero(data.person_slot < first) if first else np.arange(data.n_persons)
+        d = data.domain
+        group_cols = [data.group[:, j].astype(np.int64) for j in range(len(d.group))]
+        self.household_pattern, group_first = group_rows(group_cols, data.n_households)
+        household = data.person_household[keep]
+        person_cols = [c[household] for c in group_cols] + [data.person[keep, j].astype(np.int64) for j in range(len(d.person))]
+        self.person_pattern, person_first = group_rows(person_cols, keep.size)
+        self.person_household = household
+        # each attribute's code at every pattern's first member
+        self.group_codes = {a.name: c[group_first] for a, c in zip(d.group, group_cols)}
+        self.person_codes = {a.name: c[person_first] for a, c in zip([*d.group, *d.person], person_cols)}
+        self._cells: dict[Workload, np.ndarray] = {}
+
+    def _cells_of(self, w: Workload) -> np.ndarray:
+        got = self._cells.get(w)
+        if got is None:
+            d = self.domain
+            codes = self.group_codes if w.level == "group" else self.person_codes
+            cells = np.zeros(next(iter(codes.values())).size, dtype=np.int64)
+            for a in w.attrs:
+                size = d.group_attribute(a).size if a in w.group_attrs else d.person_attribute(a).size
+                cells *= size
+                cells += codes[a]
+            got = self._cells[w] = cells.astype(np.min_scalar_type(max(w.n_cells(d) - 1, 0)))
+        return got
+
+    def answers(self, workloads: Sequence[Workload], weights: np.ndarray) -> np.ndarray:
+        """Σ_h weights_h · A_w[:, h] for every workload, concatenated (as :func:`answer`)."""
+        wt = np.asarray(weights, dtype=np.float64)
+        if wt.shape != (self.n_households,):
+            raise ValueError(f"{wt.shape} weights for {self.n_households} households")
+        per_group = np.bincount(self.household_pattern, weights=wt)
+        per_person = np.bincount(self.person_pattern, weights=wt[self.person_household])
+        return np.concatenate([np.bincount(self._cells_of(w), weights=per_person if w.level == "person" else per_group,
+                                           minlength=w.n_cells(self.domain)) for w in workloads])
+
+
+def exact_answers(data: HierarchicalData, workloads: Sequence[Workload]) -> list[np.ndarray]:
+    """The exact counts of every workload on ``data``, equal to :func:`answer` per
+    workload: through :class:`CandidateAnswers` (one grouping of the persons for all) when the
+    workloads allow it (person level with one ``first``, or group-level partitions), else one by one."""
+    firsts = {w.first for w in workloads if w.level == "person"}
+    if len(firsts) > 1 or any((w.level == "group" and w.person_attrs) or w.normalised for w in workloads):
+        return [np.asarray(answer(data, w), dtype=np.float64) for w in workloads]
+    flat = CandidateAnswers(data, workloads).answers(workloads, np.ones(data.n_households))
+    bounds = np.cumsum([0] + [w.n_cells(data.domain) for w in workloads])
+    return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]

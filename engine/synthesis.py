@@ -46,7 +46,6 @@ import numpy as np
 
 from engine.adaptive import (
     AdaptiveRounds,
-    CandidateAnswers,
     SelectFn,
     candidate_workloads,
     expected_measurement_l1,
@@ -60,7 +59,7 @@ from engine.map_update import map_fit
 from engine.measurement import Measurement
 from engine.prior_strength import choose_prior_strength
 from engine.prior_update import prior_update
-from engine.queries import PrivacyUnit, Workload, answer
+from engine.queries import CandidateAnswers, PrivacyUnit, Workload, answer
 from engine.support import Support
 
 # measure(workload, rho) -> (noisy counts of the node's households, noise sigma per cell): the one

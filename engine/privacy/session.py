@@ -38,13 +38,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from engine.adaptive import exact_answers
 from engine.errors import EXIT_PRIVACY, DPReleaseError
 from engine.geography import Geography, Node, node_households, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementRecord, MeasurementStore
-from engine.queries import PrivacyUnit, Workload, answer
+from engine.queries import PrivacyUnit, Workload, answer, exact_answers
 
 __all__ = ["INVARIANTS", "InvariantNotDeclared", "NoisySizes", "PrivateSession", "max_abs_error_scores", "size_counts",
            "size_counts_sensitivity", "size_form", "size_histogram"]
