@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class SplitChoice:
     state_fraction: Fraction
     table: tuple[tuple[Fraction, float, float], ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "method": "expected error simulated on the public data (engine.budget_split): each public state as the private one, the others as its prior",
             "state_fraction": str(self.state_fraction),

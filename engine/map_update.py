@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
@@ -46,7 +47,7 @@ def map_update(
     max_iter: int = 500,
     tol: float = 1e-10,
     dual0: np.ndarray | None = None,
-) -> tuple[np.ndarray, dict]:
+) -> tuple[np.ndarray, dict[str, Any]]:
     """The MAP distribution on the support (module docstring). ``measurements``: noisy counts of
     the node with their σ, divided here by the household total G = ``total``
     (:meth:`~engine.measurement.Measurement.answers`). Returns (weights, diagnostics)."""
@@ -61,7 +62,7 @@ class MapFit:
 
     weights: np.ndarray
     dual: np.ndarray | None
-    diagnostics: dict
+    diagnostics: dict[str, Any]
 
 
 def map_fit(

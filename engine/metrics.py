@@ -14,7 +14,7 @@ These numbers are computed against confidential data: internal QA and benchmarks
 from __future__ import annotations
 
 import itertools
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -79,13 +79,13 @@ def _node_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, n
     return counts, np.bincount(node[valid], weights=unit[valid], minlength=n_nodes)
 
 
-def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict:
+def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict[str, Any]:
     """Max and mean absolute error of normalised answers per node of ``level``, averaged over nodes."""
     return query_errors_by_level(true, {"synth": synth}, workloads, [level])["synth"][level]
 
 
 def query_errors_by_level(true: HierarchicalData, candidates: dict[str, HierarchicalData], workloads: list[Workload],
-                          levels: list[str]) -> dict[str, dict[str, dict]]:
+                          levels: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
     """{candidate: {level: :func:`query_errors`}} for several synthetic datasets and geography
     levels at once: each dataset's cells of a workload are found once and counted once, at the
     finest level; a coarser level's counts are its nodes' sums (:func:`_nested_counts`)."""
@@ -164,13 +164,13 @@ def person_column(data: HierarchicalData, attribute: int) -> np.ndarray:
     return data.person[:, attribute - k_g].astype(np.int64)
 
 
-def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "puma", n_pairs: int = 50, rng: np.random.Generator | None = None) -> dict:
+def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "puma", n_pairs: int = 50, rng: np.random.Generator | None = None) -> dict[str, Any]:
     """Average L1 distance of ``n_pairs`` random 2-way marginals per node (NIST metric), averaged over nodes."""
     return two_way_l1_by_candidate(true, {"synth": synth}, level, n_pairs, rng)["synth"]
 
 
 def two_way_l1_by_candidate(true: HierarchicalData, candidates: dict[str, HierarchicalData], level: str = "puma", n_pairs: int = 50,
-                            rng: np.random.Generator | None = None) -> dict[str, dict]:
+                            rng: np.random.Generator | None = None) -> dict[str, dict[str, Any]]:
     """:func:`two_way_l1` of every candidate on the same ``n_pairs`` pairs, the true marginals
     computed once per pair for all of them."""
     rng = rng or np.random.default_rng(0)

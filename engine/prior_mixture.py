@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -146,7 +147,7 @@ class MixtureChoice:
     def widened(self) -> bool:
         return any(w > 0 for w in self.weights)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"attributes": list(self.attributes), "weights": [round(w, 6) for w in self.weights],
                 "fitted": [round(w, 6) for w in self.fitted], "rss": [round(r, 3) for r in self.rss], "widened": self.widened}
 

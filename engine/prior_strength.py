@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.linalg import eigh
@@ -56,7 +57,7 @@ class PriorStrengthChoice:
     loglik: tuple[float, ...]
     floor: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"strength": self.strength, "candidates": list(self.candidates),
                 "loglik": [round(v, 3) if math.isfinite(v) else None for v in self.loglik],  # None: not computed (the floor decided)
                 "floor": self.floor}

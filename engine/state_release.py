@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -118,7 +118,7 @@ class StateRelease:
     data: HierarchicalData
     households: dict[Node, int]
     workloads: dict[str, list[str]]
-    diagnostics: dict[str, dict] = field(default_factory=dict)
+    diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,

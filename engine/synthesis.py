@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class NodeResult:
     the joint estimate when its noise was given)."""
 
     weights: np.ndarray
-    diagnostics: dict
+    diagnostics: dict[str, Any]
     total: float = 0.0
     dual: np.ndarray | None = None  # the MAP rule's dual solution (a warm start at a nearby total)
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -228,7 +229,7 @@ class WorkloadSelection:
 
     state: list[Workload]
     puma: list[Workload]
-    explanation: dict
+    explanation: dict[str, Any]
     puma_ranked: list[Workload] = field(default_factory=list)
     completed: list[Workload] = field(default_factory=list)
 
@@ -250,13 +251,13 @@ class WorkloadSelection:
                        "puma_workloads": [x for x in e["puma_workloads"] if x["id"] in kept_ids]}
         return replace(self, puma=puma, explanation=explanation)
 
-    def to_record(self) -> dict:
+    def to_record(self) -> dict[str, Any]:
         """JSON form (workload ids), read back by :meth:`from_record`."""
         return {"state": [w.id for w in self.state], "puma": [w.id for w in self.puma], "puma_ranked": [w.id for w in self.puma_ranked],
                 "completed": [w.id for w in self.completed], "explanation": self.explanation}
 
     @classmethod
-    def from_record(cls, record: dict) -> WorkloadSelection:
+    def from_record(cls, record: dict[str, Any]) -> WorkloadSelection:
         ids = lambda key: [Workload.from_id(i) for i in record.get(key, [])]  # noqa: E731
         return cls(ids("state"), ids("puma"), record["explanation"], ids("puma_ranked"), ids("completed"))
 

@@ -88,7 +88,7 @@ class StateBudget:
         """What the whole run charges (sequential composition): never above ``rho_node``."""
         return self.n_initial * self.rho_initial + self.rounds * (self.rho_select + self.rho_measure)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready (fractions as exact strings)."""
         return {k: (str(v) if isinstance(v, Fraction) else v) for k, v in self.__dict__.items()}
 

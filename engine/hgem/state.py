@@ -226,7 +226,7 @@ class StateFit:
     settings: HGEMSettings
     device: str
 
-    def diagnostics(self) -> dict:
+    def diagnostics(self) -> dict[str, Any]:
         """JSON-ready: settings, budget split, per-round history."""
         return {
             "candidates": len(self.candidates),
@@ -253,7 +253,7 @@ def fit_state(
     seed: int = 0,
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
-    public_fit: dict | None = None,
+    public_fit: dict[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> StateFit:
@@ -343,7 +343,7 @@ def run_state(
     seed: int = 0,
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
-    public_fit: dict | None = None,
+    public_fit: dict[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
     structure: HouseholdStructure | None = None,
     log: Callable[[str], None] | None = None,
