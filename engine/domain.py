@@ -106,7 +106,9 @@ class Domain:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Domain:
-        mk = lambda a: Attribute(a["name"], tuple(a["codes"]), tuple(a["labels"]), a.get("description", ""))  # noqa: E731
+        def mk(a: dict[str, Any]) -> Attribute:
+            return Attribute(a["name"], tuple(a["codes"]), tuple(a["labels"]), a.get("description", ""))
+
         return cls(
             group=tuple(mk(a) for a in d["group"]),
             person=tuple(mk(a) for a in d["person"]),

@@ -270,9 +270,7 @@ def _entropy_newton(q, patterns: Patterns, y_target, interior: float, tol: float
     total = m.sum()
     m = m / total
     P = patterns.matrix
-    Pt = patterns._memo.get("T")
-    if Pt is None:
-        Pt = patterns._memo["T"] = P.T.tocsr()
+    Pt = patterns.transposed
     n_cells = P.shape[1]
     active = m > _TINY_MASS  # underflowed (subnormal) masses are dropped: π/m would overflow
     m = np.where(active, m, 0.0)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal, cast
 
 import numpy as np
@@ -332,7 +333,6 @@ class Patterns:
 
     matrix: sp.csr_matrix
     pattern_of: np.ndarray
-    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_patterns(self) -> int:
@@ -342,23 +342,34 @@ class Patterns:
         """(pattern u, flat cell pair i·C+j, a_ui·a_uj) for every pair of non-zeros of each pattern,
         so that ``Σ_u π_u a_u a_uᵀ`` is one ``bincount`` (the Hessian of the entropy-projection
         dual). Cached: the structure depends on the support only."""
-        got = self._memo.get("pairs")
-        if got is None:
-            P = self.matrix
-            C = P.shape[1]
-            k = np.diff(P.indptr)
-            us, cells, vals = [], [], []
-            for r1 in range(int(k.max(initial=0))):
-                for r2 in range(int(k.max(initial=0))):
-                    u = np.flatnonzero(k > max(r1, r2))
-                    i1 = P.indptr[u] + r1
-                    i2 = P.indptr[u] + r2
-                    us.append(u)
-                    cells.append(P.indices[i1].astype(np.int64) * C + P.indices[i2])
-                    vals.append(P.data[i1] * P.data[i2])
-            cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
-            got = self._memo["pairs"] = (cat(us, np.int64), cat(cells, np.int64), cat(vals, np.float64))
-        return got
+        return self._second_moment_pairs
+
+    @cached_property
+    def _second_moment_pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        P = self.matrix
+        C = P.shape[1]
+        k = np.diff(P.indptr)
+        us: list[np.ndarray] = []
+        cells: list[np.ndarray] = []
+        vals: list[np.ndarray] = []
+        for r1 in range(int(k.max(initial=0))):
+            for r2 in range(int(k.max(initial=0))):
+                u = np.flatnonzero(k > max(r1, r2))
+                i1 = P.indptr[u] + r1
+                i2 = P.indptr[u] + r2
+                us.append(u)
+                cells.append(P.indices[i1].astype(np.int64) * C + P.indices[i2])
+                vals.append(P.data[i1] * P.data[i2])
+
+        def cat(xs: list[np.ndarray], dt: type[np.generic]) -> np.ndarray:
+            return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
+
+        return cat(us, np.int64), cat(cells, np.int64), cat(vals, np.float64)
+
+    @cached_property
+    def transposed(self) -> sp.csr_matrix:
+        """``matrix`` transposed (cells × U, CSR), built once per support."""
+        return self.matrix.T.tocsr()
 
     def mass(self, weights: np.ndarray) -> np.ndarray:
         """Total weight of the households of every pattern, (U,)."""
@@ -370,7 +381,8 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray) -> np.ndarray:
     patterns) under the distribution ``w`` (one draw, unscaled) — what the interval estimates and the
     empirical-Bayes likelihood build their dense algebra on."""
     a = A @ w
-    return (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray() - np.outer(a, a)
+    gram: np.ndarray = (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray() - np.outer(a, a)
+    return gram
 
 
 GROUP_KEY_LIMIT = 1 << 62  # a fused group key stays below this: int64 with room to spare
@@ -590,9 +602,10 @@ class IncidenceCache:
 
     def answer(self, w: Workload, weights: np.ndarray) -> np.ndarray:
         """Σ_h weights_h · A[:, h] (counts if weights are counts, proportions if a distribution)."""
-        return self.matrix(w) @ np.asarray(weights, dtype=np.float64)
+        out: np.ndarray = self.matrix(w) @ np.asarray(weights, dtype=np.float64)
+        return out
 
-    def prepare(self, workloads) -> IncidenceCache:
+    def prepare(self, workloads: Iterable[Workload]) -> IncidenceCache:
         for w in workloads:
             self.matrix(w)
             if not w.is_partition():
