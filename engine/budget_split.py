@@ -104,7 +104,8 @@ def _public_cells(public: HierarchicalData, workloads: Sequence[Workload], unit:
 
 def _shrunk(e2: np.ndarray, s2: float) -> np.ndarray:
     """The Bayes shrinkage's mean squared error e²σ²/(e² + σ²) (0 where both are 0)."""
-    return np.divide(e2 * s2, e2 + s2, out=np.zeros_like(e2), where=(e2 + s2) > 0)
+    mse: np.ndarray = np.divide(e2 * s2, e2 + s2, out=np.zeros_like(e2), where=(e2 + s2) > 0)
+    return mse
 
 
 def _expected(cells: list[tuple[float, list[_PlayedState]]], rho_state: float, rho_puma: float) -> tuple[float, float]:

@@ -126,7 +126,7 @@ def map_fit(
         u /= z
         return u, top + float(np.log(z))
 
-    def f(lam):
+    def f(lam: np.ndarray) -> tuple[float, np.ndarray]:
         q, lse = dual_q(lam)
         s2lam = s2 * lam
         val = alpha * lse - lam @ y + 0.5 * float(s2lam @ lam)

@@ -54,6 +54,7 @@ from engine.adaptive import (
     round_budget,
     selection_first,
 )
+from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.map_update import map_fit
 from engine.measurement import Measurement
@@ -156,7 +157,7 @@ def update_node(support: Support, prior: np.ndarray, measurements: Sequence[Meas
     return NodeResult(res.weights, res.diagnostics())
 
 
-def size_measurement(domain, histogram: Sequence[float], sd: float) -> Measurement:
+def size_measurement(domain: Domain, histogram: Sequence[float], sd: float) -> Measurement:
     """The count-of-counts estimate of a node's households of size 1..K as a noisy measurement of
     the size marginal (group workload on the size attribute, code k−1 = size k). ``sd``: noise
     standard deviation of one entry, in households. Post-processing of the count-of-counts stage's

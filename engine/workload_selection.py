@@ -258,7 +258,9 @@ class WorkloadSelection:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> WorkloadSelection:
-        ids = lambda key: [Workload.from_id(i) for i in record.get(key, [])]  # noqa: E731
+        def ids(key: str) -> list[Workload]:
+            return [Workload.from_id(i) for i in record.get(key, [])]
+
         return cls(ids("state"), ids("puma"), record["explanation"], ids("puma_ranked"), ids("completed"))
 
 
@@ -329,7 +331,7 @@ def select_workloads(
     chosen_tri: list[tuple[int, int, int]] = []
     state: list[Workload] = []
     n_contains = 0
-    covered: set[frozenset] = set()
+    covered: set[frozenset[int]] = set()
     for _, t in tri_scored:
         if len(chosen_tri) >= n_triangles:
             break
@@ -403,7 +405,9 @@ def select_workloads(
                                                        person_first if w.level == "person" else 0, normalise)
         state, puma, ranked, completed = [form(w) for w in state], [form(w) for w in puma], [form(w) for w in ranked], [form(w) for w in completed]
 
-    pair_name = lambda e: f"{names[e[0]]}~{names[e[1]]}"  # noqa: E731
+    def pair_name(e: tuple[int, int]) -> str:
+        return f"{names[e[0]]}~{names[e[1]]}"
+
     explanation = {
         "method": "Tao et al. 2021 §4.2: pairwise mutual information on public data; state = strong cliques, "
         "PUMA = one-way marginals of the attributes that vary most between a public state's PUMAs, not redundant (+ small pairs)",
