@@ -124,7 +124,8 @@ def session_oracles(session: PrivateSession, stage: str, level: str, node: Node)
 
         return at
 
-    def select(tag, workloads, normalisers, model_answers, epsilon, sensitivity) -> int:
+    def select(tag: str, workloads: Sequence[Workload], normalisers: Sequence[float], model_answers: np.ndarray, epsilon: float,
+               sensitivity: float) -> int:
         return session.select_worst_workload(stage, level, node, tag, workloads, normalisers, model_answers, epsilon,
                                              sensitivity)
 
@@ -145,9 +146,10 @@ def local_oracles(private: HierarchicalData, unit: PrivacyUnit,
     Gaussian) and ``choose(scores, sensitivity, ε)`` on the session's scores (default the
     pipeline's exponential mechanism)."""
     measure = local_measure(private, unit, noise)
-    targets: dict[tuple, np.ndarray] = {}
+    targets: dict[tuple[tuple[str, ...], tuple[float, ...]], np.ndarray] = {}
 
-    def select(tag, workloads, normalisers, model_answers, epsilon, sensitivity) -> int:
+    def select(tag: str, workloads: Sequence[Workload], normalisers: Sequence[float], model_answers: np.ndarray, epsilon: float,
+               sensitivity: float) -> int:
         key = (tuple(w.id for w in workloads), tuple(float(n) for n in normalisers))
         if key not in targets:
             targets[key] = np.concatenate(
@@ -320,7 +322,7 @@ def fit_state(
         last["sigma"] = m.sigma
         return m.answers
 
-    def progress(rec: RoundRecord, _G) -> None:
+    def progress(rec: RoundRecord, _G: HGEMGenerator) -> None:
         say(f"round {rec.round}/{budget.rounds} measured {rec.workload} ({rec.steps} update steps, {rec.seconds:.1f}s)")
 
     # the σ of the measurement just taken (train_hgem asks right after measuring the workload)
