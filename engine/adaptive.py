@@ -29,7 +29,7 @@ Where the node's workloads are normalised (``engine.queries.Workload.normalised`
 workload is measured in that form too (:func:`measured_form`), and the candidates are scored on
 the plain counts of each household's first ``select_first`` persons (:data:`SELECT_FIRST`, 2, by
 default): the scores need the model's answers of every candidate, which plain counts give from one
-grouping of the support's persons (:class:`CandidateAnswers`), and their L1 sensitivity is 2 where
+grouping of the support's persons (:class:`engine.queries.CandidateAnswers`), and their L1 sensitivity is 2 where
 every person's counts have M. Two persons, not more: each further person lets the children of
 large households into the scores, which helps a state whose large households the public data
 mis-states, but raises the selection's sensitivity and with it its noise, which costs most at small
@@ -49,14 +49,13 @@ import numpy as np
 
 from engine.domain import Domain
 from engine.errors import DPReleaseError
-from engine.hierarchical_data import HierarchicalData
 from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
-from engine.queries import PrivacyUnit, Workload, answer, group_rows
+from engine.queries import PrivacyUnit, Workload
 
 # select(candidates, model counts (concatenated), penalty per candidate, ε₀, round tag) -> index
 SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], int]
 
-__all__ = ["SELECT_FIRST", "AdaptiveRounds", "CandidateAnswers", "RoundBudget", "SelectFn", "candidate_workloads", "exact_answers",
+__all__ = ["SELECT_FIRST", "AdaptiveRounds", "RoundBudget", "SelectFn", "candidate_workloads",
            "expected_measurement_l1", "initial_rho", "measured_form", "round_budget", "selection_first"]
 
 SELECT_FIRST = 2  # normalised nodes: candidates scored on the plain counts of each household's first two persons (default)
@@ -177,69 +176,3 @@ def expected_measurement_l1(candidates: Sequence[Workload], domain: Domain, unit
     the Gaussian mechanism at ``rho`` (σ_w = L2(w)/√(2ρ))."""
     sigma = np.array([w.sensitivity(domain, unit)[1] for w in candidates]) / math.sqrt(2.0 * float(rho))
     return math.sqrt(2.0 / math.pi) * sigma * np.array([w.n_cells(domain) for w in candidates], dtype=np.float64)
-
-
-class CandidateAnswers:
-    """Answers of many candidate workloads on one set of households for changing weights.
-
-    The counted persons (and the households) are grouped once by their full tuple of attribute
-    codes — households and persons with equal codes fall in the same cell of every candidate —
-    and each candidate's cell of every such pattern is computed once and kept (in the smallest
-    integer type that holds its cells). A round then costs one weighted ``bincount`` over the
-    persons (their weights summed per pattern) and one per candidate over the patterns, a few
-    times fewer than the persons (``engine.queries.answer`` rebuilds the cells of every workload
-    per call). Person-level candidates must share one ``first``."""
-
-    def __init__(self, data: HierarchicalData, candidates: Sequence[Workload]):
-        firsts = {w.first for w in candidates if w.level == "person"}
-        if len(firsts) > 1 or any((w.level == "group" and w.person_attrs) or w.normalised for w in candidates):
-            raise ValueError("candidates: plain person-level counts with one `first`, or group-level partitions")
-        self.domain, self.n_households = data.domain, data.n_households
-        first = firsts.pop() if firsts else 0
-        keep = np.flatnonzero(data.person_slot < first) if first else np.arange(data.n_persons)
-        d = data.domain
-        group_cols = [data.group[:, j].astype(np.int64) for j in range(len(d.group))]
-        self.household_pattern, group_first = group_rows(group_cols, data.n_households)
-        household = data.person_household[keep]
-        person_cols = [c[household] for c in group_cols] + [data.person[keep, j].astype(np.int64) for j in range(len(d.person))]
-        self.person_pattern, person_first = group_rows(person_cols, keep.size)
-        self.person_household = household
-        # each attribute's code at every pattern's first member
-        self.group_codes = {a.name: c[group_first] for a, c in zip(d.group, group_cols)}
-        self.person_codes = {a.name: c[person_first] for a, c in zip([*d.group, *d.person], person_cols)}
-        self._cells: dict[Workload, np.ndarray] = {}
-
-    def _cells_of(self, w: Workload) -> np.ndarray:
-        got = self._cells.get(w)
-        if got is None:
-            d = self.domain
-            codes = self.group_codes if w.level == "group" else self.person_codes
-            cells = np.zeros(next(iter(codes.values())).size, dtype=np.int64)
-            for a in w.attrs:
-                size = d.group_attribute(a).size if a in w.group_attrs else d.person_attribute(a).size
-                cells *= size
-                cells += codes[a]
-            got = self._cells[w] = cells.astype(np.min_scalar_type(max(w.n_cells(d) - 1, 0)))
-        return got
-
-    def answers(self, workloads: Sequence[Workload], weights: np.ndarray) -> np.ndarray:
-        """Σ_h weights_h · A_w[:, h] for every workload, concatenated (as ``engine.queries.answer``)."""
-        wt = np.asarray(weights, dtype=np.float64)
-        if wt.shape != (self.n_households,):
-            raise ValueError(f"{wt.shape} weights for {self.n_households} households")
-        per_group = np.bincount(self.household_pattern, weights=wt)
-        per_person = np.bincount(self.person_pattern, weights=wt[self.person_household])
-        return np.concatenate([np.bincount(self._cells_of(w), weights=per_person if w.level == "person" else per_group,
-                                           minlength=w.n_cells(self.domain)) for w in workloads])
-
-
-def exact_answers(data: HierarchicalData, workloads: Sequence[Workload]) -> list[np.ndarray]:
-    """The exact counts of every workload on ``data``, equal to ``engine.queries.answer`` per
-    workload: through :class:`CandidateAnswers` (one grouping of the persons for all) when the
-    workloads allow it (person level with one ``first``, or group-level partitions), else one by one."""
-    firsts = {w.first for w in workloads if w.level == "person"}
-    if len(firsts) > 1 or any((w.level == "group" and w.person_attrs) or w.normalised for w in workloads):
-        return [np.asarray(answer(data, w), dtype=np.float64) for w in workloads]
-    flat = CandidateAnswers(data, workloads).answers(workloads, np.ones(data.n_households))
-    bounds = np.cumsum([0] + [w.n_cells(data.domain) for w in workloads])
-    return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]

@@ -95,7 +95,8 @@ class BalanceTargets:
 
     def expected(self, counts: np.ndarray) -> np.ndarray:
         """The balance counts of households weighted by ``counts`` (expected copies per household)."""
-        return self.rows.T @ np.asarray(counts, dtype=np.float64)
+        balance: np.ndarray = self.rows.T @ np.asarray(counts, dtype=np.float64)
+        return balance
 
 
 def systematic_positions(p: np.ndarray, n: int, u: float) -> np.ndarray:

@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class SplitChoice:
     state_fraction: Fraction
     table: tuple[tuple[Fraction, float, float], ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "method": "expected error simulated on the public data (engine.budget_split): each public state as the private one, the others as its prior",
             "state_fraction": str(self.state_fraction),
@@ -103,7 +104,8 @@ def _public_cells(public: HierarchicalData, workloads: Sequence[Workload], unit:
 
 def _shrunk(e2: np.ndarray, s2: float) -> np.ndarray:
     """The Bayes shrinkage's mean squared error e²σ²/(e² + σ²) (0 where both are 0)."""
-    return np.divide(e2 * s2, e2 + s2, out=np.zeros_like(e2), where=(e2 + s2) > 0)
+    mse: np.ndarray = np.divide(e2 * s2, e2 + s2, out=np.zeros_like(e2), where=(e2 + s2) > 0)
+    return mse
 
 
 def _expected(cells: list[tuple[float, list[_PlayedState]]], rho_state: float, rho_puma: float) -> tuple[float, float]:

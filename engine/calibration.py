@@ -96,7 +96,8 @@ def _cell_factors(margin: Margin, weights: np.ndarray, inside: np.ndarray) -> np
         lam -= step
         if np.max(np.abs(step) * x.max(initial=1.0), initial=0.0) < 1e-14:
             break
-    return np.exp(lam[cell] * x)
+    factors: np.ndarray = np.exp(lam[cell] * x)
+    return factors
 
 
 def rake(margins: list[Margin], tolerance: float = 1e-8, max_iterations: int = 1000) -> Calibration:

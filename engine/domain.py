@@ -10,6 +10,7 @@ documentation only and takes no part in comparing domains.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Attribute:
     def size(self) -> int:
         return len(self.codes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "codes": list(self.codes), "labels": list(self.labels), "description": self.description}
 
 
@@ -94,7 +95,7 @@ class Domain:
     def person_sizes(self) -> tuple[int, ...]:
         return tuple(a.size for a in self.person)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "geography": list(self.geography),
             "max_size": self.max_size,
@@ -104,8 +105,10 @@ class Domain:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> Domain:
-        mk = lambda a: Attribute(a["name"], tuple(a["codes"]), tuple(a["labels"]), a.get("description", ""))  # noqa: E731
+    def from_dict(cls, d: dict[str, Any]) -> Domain:
+        def mk(a: dict[str, Any]) -> Attribute:
+            return Attribute(a["name"], tuple(a["codes"]), tuple(a["labels"]), a.get("description", ""))
+
         return cls(
             group=tuple(mk(a) for a in d["group"]),
             person=tuple(mk(a) for a in d["person"]),

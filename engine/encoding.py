@@ -75,4 +75,5 @@ def multigenerational(relp: np.ndarray, offsets: np.ndarray, child: list[int], g
     has_c = segment_any(np.isin(relp, child), offsets)
     has_g = segment_any(np.isin(relp, grandchild), offsets)
     has_p = segment_any(np.isin(relp, parent), offsets)
-    return (has_c & has_g) | (has_p & has_c) | (has_p & has_g)
+    multi: np.ndarray = (has_c & has_g) | (has_p & has_c) | (has_p & has_g)
+    return multi

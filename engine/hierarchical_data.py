@@ -12,15 +12,18 @@ No identifiers are stored: a HierarchicalData holds codes only.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from engine.domain import Domain
 
 
-def _code_dtype(sizes) -> np.dtype:
+def _code_dtype(sizes: Iterable[int]) -> np.dtype[np.unsignedinteger]:
     return np.dtype(np.uint8) if max(sizes, default=1) <= 255 else np.dtype(np.uint16)
 
 
@@ -59,7 +62,7 @@ class HierarchicalData:
 
     # -- constructors ------------------------------------------------------------------
     @classmethod
-    def from_arrays(cls, domain: Domain, geo, group, person, person_offsets) -> HierarchicalData:
+    def from_arrays(cls, domain: Domain, geo: ArrayLike, group: ArrayLike, person: ArrayLike, person_offsets: ArrayLike) -> HierarchicalData:
         return cls(
             domain,
             np.ascontiguousarray(geo, dtype=np.int32).reshape(-1, len(domain.geography)),
@@ -100,7 +103,7 @@ class HierarchicalData:
     @cached_property
     def person_household(self) -> np.ndarray:
         """Index of the household of every person, (N_I,) int64 (computed once, read-only)."""
-        out = np.repeat(np.arange(self.n_households, dtype=np.int64), self.sizes)
+        out: np.ndarray = np.repeat(np.arange(self.n_households, dtype=np.int64), self.sizes)
         out.flags.writeable = False
         return out
 
@@ -108,7 +111,7 @@ class HierarchicalData:
     def person_slot(self) -> np.ndarray:
         """Position of every person inside its household (0 = first / householder; computed once,
         read-only)."""
-        out = np.arange(self.n_persons, dtype=np.int64) - np.repeat(self.person_offsets[:-1], self.sizes)
+        out: np.ndarray = np.arange(self.n_persons, dtype=np.int64) - np.repeat(self.person_offsets[:-1], self.sizes)
         out.flags.writeable = False
         return out
 
@@ -143,7 +146,8 @@ class HierarchicalData:
 
     def node_mask(self, node: tuple[int, ...]) -> np.ndarray:
         k = len(node)
-        return np.all(self.geo[:, :k] == np.asarray(node, dtype=np.int32), axis=1)
+        mask: np.ndarray = np.all(self.geo[:, :k] == np.asarray(node, dtype=np.int32), axis=1)
+        return mask
 
     def project(self, group: list[str] | None, person: list[str] | None) -> HierarchicalData:
         """Keep a subset of the attributes (the size attribute is always kept)."""
@@ -154,7 +158,7 @@ class HierarchicalData:
         return HierarchicalData.from_arrays(dom, self.geo, self.group[:, gi], self.person[:, pi], self.person_offsets)
 
     # -- persistence (npz; no pickles) -------------------------------------------------
-    def to_npz(self, path) -> None:
+    def to_npz(self, path: str | os.PathLike[str]) -> None:
         import json
 
         np.savez(
@@ -167,7 +171,7 @@ class HierarchicalData:
         )
 
     @classmethod
-    def from_npz(cls, path) -> HierarchicalData:
+    def from_npz(cls, path: str | os.PathLike[str]) -> HierarchicalData:
         import json
 
         with np.load(path, allow_pickle=False) as z:

@@ -28,6 +28,7 @@ and what the PUMA level measures informs its state too. Post-processing of measu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def rake_to_parent(
     workloads: Sequence[tuple[Workload, float]],
     *,
     prior_strength: float = 0.1,
-) -> tuple[list[np.ndarray], dict]:
+) -> tuple[list[np.ndarray], dict[str, Any]]:
     """The children's weights (each normalised) tilted by one common factor per support household
     so that their sum, Σ_c ``totals[c]`` · ``children[c]``, fits ``parent`` (a distribution on the
     same support) on ``workloads`` — (workload, σ in counts) pairs, the parent's measured workloads

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
@@ -46,7 +47,7 @@ def map_update(
     max_iter: int = 500,
     tol: float = 1e-10,
     dual0: np.ndarray | None = None,
-) -> tuple[np.ndarray, dict]:
+) -> tuple[np.ndarray, dict[str, Any]]:
     """The MAP distribution on the support (module docstring). ``measurements``: noisy counts of
     the node with their σ, divided here by the household total G = ``total``
     (:meth:`~engine.measurement.Measurement.answers`). Returns (weights, diagnostics)."""
@@ -61,7 +62,7 @@ class MapFit:
 
     weights: np.ndarray
     dual: np.ndarray | None
-    diagnostics: dict
+    diagnostics: dict[str, Any]
 
 
 def map_fit(
@@ -125,7 +126,7 @@ def map_fit(
         u /= z
         return u, top + float(np.log(z))
 
-    def f(lam):
+    def f(lam: np.ndarray) -> tuple[float, np.ndarray]:
         q, lse = dual_q(lam)
         s2lam = s2 * lam
         val = alpha * lse - lam @ y + 0.5 * float(s2lam @ lam)

@@ -14,10 +14,11 @@ These numbers are computed against confidential data: internal QA and benchmarks
 from __future__ import annotations
 
 import itertools
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
+from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import Level, Workload, counted_person_cells, household_cell_pairs
 
@@ -64,7 +65,8 @@ def _by_node(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.nd
     """:func:`answers_by_node` from the workload's (household, cell, count) ``pairs`` and every
     household's ``node`` index: the pairs serve every level."""
     counts, denom = _node_counts(data, w, pairs, node, n_nodes)
-    return counts / np.maximum(denom, 1.0)[:, None]
+    shares: np.ndarray = counts / np.maximum(denom, 1.0)[:, None]
+    return shares
 
 
 def _node_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], node: np.ndarray,
@@ -79,13 +81,13 @@ def _node_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, n
     return counts, np.bincount(node[valid], weights=unit[valid], minlength=n_nodes)
 
 
-def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict:
+def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict[str, Any]:
     """Max and mean absolute error of normalised answers per node of ``level``, averaged over nodes."""
     return query_errors_by_level(true, {"synth": synth}, workloads, [level])["synth"][level]
 
 
 def query_errors_by_level(true: HierarchicalData, candidates: dict[str, HierarchicalData], workloads: list[Workload],
-                          levels: list[str]) -> dict[str, dict[str, dict]]:
+                          levels: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
     """{candidate: {level: :func:`query_errors`}} for several synthetic datasets and geography
     levels at once: each dataset's cells of a workload are found once and counted once, at the
     finest level; a coarser level's counts are its nodes' sums (:func:`_nested_counts`)."""
@@ -136,7 +138,7 @@ def _nested_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray,
     return out
 
 
-def k_way_workloads(domain, k: int = 3, level: Level = "group", limit: int | None = None, rng: np.random.Generator | None = None) -> list[Workload]:
+def k_way_workloads(domain: Domain, k: int = 3, level: Level = "group", limit: int | None = None, rng: np.random.Generator | None = None) -> list[Workload]:
     """All (or ``limit`` random) workloads of k attributes (group and person attributes mixed;
     person level needs at least one person attribute)."""
     g = [a.name for a in domain.group]
@@ -160,17 +162,18 @@ def person_column(data: HierarchicalData, attribute: int) -> np.ndarray:
     table of every attribute would hold N_I × (k_G + k_I) integers)."""
     k_g = len(data.domain.group_sizes)
     if attribute < k_g:
-        return data.group[:, attribute].astype(np.int64)[data.person_household]
+        column: np.ndarray = data.group[:, attribute].astype(np.int64)[data.person_household]
+        return column
     return data.person[:, attribute - k_g].astype(np.int64)
 
 
-def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "puma", n_pairs: int = 50, rng: np.random.Generator | None = None) -> dict:
+def two_way_l1(true: HierarchicalData, synth: HierarchicalData, level: str = "puma", n_pairs: int = 50, rng: np.random.Generator | None = None) -> dict[str, Any]:
     """Average L1 distance of ``n_pairs`` random 2-way marginals per node (NIST metric), averaged over nodes."""
     return two_way_l1_by_candidate(true, {"synth": synth}, level, n_pairs, rng)["synth"]
 
 
 def two_way_l1_by_candidate(true: HierarchicalData, candidates: dict[str, HierarchicalData], level: str = "puma", n_pairs: int = 50,
-                            rng: np.random.Generator | None = None) -> dict[str, dict]:
+                            rng: np.random.Generator | None = None) -> dict[str, dict[str, Any]]:
     """:func:`two_way_l1` of every candidate on the same ``n_pairs`` pairs, the true marginals
     computed once per pair for all of them."""
     rng = rng or np.random.default_rng(0)
@@ -180,18 +183,19 @@ def two_way_l1_by_candidate(true: HierarchicalData, candidates: dict[str, Hierar
     n_attr = len(sizes)
     pairs = [tuple(rng.choice(n_attr, 2, replace=False)) for _ in range(n_pairs)]
 
-    def located(data: HierarchicalData):  # each person's node (int32), and which persons lie in the nodes
+    def located(data: HierarchicalData) -> tuple[np.ndarray, np.ndarray | None]:  # each person's node (int32), and which persons lie in the nodes
         node = node_index(data, level, nodes)[data.person_household]
         ok = node >= 0
         return (node.astype(np.int32), None) if ok.all() else (node[ok].astype(np.int32), ok)
 
-    def marg(data, where, a, b):
+    def marg(data: HierarchicalData, where: tuple[np.ndarray, np.ndarray | None], a: int, b: int) -> np.ndarray:
         node, ok = where
         m = sizes[a] * sizes[b]
         cell = person_column(data, a).astype(np.int32) * sizes[b] + person_column(data, b).astype(np.int32)
         flat = node * m + (cell if ok is None else cell[ok])
         counts = np.bincount(flat, minlength=len(nodes) * m).reshape(len(nodes), m).astype(np.float64)
-        return counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+        shares: np.ndarray = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+        return shares
 
     t_where = located(true)
     s_where = {name: located(synth) for name, synth in candidates.items()}

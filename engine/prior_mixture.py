@@ -19,7 +19,7 @@ The node's prior is the mixture
 least-squares fit of the prior's expected answers G·A p_λ to the node's noisy answers, each
 weighted by its precision (method of moments on answers already charged and stored: post-processing,
 no privacy cost), within [0, 1]; it keeps λ = 0 (the public support alone, the release as before)
-unless the fit improves by at least :data:`MIN_GAIN` in Gaussian log-likelihood. Where the private
+unless the fit improves by at least :data:`engine.prior_strength.MIN_GAIN` in Gaussian log-likelihood. Where the private
 state's share matches the public data's, λ stays 0; where the measurements contradict the prior,
 they move it.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -35,12 +36,12 @@ from scipy.optimize import lsq_linear
 from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.measurement import Measurement
+from engine.prior_strength import MIN_GAIN
 from engine.queries import IncidenceCache
 from engine.support import Support
 
-__all__ = ["MIN_GAIN", "Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "flipped", "node_prior", "widen"]
+__all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "flipped", "node_prior", "widen"]
 
-MIN_GAIN = 2.0  # log-likelihood: the copies enter the prior only at a likelihood ratio of at least e² (engine.prior_strength's)
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class MixtureChoice:
     def widened(self) -> bool:
         return any(w > 0 for w in self.weights)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"attributes": list(self.attributes), "weights": [round(w, 6) for w in self.weights],
                 "fitted": [round(w, 6) for w in self.fitted], "rss": [round(r, 3) for r in self.rss], "widened": self.widened}
 

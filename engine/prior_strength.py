@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.linalg import eigh
@@ -56,7 +57,7 @@ class PriorStrengthChoice:
     loglik: tuple[float, ...]
     floor: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"strength": self.strength, "candidates": list(self.candidates),
                 "loglik": [round(v, 3) if math.isfinite(v) else None for v in self.loglik],  # None: not computed (the floor decided)
                 "floor": self.floor}
@@ -93,7 +94,7 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     return np.asarray(out)
 
 
-MIN_GAIN = 2.0  # log-likelihood: a weaker prior is taken only at a likelihood ratio of at least e² ≈ 7.4
+MIN_GAIN = 2.0  # log-likelihood: a weaker prior (or, in engine.prior_mixture, a wider one) is taken only at a likelihood ratio of at least e² ≈ 7.4
 
 
 def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Sequence[Measurement], total: float,

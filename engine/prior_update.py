@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,10 +40,10 @@ from engine.support import Support
 class PriorUpdateResult:
     weights: np.ndarray
     targets: dict[str, np.ndarray]
-    history: list[dict] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
-    def diagnostics(self) -> dict:
+    def diagnostics(self) -> dict[str, Any]:
         """JSON-serialisable convergence record (for the run's internal logs)."""
         return {"sweeps": self.history, "seconds": self.seconds}
 
@@ -147,7 +147,7 @@ def prior_update(
     p0 = q.copy()
     targets = [_Target(support, m, total, p0, simplex_method, tie_break) for m in measurements]
     rng = rng if rng is not None else np.random.default_rng(0)
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
     for sweep in range(1, T + 1):
         idx = np.arange(len(targets)) if order == "cyclic" else rng.permutation(len(targets))
         for i in idx:

@@ -75,7 +75,7 @@ def project_simplex_l1(
     y = np.asarray(y_noisy, dtype=np.float64)
     ok = np.ones(y.shape, bool) if allowed is None else np.asarray(allowed, bool)
     x = np.where(ok, np.maximum(y, 0.0), 0.0)
-    s = x.sum()
+    s: float = x.sum()
     if partial and s <= total:
         return x
     if not ok.any():
@@ -90,12 +90,15 @@ def project_simplex_l1(
     if s <= 0.0:
         if fallback is not None:
             f = np.where(ok, np.maximum(np.asarray(fallback, dtype=np.float64), 0.0), 0.0)
-            if f.sum() > 0:
-                return f * (total / f.sum())
-        return ok * (total / ok.sum())
+            f_total: float = f.sum()
+            if f_total > 0:
+                return f * (total / f_total)
+        n_ok: int = ok.sum()
+        return ok * (total / n_ok)
     if method == "proportional":
         return x * (total / s)
-    return x + ok * ((total - s) / ok.sum())
+    n_allowed: int = ok.sum()
+    return x + ok * ((total - s) / n_allowed)
 
 
 def _shrink_threshold(x: np.ndarray, total: float) -> np.ndarray:
@@ -106,8 +109,8 @@ def _shrink_threshold(x: np.ndarray, total: float) -> np.ndarray:
     css = np.cumsum(v)
     k = np.arange(1, v.size + 1)
     theta_k = (css - total) / k
-    rho = np.flatnonzero(v - theta_k > 0)[-1]
-    return np.maximum(x - theta_k[rho], 0.0)
+    theta: float = theta_k[np.flatnonzero(v - theta_k > 0)[-1]]
+    return np.maximum(x - theta, 0.0)
 
 
 # ============================================================ Definition 3.1 (closed-form update)
@@ -264,15 +267,14 @@ def entropy_projection(
     return _entropy_newton(q, patterns, y_target, interior, tol, max_iter, lam0)
 
 
-def _entropy_newton(q, patterns: Patterns, y_target, interior: float, tol: float, max_iter: int, lam0):
+def _entropy_newton(q: np.ndarray, patterns: Patterns, y_target: np.ndarray, interior: float, tol: float, max_iter: int,
+                    lam0: np.ndarray | None) -> tuple[np.ndarray, ProjectionInfo]:
     q = np.asarray(q, dtype=np.float64)
     m = patterns.mass(q)
     total = m.sum()
     m = m / total
     P = patterns.matrix
-    Pt = patterns._memo.get("T")
-    if Pt is None:
-        Pt = patterns._memo["T"] = P.T.tocsr()
+    Pt = patterns.transposed
     n_cells = P.shape[1]
     active = m > _TINY_MASS  # underflowed (subnormal) masses are dropped: π/m would overflow
     m = np.where(active, m, 0.0)
@@ -290,7 +292,7 @@ def _entropy_newton(q, patterns: Patterns, y_target, interior: float, tol: float
         lam[used] = np.asarray(lam0, dtype=np.float64)[used]
     yu = y[used]
 
-    def dual(l: np.ndarray):
+    def dual(l: np.ndarray) -> tuple[float, np.ndarray]:
         s = logm + P @ l
         smax = s[active].max()
         e = np.exp(s - smax)

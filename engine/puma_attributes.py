@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -92,7 +93,7 @@ class PumaAttributeChoice:
     households: float
     candidates: tuple[tuple[str, float, float, bool], ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "method": "signal to noise from the public data (engine.puma_attributes): the ranked PUMA attributes beyond the minimum "
                       "are added while the expected noise of the added one-way marginal at the PUMA level's rho is at most "

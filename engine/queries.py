@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal, cast
 
 import numpy as np
@@ -332,7 +333,6 @@ class Patterns:
 
     matrix: sp.csr_matrix
     pattern_of: np.ndarray
-    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_patterns(self) -> int:
@@ -342,23 +342,34 @@ class Patterns:
         """(pattern u, flat cell pair i·C+j, a_ui·a_uj) for every pair of non-zeros of each pattern,
         so that ``Σ_u π_u a_u a_uᵀ`` is one ``bincount`` (the Hessian of the entropy-projection
         dual). Cached: the structure depends on the support only."""
-        got = self._memo.get("pairs")
-        if got is None:
-            P = self.matrix
-            C = P.shape[1]
-            k = np.diff(P.indptr)
-            us, cells, vals = [], [], []
-            for r1 in range(int(k.max(initial=0))):
-                for r2 in range(int(k.max(initial=0))):
-                    u = np.flatnonzero(k > max(r1, r2))
-                    i1 = P.indptr[u] + r1
-                    i2 = P.indptr[u] + r2
-                    us.append(u)
-                    cells.append(P.indices[i1].astype(np.int64) * C + P.indices[i2])
-                    vals.append(P.data[i1] * P.data[i2])
-            cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
-            got = self._memo["pairs"] = (cat(us, np.int64), cat(cells, np.int64), cat(vals, np.float64))
-        return got
+        return self._second_moment_pairs
+
+    @cached_property
+    def _second_moment_pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        P = self.matrix
+        C = P.shape[1]
+        k = np.diff(P.indptr)
+        us: list[np.ndarray] = []
+        cells: list[np.ndarray] = []
+        vals: list[np.ndarray] = []
+        for r1 in range(int(k.max(initial=0))):
+            for r2 in range(int(k.max(initial=0))):
+                u = np.flatnonzero(k > max(r1, r2))
+                i1 = P.indptr[u] + r1
+                i2 = P.indptr[u] + r2
+                us.append(u)
+                cells.append(P.indices[i1].astype(np.int64) * C + P.indices[i2])
+                vals.append(P.data[i1] * P.data[i2])
+
+        def cat(xs: list[np.ndarray], dt: type[np.generic]) -> np.ndarray:
+            return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
+
+        return cat(us, np.int64), cat(cells, np.int64), cat(vals, np.float64)
+
+    @cached_property
+    def transposed(self) -> sp.csr_matrix:
+        """``matrix`` transposed (cells × U, CSR), built once per support."""
+        return self.matrix.T.tocsr()
 
     def mass(self, weights: np.ndarray) -> np.ndarray:
         """Total weight of the households of every pattern, (U,)."""
@@ -370,7 +381,8 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray) -> np.ndarray:
     patterns) under the distribution ``w`` (one draw, unscaled) — what the interval estimates and the
     empirical-Bayes likelihood build their dense algebra on."""
     a = A @ w
-    return (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray() - np.outer(a, a)
+    gram: np.ndarray = (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray() - np.outer(a, a)
+    return gram
 
 
 GROUP_KEY_LIMIT = 1 << 62  # a fused group key stays below this: int64 with room to spare
@@ -590,9 +602,10 @@ class IncidenceCache:
 
     def answer(self, w: Workload, weights: np.ndarray) -> np.ndarray:
         """Σ_h weights_h · A[:, h] (counts if weights are counts, proportions if a distribution)."""
-        return self.matrix(w) @ np.asarray(weights, dtype=np.float64)
+        out: np.ndarray = self.matrix(w) @ np.asarray(weights, dtype=np.float64)
+        return out
 
-    def prepare(self, workloads) -> IncidenceCache:
+    def prepare(self, workloads: Iterable[Workload]) -> IncidenceCache:
         for w in workloads:
             self.matrix(w)
             if not w.is_partition():
@@ -600,3 +613,69 @@ class IncidenceCache:
             else:
                 self.partition_cells(w)
         return self
+
+
+class CandidateAnswers:
+    """Answers of many candidate workloads on one set of households for changing weights.
+
+    The counted persons (and the households) are grouped once by their full tuple of attribute
+    codes — households and persons with equal codes fall in the same cell of every candidate —
+    and each candidate's cell of every such pattern is computed once and kept (in the smallest
+    integer type that holds its cells). A round then costs one weighted ``bincount`` over the
+    persons (their weights summed per pattern) and one per candidate over the patterns, a few
+    times fewer than the persons (:func:`answer` rebuilds the cells of every workload
+    per call). Person-level candidates must share one ``first``."""
+
+    def __init__(self, data: HierarchicalData, candidates: Sequence[Workload]):
+        firsts = {w.first for w in candidates if w.level == "person"}
+        if len(firsts) > 1 or any((w.level == "group" and w.person_attrs) or w.normalised for w in candidates):
+            raise ValueError("candidates: plain person-level counts with one `first`, or group-level partitions")
+        self.domain, self.n_households = data.domain, data.n_households
+        first = firsts.pop() if firsts else 0
+        keep = np.flatnonzero(data.person_slot < first) if first else np.arange(data.n_persons)
+        d = data.domain
+        group_cols = [data.group[:, j].astype(np.int64) for j in range(len(d.group))]
+        self.household_pattern, group_first = group_rows(group_cols, data.n_households)
+        household = data.person_household[keep]
+        person_cols = [c[household] for c in group_cols] + [data.person[keep, j].astype(np.int64) for j in range(len(d.person))]
+        self.person_pattern, person_first = group_rows(person_cols, keep.size)
+        self.person_household = household
+        # each attribute's code at every pattern's first member
+        self.group_codes = {a.name: c[group_first] for a, c in zip(d.group, group_cols)}
+        self.person_codes = {a.name: c[person_first] for a, c in zip([*d.group, *d.person], person_cols)}
+        self._cells: dict[Workload, np.ndarray] = {}
+
+    def _cells_of(self, w: Workload) -> np.ndarray:
+        got = self._cells.get(w)
+        if got is None:
+            d = self.domain
+            codes = self.group_codes if w.level == "group" else self.person_codes
+            cells = np.zeros(next(iter(codes.values())).size, dtype=np.int64)
+            for a in w.attrs:
+                size = d.group_attribute(a).size if a in w.group_attrs else d.person_attribute(a).size
+                cells *= size
+                cells += codes[a]
+            got = self._cells[w] = cells.astype(np.min_scalar_type(max(w.n_cells(d) - 1, 0)))
+        return got
+
+    def answers(self, workloads: Sequence[Workload], weights: np.ndarray) -> np.ndarray:
+        """Σ_h weights_h · A_w[:, h] for every workload, concatenated (as :func:`answer`)."""
+        wt = np.asarray(weights, dtype=np.float64)
+        if wt.shape != (self.n_households,):
+            raise ValueError(f"{wt.shape} weights for {self.n_households} households")
+        per_group = np.bincount(self.household_pattern, weights=wt)
+        per_person = np.bincount(self.person_pattern, weights=wt[self.person_household])
+        return np.concatenate([np.bincount(self._cells_of(w), weights=per_person if w.level == "person" else per_group,
+                                           minlength=w.n_cells(self.domain)) for w in workloads])
+
+
+def exact_answers(data: HierarchicalData, workloads: Sequence[Workload]) -> list[np.ndarray]:
+    """The exact counts of every workload on ``data``, equal to :func:`answer` per
+    workload: through :class:`CandidateAnswers` (one grouping of the persons for all) when the
+    workloads allow it (person level with one ``first``, or group-level partitions), else one by one."""
+    firsts = {w.first for w in workloads if w.level == "person"}
+    if len(firsts) > 1 or any((w.level == "group" and w.person_attrs) or w.normalised for w in workloads):
+        return [np.asarray(answer(data, w), dtype=np.float64) for w in workloads]
+    flat = CandidateAnswers(data, workloads).answers(workloads, np.ones(data.n_households))
+    bounds = np.cumsum([0] + [w.n_cells(data.domain) for w in workloads])
+    return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]

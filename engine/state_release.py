@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def session_select(session: PrivateSession, stage: str, level: str, node: Node) 
     """The select callable of the adaptive rounds (:mod:`engine.adaptive`) for one node: the
     session's exponential mechanism over the private answers, charged and persisted before use."""
 
-    def select(candidates, model_counts, penalty, epsilon, tag):
+    def select(candidates: Sequence[Workload], model_counts: np.ndarray, penalty: np.ndarray, epsilon: float, tag: str) -> int:
         return session.select_worst_fit(stage, level, node, tag, candidates, model_counts, penalty, epsilon)
 
     return select
@@ -90,7 +90,7 @@ def session_measure(session: PrivateSession, stage: str, level: str, node: Node)
     """The measure callable of :func:`engine.synthesis.synthesize_node` for one node: every noisy
     answer is charged and persisted by the session before it is used (read back on a rerun)."""
 
-    def measure(w: Workload, rho):
+    def measure(w: Workload, rho: Fraction) -> tuple[np.ndarray, float]:
         m = session.measure_workload(stage, level, node, w, rho)
         return m.noisy_answer, m.scale
 
@@ -118,7 +118,7 @@ class StateRelease:
     data: HierarchicalData
     households: dict[Node, int]
     workloads: dict[str, list[str]]
-    diagnostics: dict[str, dict] = field(default_factory=dict)
+    diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def synthesize_state(session: PrivateSession, state: int, public: HierarchicalData, *, seed: int = 0,

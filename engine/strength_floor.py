@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class StrengthFloor:
     rho: float
     table: tuple[tuple[int, tuple[float, ...]], ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "method": "held-out error simulated on the public data (engine.strength_floor): each public state as the private one, "
                       "the others as its prior; the floor is the smallest candidate any of them is best with",

@@ -16,6 +16,7 @@ a household only through its incidence column).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,7 +100,7 @@ class Support:
     def patterns(self, w: Workload) -> Patterns:
         return self.cache.patterns(w)
 
-    def prepare(self, workloads) -> Support:
+    def prepare(self, workloads: Iterable[Workload]) -> Support:
         """Precompute incidences (and patterns) of the workloads; returns self."""
         self.cache.prepare(workloads)
         return self

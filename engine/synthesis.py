@@ -40,13 +40,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from engine.adaptive import (
     AdaptiveRounds,
-    CandidateAnswers,
     SelectFn,
     candidate_workloads,
     expected_measurement_l1,
@@ -55,12 +54,13 @@ from engine.adaptive import (
     round_budget,
     selection_first,
 )
+from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from engine.map_update import map_fit
 from engine.measurement import Measurement
 from engine.prior_strength import choose_prior_strength
 from engine.prior_update import prior_update
-from engine.queries import PrivacyUnit, Workload, answer
+from engine.queries import CandidateAnswers, PrivacyUnit, Workload, answer
 from engine.support import Support
 
 # measure(workload, rho) -> (noisy counts of the node's households, noise sigma per cell): the one
@@ -75,7 +75,7 @@ class NodeResult:
     the joint estimate when its noise was given)."""
 
     weights: np.ndarray
-    diagnostics: dict
+    diagnostics: dict[str, Any]
     total: float = 0.0
     dual: np.ndarray | None = None  # the MAP rule's dual solution (a warm start at a nearby total)
 
@@ -157,7 +157,7 @@ def update_node(support: Support, prior: np.ndarray, measurements: Sequence[Meas
     return NodeResult(res.weights, res.diagnostics())
 
 
-def size_measurement(domain, histogram: Sequence[float], sd: float) -> Measurement:
+def size_measurement(domain: Domain, histogram: Sequence[float], sd: float) -> Measurement:
     """The count-of-counts estimate of a node's households of size 1..K as a noisy measurement of
     the size marginal (group workload on the size attribute, code k−1 = size k). ``sd``: noise
     standard deviation of one entry, in households. Post-processing of the count-of-counts stage's

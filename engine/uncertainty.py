@@ -54,6 +54,7 @@ from fractions import Fraction
 
 import numpy as np
 import scipy.sparse as sp
+from numpy.typing import ArrayLike
 from scipy.linalg import cholesky, eigh, solve_triangular
 
 from engine.count_of_counts.hierarchy import Hierarchy
@@ -72,15 +73,17 @@ Z90 = 1.6448536269514722  # standard normal 95th percentile: a two-sided 90 % in
 BOOTSTRAP_REPLICATES = 200  # the sd estimate's relative error about 1/√(2·200), 5 %, at little cost beside the fit
 
 
-def simulate_noise(rng: np.random.Generator, mechanism: str, scale: float, shape) -> np.ndarray:
+def simulate_noise(rng: np.random.Generator, mechanism: str, scale: float, shape: int | tuple[int, ...]) -> np.ndarray:
     """Integer noise of the stored mechanism: the discrete Laplace of scale b exactly (the
     difference of two geometric variables), the discrete Gaussian of σ as a rounded normal (its
     variance σ² + 1/12 against at most σ² for the discrete Gaussian: a slight overstatement)."""
     if mechanism == "discrete_laplace":
         p = 1.0 - np.exp(-1.0 / float(scale))
-        return (rng.geometric(p, shape) - rng.geometric(p, shape)).astype(np.float64)
+        laplace: np.ndarray = (rng.geometric(p, shape) - rng.geometric(p, shape)).astype(np.float64)
+        return laplace
     if mechanism in ("discrete_gaussian", "gaussian"):
-        return np.rint(rng.normal(0.0, float(scale), shape))
+        gauss: np.ndarray = np.rint(rng.normal(0.0, float(scale), shape))
+        return gauss
     raise ValueError(f"no additive noise for mechanism {mechanism!r}")
 
 
@@ -94,7 +97,7 @@ class Intervals:
     hi90: np.ndarray
 
 
-def intervals(released, se, bias=0.0) -> Intervals:
+def intervals(released: ArrayLike, se: ArrayLike, bias: ArrayLike = 0.0) -> Intervals:
     """``released − bias ± Z90·se``, the lower end floored at 0 (counts)."""
     r = np.asarray(released, dtype=np.float64)
     se = np.broadcast_to(np.asarray(se, dtype=np.float64), r.shape)
@@ -103,7 +106,7 @@ def intervals(released, se, bias=0.0) -> Intervals:
     return Intervals(np.array(se), np.array(bias), np.maximum(centre - Z90 * se, 0.0), centre + Z90 * se)
 
 
-def bootstrap_summary(released, replicates) -> Intervals:
+def bootstrap_summary(released: ArrayLike, replicates: ArrayLike) -> Intervals:
     """Intervals from replicates (R, …) of an estimator rerun on data simulated from ``released``:
     se = the replicates' standard deviation, bias = their mean − ``released``."""
     reps = np.asarray(replicates, dtype=np.float64)
@@ -340,7 +343,8 @@ def prior_residual(support: Support, prior: np.ndarray, workloads: Sequence[Work
     p = np.asarray(prior, dtype=np.float64)
     M, pp = by_pattern(support, workloads, p / max(p.sum(), 1e-300))
     y = np.concatenate([np.asarray(v, dtype=np.float64).reshape(-1) for v in noisy])
-    return y / max(float(total), 1.0) - M @ pp
+    residual: np.ndarray = y / max(float(total), 1.0) - M @ pp
+    return residual
 
 
 def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequence[Workload], record: Recording,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -228,7 +229,7 @@ class WorkloadSelection:
 
     state: list[Workload]
     puma: list[Workload]
-    explanation: dict
+    explanation: dict[str, Any]
     puma_ranked: list[Workload] = field(default_factory=list)
     completed: list[Workload] = field(default_factory=list)
 
@@ -250,14 +251,16 @@ class WorkloadSelection:
                        "puma_workloads": [x for x in e["puma_workloads"] if x["id"] in kept_ids]}
         return replace(self, puma=puma, explanation=explanation)
 
-    def to_record(self) -> dict:
+    def to_record(self) -> dict[str, Any]:
         """JSON form (workload ids), read back by :meth:`from_record`."""
         return {"state": [w.id for w in self.state], "puma": [w.id for w in self.puma], "puma_ranked": [w.id for w in self.puma_ranked],
                 "completed": [w.id for w in self.completed], "explanation": self.explanation}
 
     @classmethod
-    def from_record(cls, record: dict) -> WorkloadSelection:
-        ids = lambda key: [Workload.from_id(i) for i in record.get(key, [])]  # noqa: E731
+    def from_record(cls, record: dict[str, Any]) -> WorkloadSelection:
+        def ids(key: str) -> list[Workload]:
+            return [Workload.from_id(i) for i in record.get(key, [])]
+
         return cls(ids("state"), ids("puma"), record["explanation"], ids("puma_ranked"), ids("completed"))
 
 
@@ -328,7 +331,7 @@ def select_workloads(
     chosen_tri: list[tuple[int, int, int]] = []
     state: list[Workload] = []
     n_contains = 0
-    covered: set[frozenset] = set()
+    covered: set[frozenset[int]] = set()
     for _, t in tri_scored:
         if len(chosen_tri) >= n_triangles:
             break
@@ -402,7 +405,9 @@ def select_workloads(
                                                        person_first if w.level == "person" else 0, normalise)
         state, puma, ranked, completed = [form(w) for w in state], [form(w) for w in puma], [form(w) for w in ranked], [form(w) for w in completed]
 
-    pair_name = lambda e: f"{names[e[0]]}~{names[e[1]]}"  # noqa: E731
+    def pair_name(e: tuple[int, int]) -> str:
+        return f"{names[e[0]]}~{names[e[1]]}"
+
     explanation = {
         "method": "Tao et al. 2021 §4.2: pairwise mutual information on public data; state = strong cliques, "
         "PUMA = one-way marginals of the attributes that vary most between a public state's PUMAs, not redundant (+ small pairs)",

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.privacy.file_lock import exclusive_lock
+from schemas.input_independence import sha256_file
 
 GENESIS = "0" * 64
 UNHASHED_RELEASE_FILES = ("manifest.json", "audit.jsonl")
@@ -113,8 +114,6 @@ def verify_release(release_dir: Path) -> list[str]:
     """Recompute every hash of a published release: the audit chain, the manifest's hash in the
     final publish event, and every output file listed in the manifest (no file missing, changed or
     added)."""
-    from tasks.publish import sha256_file
-
     release_dir = Path(release_dir)
     manifest_path = release_dir / "manifest.json"
     audit_path = release_dir / "audit.jsonl"

@@ -16,10 +16,11 @@ Privacy flow (Kuo et al., VLDB 2018, Algorithm 1 and Theorem 1):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from engine.queries import PrivacyUnit
 
@@ -33,6 +34,8 @@ __all__ = ["CountOfCountsResult", "estimate_level", "fit_histograms", "fit_house
 
 METHODS = ("hc", "hg", "naive")
 CONSISTENCY = ("weighted", "average", "leaves", "none")
+# the noise variance of one entry per level: one for all levels, one per level in order, or by level
+Variances = float | Sequence[float] | Mapping[int, float]
 
 
 @dataclass
@@ -48,25 +51,24 @@ class CountOfCountsResult:
         ids = self.hierarchy.level_range(lv)
         return ids, self.histograms[ids]
 
-    def as_dict(self) -> dict[int, dict]:
+    def as_dict(self) -> dict[int, dict[Hashable, np.ndarray]]:
         """``{level: {node_key: H}}``."""
         h = self.hierarchy
         return {lv: {h.keys[i]: self.histograms[i] for i in h.level_range(lv)} for lv in range(h.n_levels)}
 
 
-def _per_level(variances, n_levels: int) -> list[float]:
+def _per_level(variances: Variances, n_levels: int) -> list[float]:
     if isinstance(variances, Mapping):
         var = [float(variances[lv]) for lv in range(n_levels)]
-    elif np.ndim(variances) == 0:
-        var = [float(variances)] * n_levels
     else:
-        var = [float(v) for v in variances]
+        each = np.asarray(variances, dtype=np.float64)
+        var = [float(each)] * n_levels if each.ndim == 0 else [float(v) for v in each]
     if len(var) != n_levels or not all(0 < v < np.inf for v in var):
         raise ValueError(f"need one positive, finite noise variance per level ({n_levels})")
     return var
 
 
-def hierarchy_queries(hierarchy: Hierarchy, histograms, K: int, method: str = "hc", *, unit: PrivacyUnit) -> dict[int, Query]:
+def hierarchy_queries(hierarchy: Hierarchy, histograms: ArrayLike, K: int, method: str = "hc", *, unit: PrivacyUnit) -> dict[int, Query]:
     """Exact measurements per level: ``{level: Query}``.  ``histograms``: (N, >=1) exact
     per-node H (row = node id; sizes above K are clipped).  For "hc"/"naive" the values are
     (n_level, K) / (n_level, K+1) arrays; for "hg" a list of per-node sorted size vectors
@@ -87,7 +89,8 @@ def hierarchy_queries(hierarchy: Hierarchy, histograms, K: int, method: str = "h
     return out
 
 
-def estimate_level(method: str, noisy, G, K: int, variance: float, node_ids, norm: str | None = None) -> RunsTable:
+def estimate_level(method: str, noisy: np.ndarray | Sequence[np.ndarray], G: ArrayLike, K: int, variance: float,
+                   node_ids: ArrayLike | None, norm: str | None = None) -> RunsTable:
     """Independent per-node estimates of one level (post-processing of noisy vectors whose entries
     have noise variance ``variance``)."""
     if method == "hc":
@@ -102,15 +105,15 @@ def estimate_level(method: str, noisy, G, K: int, variance: float, node_ids, nor
 def run_hierarchy(
     hierarchy: Hierarchy,
     noisy: Mapping[int, np.ndarray | Sequence[np.ndarray]],
-    variances,
+    variances: Variances,
     *,
     K: int,
-    group_counts=None,
+    group_counts: ArrayLike | None = None,
     method: str = "hc",
     norm: str | None = None,
     consistency: str = "weighted",
-    noisy_group_counts=None,
-    group_count_variances=None,
+    noisy_group_counts: ArrayLike | None = None,
+    group_count_variances: ArrayLike | None = None,
 ) -> CountOfCountsResult:
     """Consistent integer count-of-counts histograms for every node from noisy measurements.
 

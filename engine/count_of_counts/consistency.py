@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .forms import RunsTable
 from .hierarchy import Hierarchy
@@ -60,7 +61,7 @@ def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return np.repeat(starts - offs, lens) + np.arange(tot, dtype=np.int64)
 
 
-def match_runs(parent: RunsTable, child: RunsTable, parent_of) -> Matching:
+def match_runs(parent: RunsTable, child: RunsTable, parent_of: ArrayLike) -> Matching:
     """Optimal (least total |size difference|) perfect matching between every parent's
     groups and its children's groups, on runs.
 
@@ -115,7 +116,9 @@ def match_runs(parent: RunsTable, child: RunsTable, parent_of) -> Matching:
     prank = np.arange(amount.size) - cls_first_piece[piece_cls]
     rem = cc.copy()
     crem = ctotal.copy()
-    out_p, out_c, out_n = [], [], []
+    out_p: list[np.ndarray] = []
+    out_c: list[np.ndarray] = []
+    out_n: list[np.ndarray] = []
     for t in range(int(prank.max(initial=-1)) + 1):
         pcs = np.flatnonzero(prank == t)
         cls = piece_cls[pcs]
@@ -143,7 +146,10 @@ def match_runs(parent: RunsTable, child: RunsTable, parent_of) -> Matching:
         out_n.append(alloc[keep])
     if np.any(rem != 0):
         raise AssertionError("matching left child groups unmatched")
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+
+    def cat(xs: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(xs) if xs else np.zeros(0, np.int64)
+
     return Matching(cat(out_p), cat(out_c), cat(out_n))
 
 

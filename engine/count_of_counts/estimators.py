@@ -26,9 +26,12 @@ the per-group variance of the paper, Section 5.1, written in v (the paper's Lapl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from engine.queries import PrivacyUnit
 
@@ -64,7 +67,7 @@ def _check_unit(unit: PrivacyUnit) -> None:
         raise ValueError(f"unknown privacy unit {unit!r}; expected 'household' or 'person'")
 
 
-def naive_query(H, K: int, unit: PrivacyUnit) -> Query:
+def naive_query(H: ArrayLike, K: int, unit: PrivacyUnit) -> Query:
     """H clipped to K (length K+1; batch: last axis).  Sensitivity 2 under the person unit
     (paper, Lemma 3: one person moves one group from size i to i+/-1); 1 under the household
     unit (one group enters or leaves one cell)."""
@@ -72,7 +75,7 @@ def naive_query(H, K: int, unit: PrivacyUnit) -> Query:
     return Query(clip_histogram(H, K), 2 if unit == "person" else 1)
 
 
-def hc_query(H, K: int, unit: PrivacyUnit) -> Query:
+def hc_query(H: ArrayLike, K: int, unit: PrivacyUnit) -> Query:
     """Hc[0..K-1] of the clipped histogram (Hc[K] = G is public under the person unit).
     Sensitivity 1 under the person unit (paper, Lemma 4: adding a person to a group of size
     i < K lowers Hc[i] by one, nothing else); K-1 under the household unit (a group of size s
@@ -81,7 +84,7 @@ def hc_query(H, K: int, unit: PrivacyUnit) -> Query:
     return Query(h_to_hc(clip_histogram(H, K))[..., : int(K)], 1 if unit == "person" else max(int(K) - 1, 0))
 
 
-def hg_query(H, K: int, unit: PrivacyUnit) -> Query:
+def hg_query(H: ArrayLike, K: int, unit: PrivacyUnit) -> Query:
     """Hg: the G clipped group sizes sorted ascending, ONE ENTRY PER GROUP (inherent to
     this measurement, which adds noise per group).  Sensitivity 1 under the person unit (Hay
     et al. 2010), where G is public; undefined under the household unit (adding a group changes
@@ -93,7 +96,7 @@ def hg_query(H, K: int, unit: PrivacyUnit) -> Query:
     return Query(np.repeat(np.arange(int(K) + 1, dtype=np.int64), Hk), 1)
 
 
-def max_size_query(H, unit: PrivacyUnit, max_size: int | None = None) -> Query:
+def max_size_query(H: ArrayLike, unit: PrivacyUnit, max_size: int | None = None) -> Query:
     """Largest group size (0 if no groups).  Sensitivity 1 under the person unit (adding or
     removing one person changes it by at most one); ``max_size`` (the largest size a group may
     have, required) under the household unit.  Used to choose K privately."""
@@ -121,7 +124,7 @@ def k_from_noisy_max(noisy_max: float, noise_sd: float) -> int:
 # helpers
 
 
-def project_simplex(y, total) -> np.ndarray:
+def project_simplex(y: ArrayLike, total: ArrayLike) -> np.ndarray:
     """Row-wise Euclidean projection onto {x >= 0, sum x = total} (the naive estimator's
     nonnegative least squares with the sum constraint), by the sort-based threshold rule
     x = max(y - tau, 0).  ``y``: (n, m) or (m,); ``total``: scalar or (n,)."""
@@ -139,10 +142,10 @@ def project_simplex(y, total) -> np.ndarray:
     rho = np.where(cond.any(axis=1), m - np.argmax(cond[:, ::-1], axis=1), 1)
     tau = css[np.arange(n), rho - 1] / rho
     x = np.maximum(Y - tau[:, None], 0.0)
-    return x[0] if one else x
+    return np.asarray(x[0] if one else x)
 
 
-def largest_remainder_round(x, total) -> np.ndarray:
+def largest_remainder_round(x: ArrayLike, total: ArrayLike) -> np.ndarray:
     """Row-wise integers that sum to ``total``: floors, plus one for the cells with the
     largest fractional parts (ties: lower index first).  ``x`` must be >= 0 with row sums
     equal to ``total`` up to rounding."""
@@ -160,10 +163,10 @@ def largest_remainder_round(x, total) -> np.ndarray:
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(m)[None, :].repeat(n, axis=0), axis=1)
     out = fl + (rank < deficit[:, None])
-    return out[0] if one else out
+    return np.asarray(out[0] if one else out)
 
 
-def runs_from_histograms(H, var_numerator: float, node_ids=None) -> RunsTable:
+def runs_from_histograms(H: ArrayLike, var_numerator: float, node_ids: ArrayLike | None = None) -> RunsTable:
     """Runs (node, size, count, var_numerator / count) of the nonzero cells of (n, K+1)
     estimated histograms (the Hc / naive per-size variance rule)."""
     H = np.atleast_2d(np.asarray(H, dtype=np.int64))
@@ -173,7 +176,7 @@ def runs_from_histograms(H, var_numerator: float, node_ids=None) -> RunsTable:
     return RunsTable(ids[rows], sizes, counts, var_numerator / np.maximum(counts, 1)).sorted()
 
 
-def _groups(G, n: int) -> np.ndarray:
+def _groups(G: ArrayLike, n: int) -> np.ndarray:
     G = np.broadcast_to(np.asarray(G, dtype=np.int64), (n,)).copy()
     if np.any(G < 0):
         raise ValueError("group counts must be >= 0")
@@ -191,7 +194,14 @@ def _check_variance(variance: float) -> float:
     return v
 
 
-def estimate_naive(noisy_h, G, variance: float, node_ids=None, return_histograms: bool = False):
+@overload
+def estimate_naive(noisy_h: ArrayLike, G: ArrayLike, variance: float, node_ids: ArrayLike | None = None,
+                   return_histograms: Literal[False] = False) -> RunsTable: ...
+@overload
+def estimate_naive(noisy_h: ArrayLike, G: ArrayLike, variance: float, node_ids: ArrayLike | None = None, *,
+                   return_histograms: Literal[True]) -> tuple[RunsTable, np.ndarray]: ...
+def estimate_naive(noisy_h: ArrayLike, G: ArrayLike, variance: float, node_ids: ArrayLike | None = None,
+                   return_histograms: bool = False) -> RunsTable | tuple[RunsTable, np.ndarray]:
     """Naive estimator (paper, Section 4.1): noisy H -> projection onto {x >= 0, sum x = G} ->
     largest-remainder rounding.  ``noisy_h``: (n, K+1) or (K+1,); ``variance``: the noise
     variance of one entry."""
@@ -202,7 +212,14 @@ def estimate_naive(noisy_h, G, variance: float, node_ids=None, return_histograms
     return (runs, H) if return_histograms else runs
 
 
-def estimate_hc(noisy_hc, G, variance: float, norm: str = "l1", node_ids=None, return_histograms: bool = False):
+@overload
+def estimate_hc(noisy_hc: ArrayLike, G: ArrayLike, variance: float, norm: str = "l1", node_ids: ArrayLike | None = None,
+                return_histograms: Literal[False] = False) -> RunsTable: ...
+@overload
+def estimate_hc(noisy_hc: ArrayLike, G: ArrayLike, variance: float, norm: str = "l1", node_ids: ArrayLike | None = None, *,
+                return_histograms: Literal[True]) -> tuple[RunsTable, np.ndarray]: ...
+def estimate_hc(noisy_hc: ArrayLike, G: ArrayLike, variance: float, norm: str = "l1", node_ids: ArrayLike | None = None,
+                return_histograms: bool = False) -> RunsTable | tuple[RunsTable, np.ndarray]:
     """Cumulative-histogram estimator (paper, Section 4.3; the default).
 
     ``noisy_hc``: (n, K) or (K,) noisy Hc[0..K-1], each entry of noise variance ``variance``.
@@ -224,7 +241,8 @@ def estimate_hc(noisy_hc, G, variance: float, norm: str = "l1", node_ids=None, r
     return (runs, H) if return_histograms else runs
 
 
-def estimate_hg(noisy_hg, K: int, variance: float, norm: str = "l2", node_ids=None, offsets=None) -> RunsTable:
+def estimate_hg(noisy_hg: Sequence[ArrayLike] | np.ndarray, K: int, variance: float, norm: str = "l2",
+                node_ids: ArrayLike | None = None, offsets: ArrayLike | None = None) -> RunsTable:
     """Unattributed-histogram estimator (paper, Section 4.2).
 
     ``noisy_hg``: one noisy vector per node (a list), or one concatenated vector with
@@ -235,7 +253,7 @@ def estimate_hg(noisy_hg, K: int, variance: float, norm: str = "l2", node_ids=No
     (Section 5.1.1)."""
     v = _check_variance(variance)
     if offsets is None:
-        parts = [np.asarray(v, dtype=np.float64).ravel() for v in noisy_hg]
+        parts = [np.asarray(x, dtype=np.float64).ravel() for x in noisy_hg]
         offsets = np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64)
         y = np.concatenate(parts) if parts else np.zeros(0)
     else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 __all__ = [
     "clip_sizes",
@@ -41,12 +42,12 @@ __all__ = [
 ]
 
 
-def clip_sizes(sizes, K: int) -> np.ndarray:
+def clip_sizes(sizes: ArrayLike, K: int) -> np.ndarray:
     """Clip group sizes into ``[0, K]`` (paper, Section 4.1)."""
     return np.clip(np.asarray(sizes, dtype=np.int64), 0, int(K))
 
 
-def clip_histogram(H, K: int) -> np.ndarray:
+def clip_histogram(H: ArrayLike, K: int) -> np.ndarray:
     """Return ``H`` of length exactly ``K+1``: padded with zeros, or with every group of size
     ``>= K`` folded into cell ``K``.  Works on (..., n) arrays (last axis = size)."""
     H = np.asarray(H, dtype=np.int64)
@@ -62,25 +63,25 @@ def clip_histogram(H, K: int) -> np.ndarray:
     return out
 
 
-def h_to_hc(H) -> np.ndarray:
+def h_to_hc(H: ArrayLike) -> np.ndarray:
     """Cumulative form along the last axis."""
     return np.cumsum(np.asarray(H, dtype=np.int64), axis=-1)
 
 
-def hc_to_h(Hc) -> np.ndarray:
+def hc_to_h(Hc: ArrayLike) -> np.ndarray:
     """Inverse of :func:`h_to_hc` (first differences, with a leading 0)."""
     Hc = np.asarray(Hc)
     return np.diff(Hc, axis=-1, prepend=np.zeros(Hc.shape[:-1] + (1,), dtype=Hc.dtype))
 
 
-def h_to_runs(H) -> tuple[np.ndarray, np.ndarray]:
+def h_to_runs(H: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Hg as runs: the sizes with a positive count, and those counts."""
     H = np.asarray(H, dtype=np.int64)
     sizes = np.flatnonzero(H)
     return sizes.astype(np.int64), H[sizes]
 
 
-def runs_to_h(sizes, counts, K: int) -> np.ndarray:
+def runs_to_h(sizes: ArrayLike, counts: ArrayLike, K: int) -> np.ndarray:
     """Dense ``H`` (length K+1) from runs; sizes are clipped to ``[0, K]`` and repeated
     sizes are added up."""
     H = np.zeros(int(K) + 1, dtype=np.int64)
@@ -88,7 +89,7 @@ def runs_to_h(sizes, counts, K: int) -> np.ndarray:
     return H
 
 
-def hg_to_runs(hg) -> tuple[np.ndarray, np.ndarray]:
+def hg_to_runs(hg: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Runs of a sorted (nondecreasing) unattributed histogram."""
     hg = np.asarray(hg)
     if hg.size == 0:
@@ -100,7 +101,7 @@ def hg_to_runs(hg) -> tuple[np.ndarray, np.ndarray]:
     return hg[starts].astype(np.int64), counts.astype(np.int64)
 
 
-def expand_runs(sizes, counts, dtype=np.int64) -> np.ndarray:
+def expand_runs(sizes: ArrayLike, counts: ArrayLike, dtype: DTypeLike = np.int64) -> np.ndarray:
     """One entry per group (the Hg vector).  O(G) memory: use only where the per-group
     vector is inherently needed (the Hg measurement, tests, reference implementations)."""
     return np.repeat(np.asarray(sizes, dtype=dtype), np.asarray(counts, dtype=np.int64))
@@ -109,7 +110,7 @@ def expand_runs(sizes, counts, dtype=np.int64) -> np.ndarray:
 runs_to_hg = expand_runs
 
 
-def emd(H, H2) -> int:
+def emd(H: ArrayLike, H2: ArrayLike) -> int:
     """Earth mover's distance ``sum_{i<K} |Hc[i] - H2c[i]|`` between two histograms with the
     same number of groups and the same length ``K+1`` (paper, Section 3.1, Lemma 1)."""
     H = np.asarray(H, dtype=np.int64)
@@ -121,7 +122,7 @@ def emd(H, H2) -> int:
     return int(np.abs(np.cumsum(H - H2))[:-1].sum())
 
 
-def emd_batch(H, H2) -> np.ndarray:
+def emd_batch(H: ArrayLike, H2: ArrayLike) -> np.ndarray:
     """Row-wise :func:`emd` of two (n, K+1) arrays."""
     H = np.asarray(H, dtype=np.int64)
     H2 = np.asarray(H2, dtype=np.int64)
@@ -130,10 +131,11 @@ def emd_batch(H, H2) -> np.ndarray:
     d = np.cumsum(H - H2, axis=-1)
     if np.any(d[..., -1] != 0):
         raise ValueError("EMD needs equal group counts")
-    return np.abs(d[..., :-1]).sum(axis=-1)
+    out: np.ndarray = np.abs(d[..., :-1]).sum(axis=-1)
+    return out
 
 
-def emd_runs(sizes1, counts1, sizes2, counts2, K: int) -> int:
+def emd_runs(sizes1: ArrayLike, counts1: ArrayLike, sizes2: ArrayLike, counts2: ArrayLike, K: int) -> int:
     """:func:`emd` computed on runs in O(U log U) (U = number of runs), never dense.
 
     Both Hc's are step functions of the size; between consecutive breakpoints the
@@ -233,7 +235,7 @@ class RunsTable:
         """Number of groups per node id (length n_nodes)."""
         return np.bincount(self.node, weights=self.count, minlength=n_nodes).astype(np.int64)
 
-    def histograms(self, node_ids, K: int) -> np.ndarray:
+    def histograms(self, node_ids: ArrayLike, K: int) -> np.ndarray:
         """Dense (len(node_ids), K+1) histograms of the given nodes (rows in that order)."""
         node_ids = np.asarray(node_ids, dtype=np.int64)
         pos = np.full(int(max(node_ids.max(initial=-1), self.node.max(initial=-1))) + 1, -1, np.int64)

@@ -31,19 +31,20 @@ sensitivity 1 when neighbours differ by a whole group -- belongs to the privacy 
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .hierarchy import Hierarchy
 
 __all__ = ["consistent_group_counts", "inverse_variance_merge", "tree_objective"]
 
 
-def tree_objective(hierarchy: Hierarchy, counts, noisy, weights) -> float:
+def tree_objective(hierarchy: Hierarchy, counts: ArrayLike, noisy: ArrayLike, weights: ArrayLike) -> float:
     """f = sum_v w_v (counts_v - noisy_v)^2 over measured nodes (weights 0 elsewhere)."""
     r = np.where(np.isnan(noisy), 0.0, np.asarray(counts, float) - np.nan_to_num(noisy))
     return float((np.asarray(weights, float) * r * r).sum())
 
 
-def inverse_variance_merge(values, variances) -> tuple[np.ndarray, np.ndarray]:
+def inverse_variance_merge(values: ArrayLike, variances: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Per node, the inverse-variance weighted mean of independent unbiased measurements and its
     variance. ``values``, ``variances``: sequences of (N,) arrays, NaN where a measurement does not
     cover the node; nodes no measurement covers stay NaN."""
@@ -62,7 +63,7 @@ def inverse_variance_merge(values, variances) -> tuple[np.ndarray, np.ndarray]:
     return mean, out_var
 
 
-def _group_min(vals: np.ndarray, starts: np.ndarray, lens: np.ndarray):
+def _group_min(vals: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per contiguous group: min, position of the first min, second-smallest value."""
     m1 = np.minimum.reduceat(vals, starts)
     local = np.arange(vals.size) - np.repeat(starts, lens)
@@ -100,7 +101,7 @@ def tree_least_squares(hierarchy: Hierarchy, target: np.ndarray, weights: np.nda
     prec = w.copy()
     groups = child_groups(h)
 
-    def variance(i):  # inf where unknown
+    def variance(i: np.ndarray) -> np.ndarray:  # inf where unknown
         return np.where(prec[i] > 0, 1.0 / np.where(prec[i] > 0, prec[i], 1.0), np.inf)
 
     for ids, pars, st, _ in groups:  # upward, deepest level first
@@ -122,7 +123,7 @@ def tree_least_squares(hierarchy: Hierarchy, target: np.ndarray, weights: np.nda
     return g
 
 
-def consistent_group_counts(hierarchy: Hierarchy, noisy, variances=None, max_iter: int = 1_000_000) -> np.ndarray:
+def consistent_group_counts(hierarchy: Hierarchy, noisy: ArrayLike, variances: ArrayLike | None = None, max_iter: int = 1_000_000) -> np.ndarray:
     """Exact nonnegative-integer, consistent weighted least-squares group counts (one per
     node, in node-id order).  ``noisy``: (N,) floats, NaN where a node was not measured.
     ``variances``: (N,) positive (default 1)."""
@@ -149,7 +150,7 @@ def consistent_group_counts(hierarchy: Hierarchy, noisy, variances=None, max_ite
     levels = child_groups(h)
     roots = h.level_range(0)
 
-    def sums(xv):
+    def sums(xv: np.ndarray) -> np.ndarray:
         return h.aggregate_up(np.where(leaf, xv, 0))
 
     g = sums(x)

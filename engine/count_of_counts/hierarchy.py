@@ -21,9 +21,9 @@ _Key = TypeVar("_Key", bound=Hashable)  # node labels (Mapping is invariant in i
 @dataclass(eq=False, init=False)
 class Hierarchy:
     parent: np.ndarray  # (N,) int64, -1 for roots
-    keys: list  # node labels, keys[i] labels node i (the node ids 0..N-1 unless given)
+    keys: list[Hashable]  # node labels, keys[i] labels node i (the node ids 0..N-1 unless given)
 
-    def __init__(self, parent: np.ndarray, keys: list | None = None) -> None:
+    def __init__(self, parent: np.ndarray, keys: Sequence[Hashable] | None = None) -> None:
         p = np.asarray(parent, dtype=np.int64)
         self.parent = p
         n = p.size
@@ -42,7 +42,7 @@ class Hierarchy:
             if np.any(np.diff(pl) < 0):
                 raise ValueError("children of one parent must be contiguous and ordered by parent")
         self.level = level
-        self.keys = list(range(n)) if keys is None else keys
+        self.keys = list(range(n)) if keys is None else list(keys)
         if len(self.keys) != n:
             raise ValueError("keys must label every node")
         self.index = {k: i for i, k in enumerate(self.keys)}
@@ -55,9 +55,9 @@ class Hierarchy:
         each parent."""
         keys = list(parent_of)
         pos = {k: i for i, k in enumerate(keys)}
-        depth: dict = {}
+        depth: dict[_Key, int] = {}
 
-        def d(k):
+        def d(k: _Key) -> int:
             if k not in depth:
                 pk = parent_of[k]
                 if pk is not None and pk not in pos:
@@ -67,23 +67,24 @@ class Hierarchy:
 
         for k in keys:
             d(k)
-        order: list = []
-        by_level: dict[int, list] = {}
+        order: list[_Key] = []
+        by_level: dict[int, list[_Key]] = {}
         for k in keys:
             by_level.setdefault(depth[k], []).append(k)
-        new_id: dict = {}
+        new_id: dict[_Key, int] = {}
+        parent_key = {k: pk for k, pk in parent_of.items() if pk is not None}
         for lv in sorted(by_level):
             ks = by_level[lv]
             if lv > 0:
-                ks = sorted(ks, key=lambda k: (new_id[parent_of[k]], pos[k]))
+                ks = sorted(ks, key=lambda k: (new_id[parent_key[k]], pos[k]))
             for k in ks:
                 new_id[k] = len(order)
                 order.append(k)
-        parent = np.array([-1 if parent_of[k] is None else new_id[parent_of[k]] for k in order], dtype=np.int64)
+        parent = np.array([new_id[parent_key[k]] if k in parent_key else -1 for k in order], dtype=np.int64)
         return cls(parent, order)
 
     @classmethod
-    def from_levels(cls, level_parents: Sequence[Sequence[int]], keys: list | None = None) -> Hierarchy:
+    def from_levels(cls, level_parents: Sequence[Sequence[int]], keys: Sequence[Hashable] | None = None) -> Hierarchy:
         """``level_parents[l][i]`` = index (within level l-1) of the parent of the i-th node of
         level l; ``level_parents[0]`` is ignored except for its length (the roots).
         Level l's nodes must be given grouped by parent in nondecreasing order."""
@@ -112,7 +113,7 @@ class Hierarchy:
         return self.level_range(lv)
 
     def is_leaf(self) -> np.ndarray:
-        return self.n_children == 0
+        return np.equal(self.n_children, 0)
 
     def leaves(self) -> np.ndarray:
         return np.flatnonzero(self.n_children == 0)

@@ -32,6 +32,7 @@ and for L1 clipping the *data* first is equivalent (medians commute with monoton
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.optimize import isotonic_regression as _scipy_pava
 
 __all__ = [
@@ -42,14 +43,14 @@ __all__ = [
 ]
 
 
-def _segments(offsets, n: int) -> np.ndarray:
+def _segments(offsets: ArrayLike, n: int) -> np.ndarray:
     offsets = np.asarray(offsets, dtype=np.int64)
     if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
         raise ValueError("offsets must be nondecreasing, from 0 to len(y)")
     return offsets
 
 
-def _per_segment(v, nseg: int, default: float) -> np.ndarray:
+def _per_segment(v: ArrayLike | None, nseg: int, default: float) -> np.ndarray:
     if v is None:
         return np.full(nseg, default)
     v = np.asarray(v, dtype=np.float64)
@@ -67,7 +68,7 @@ def _chunk_bounds(offs: np.ndarray, target: int) -> np.ndarray:
     return b[(b >= 0) & (b <= nseg)]
 
 
-def equal_value_blocks(x, offsets=None) -> tuple[np.ndarray, np.ndarray]:
+def equal_value_blocks(x: ArrayLike, offsets: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start indices and lengths of maximal runs of equal values of ``x`` (never crossing a
     segment boundary).  These are the isotonic "partitions" of the paper, Section 5.1.1."""
     x = np.asarray(x)
@@ -83,15 +84,16 @@ def equal_value_blocks(x, offsets=None) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.diff(np.append(starts, n))
 
 
-def isotonic_l2(y, weights=None, lower=None, upper=None) -> np.ndarray:
+def isotonic_l2(y: ArrayLike, weights: ArrayLike | None = None, lower: float | None = None, upper: float | None = None) -> np.ndarray:
     """Weighted least-squares nondecreasing fit of one vector, clipped into [lower, upper]."""
     y = np.asarray(y, dtype=np.float64)
     if y.size == 0:
         return y.copy()
-    x = _scipy_pava(y, weights=weights).x
+    x: np.ndarray = _scipy_pava(y, weights=weights).x
     lo = -np.inf if lower is None else lower
     hi = np.inf if upper is None else upper
-    return np.clip(x, lo, hi)
+    fit: np.ndarray = np.clip(x, lo, hi)
+    return fit
 
 
 def _l1_core(y: np.ndarray, seg: np.ndarray, w: np.ndarray | None) -> np.ndarray:
@@ -171,7 +173,7 @@ def _l1_core(y: np.ndarray, seg: np.ndarray, w: np.ndarray | None) -> np.ndarray
     return np.repeat(vals[lo], plen).astype(np.float64)
 
 
-def isotonic_l1(y, weights=None, lower=None, upper=None) -> np.ndarray:
+def isotonic_l1(y: ArrayLike, weights: ArrayLike | None = None, lower: float | None = None, upper: float | None = None) -> np.ndarray:
     """Weighted least-absolute-deviations nondecreasing fit of one vector in [lower, upper].
 
     The result takes values among the (clipped) data values, hence is integral for
@@ -180,7 +182,8 @@ def isotonic_l1(y, weights=None, lower=None, upper=None) -> np.ndarray:
     return isotonic_segments(y, [0, y.size], norm="l1", weights=weights, lower=lower, upper=upper)
 
 
-def isotonic_segments(y, offsets, *, norm: str = "l2", weights=None, lower=None, upper=None) -> np.ndarray:
+def isotonic_segments(y: ArrayLike, offsets: ArrayLike, *, norm: str = "l2", weights: ArrayLike | None = None,
+                      lower: ArrayLike | None = None, upper: ArrayLike | None = None) -> np.ndarray:
     """Nondecreasing fit of every segment ``y[offsets[k]:offsets[k+1]]`` independently.
 
     ``norm``: ``"l2"`` (PAVA) or ``"l1"`` (threshold partitioning, all segments vectorised).

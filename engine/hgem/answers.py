@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -39,6 +40,8 @@ from engine.domain import Domain
 from engine.hgem.mixture import MixtureLayout, ProductMixture, resolve_device
 from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload, answer
+
+_Flat = TypeVar("_Flat", torch.Tensor, np.ndarray)
 
 
 def exact_normalised_answers(data: HierarchicalData, workloads: Sequence[Workload]) -> list[np.ndarray]:
@@ -60,6 +63,9 @@ class _Bucket:
     gidx: list[torch.Tensor]  # each (W, s): columns of group_probs
     pidx: list[torch.Tensor]  # each (W, t): columns of person_probs
     n_cells: int
+
+
+_BucketKey = tuple[str, int, tuple[int, ...], tuple[int, ...]]  # level, NP position, group sizes, person sizes
 
 
 class AnswerPlan:
@@ -95,15 +101,15 @@ class AnswerPlan:
         self._has_person = any(w.level == "person" for w in self.workloads)  # host-side: no sync in answers()
         self._person_cells = is_person[self.segment_ids]
         lay = self.layout
-        buckets: dict[tuple, _Bucket] = {}
-        gstarts: dict[tuple, list[list[int]]] = {}  # per bucket, per member: first column of each attribute
-        pstarts: dict[tuple, list[list[int]]] = {}
+        buckets: dict[_BucketKey, _Bucket] = {}
+        gstarts: dict[_BucketKey, list[list[int]]] = {}  # per bucket, per member: first column of each attribute
+        pstarts: dict[_BucketKey, list[list[int]]] = {}
         for i, w in enumerate(self.workloads):
             np_pos = w.group_attrs.index(domain.size_attribute) if domain.size_attribute in w.group_attrs else -1
             gnames = [a for a in w.group_attrs if a != domain.size_attribute]
             gs = tuple(domain.group_attribute(a).size for a in gnames)
             ps = tuple(domain.person_attribute(a).size for a in w.person_attrs)
-            key = (w.level, np_pos, gs, ps)
+            key: _BucketKey = (w.level, np_pos, gs, ps)
             b = buckets.get(key)
             if b is None:
                 b = buckets[key] = _Bucket(w.level, np_pos, gs, ps, [], [], [], w.n_cells(domain))
@@ -155,7 +161,7 @@ class AnswerPlan:
                 h = torch.arange(1, M + 1, device=dev, dtype=dt).view(1, M, 1, 1)
             h = h.expand(B, M, W, 1)
         s = (mix.component_weights[:, None] * c)[:, :, None, None] * h  # (B, M, W, K), weighted components
-        ops: list = []
+        ops: list[torch.Tensor | list[int]] = []  # einsum's (operand, axes) pairs
         out_axes: list[int] = [1]
         gi = 0
         n_group = len(b.group_sizes) + (1 if b.np_pos >= 0 else 0)
@@ -190,10 +196,10 @@ class AnswerPlan:
             flat = flat * scale
         return flat
 
-    def split(self, flat: torch.Tensor | np.ndarray) -> list:
+    def split(self, flat: _Flat) -> list[_Flat]:
         return [flat[int(self.offsets[i]) : int(self.offsets[i + 1])] for i in range(len(self.workloads))]
 
-    def concat_targets(self, targets: Sequence[np.ndarray], dtype=torch.float32) -> torch.Tensor:
+    def concat_targets(self, targets: Sequence[np.ndarray], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Flatten per-workload target vectors (same order as the plan) onto the plan's device."""
         if len(targets) != len(self.workloads):
             raise ValueError("one target vector per workload")

@@ -84,8 +84,9 @@ class HGEMResult:
 
     def mixture(self) -> ProductMixture:
         with torch.no_grad():
-            return self.generator().detach()
+            mix: ProductMixture = self.generator()
+            return mix.detach()
 
 
-def make_generator(domain: Domain, config: HGEMConfig, device=None) -> HGEMGenerator:
+def make_generator(domain: Domain, config: HGEMConfig, device: str | torch.device | None = None) -> HGEMGenerator:
     return HGEMGenerator(domain, config.batch_size, config.z_dim, config.hidden, config.seed, resolve_device(device))

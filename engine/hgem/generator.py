@@ -14,6 +14,8 @@ generator owns a fixed batch of B latent vectors z ~ N(0, I) drawn from a seeded
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -145,6 +147,6 @@ class HGEMGenerator(nn.Module):
         weights = torch.softmax(self.component_logits, dim=0) if B == self.batch_size else None
         return ProductMixture(lay, size_probs, group_probs, person_probs, weights)
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         """The constructor arguments except the domain (enough to rebuild it with a state_dict)."""
         return {"batch_size": self.batch_size, "z_dim": self.z_dim, "hidden": list(self.hidden), "seed": self.seed}

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from engine.domain import Domain
+from engine.hierarchical_data import HierarchicalData
 
 
 def default_device() -> torch.device:
@@ -53,7 +54,10 @@ class MixtureLayout:
         g = [a for a in domain.group if a.name != domain.size_attribute]
         gs = tuple(a.size for a in g)
         ps = tuple(a.size for a in domain.person)
-        cum = lambda s: tuple(int(sum(s[:i])) for i in range(len(s)))  # noqa: E731
+
+        def cum(s: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(int(sum(s[:i])) for i in range(len(s)))
+
         return cls(domain, tuple(a.name for a in g), gs, cum(gs), tuple(a.name for a in domain.person), ps, cum(ps))
 
     @property
@@ -127,7 +131,7 @@ class ProductMixture:
         w = None if self.weights is None else self.weights.detach()
         return ProductMixture(self.layout, self.size_probs.detach(), self.group_probs.detach(), self.person_probs.detach(), w)
 
-    def to(self, device) -> ProductMixture:
+    def to(self, device: torch.device | str) -> ProductMixture:
         w = None if self.weights is None else self.weights.to(device)
         return ProductMixture(
             self.layout, self.size_probs.to(device), self.group_probs.to(device), self.person_probs.to(device), w
@@ -186,7 +190,7 @@ class HouseholdCells:
     person slots, the columns of its person values in ``person_probs`` (``slot_mask``: the slots
     j < m_k that hold a person). Built once, vectorised; tensors on ``device``."""
 
-    def __init__(self, layout: MixtureLayout, data, device: torch.device | str) -> None:
+    def __init__(self, layout: MixtureLayout, data: HierarchicalData, device: torch.device | str) -> None:
         dom = layout.domain
         if data.domain != dom:
             raise ValueError("data and mixture have different domains")
@@ -218,7 +222,10 @@ def household_log_likelihood(mix: ProductMixture, cells: HouseholdCells, floor: 
     P_k(size = m_k) · Π_a F_G(z_k)_a[y_a] · Π_{j<m_k} Π_a F_I,j(z_k)_a[y_ja]. Differentiable."""
     if mix.n_components != cells.n_households:
         raise ValueError(f"{mix.n_components} components for {cells.n_households} households")
-    log = lambda p: torch.log(p.clamp_min(floor))  # noqa: E731
+
+    def log(p: torch.Tensor) -> torch.Tensor:
+        return torch.log(p.clamp_min(floor))
+
     ll = log(mix.size_probs.gather(1, cells.size_index[:, None])).squeeze(1)
     ll = ll + log(mix.group_probs.gather(1, cells.group_columns)).sum(1)
     persons = log(mix.person_probs.gather(2, cells.person_columns)).sum(2)  # (B, M)

@@ -43,7 +43,7 @@ def fit_answers(
     hist: list[float] = []
     best_before = float("inf")
 
-    def evaluate():
+    def evaluate() -> tuple[torch.Tensor, torch.Tensor]:
         ans = plan.answers(generator())
         loss = plan.l2_error(ans, tgt).sum()
         return loss, torch.stack([loss.detach(), plan.max_abs_error(ans.detach(), tgt).max()])
@@ -122,7 +122,7 @@ def pretrain_households(
                        use_cuda_graphs(generator.device, cuda_graphs))
     hist: list[float] = []
 
-    def evaluate():
+    def evaluate() -> tuple[torch.Tensor, torch.Tensor]:
         ll = household_log_likelihood(generator(), cells).sum()
         return -ll / n, ll.detach().reshape(1)
 

@@ -23,6 +23,7 @@ only compute parameters and sensitivities.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -88,7 +89,7 @@ class StateBudget:
         """What the whole run charges (sequential composition): never above ``rho_node``."""
         return self.n_initial * self.rho_initial + self.rounds * (self.rho_select + self.rho_measure)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready (fractions as exact strings)."""
         return {k: (str(v) if isinstance(v, Fraction) else v) for k, v in self.__dict__.items()}
 
@@ -142,7 +143,7 @@ def cell_sensitivity(w: Workload, domain: Domain, unit: PrivacyUnit) -> float:
 
 
 def score_sensitivity(
-    workloads, domain: Domain, unit: PrivacyUnit, n_households: float, n_persons: float
+    workloads: Iterable[Workload], domain: Domain, unit: PrivacyUnit, n_households: float, n_persons: float
 ) -> float:
     """Sensitivity of the selection score max_y |q_y(D) − q_y(Â)| over normalised answers.
 

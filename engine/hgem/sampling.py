@@ -95,7 +95,7 @@ class HouseholdStructure:
     householder_attributes: tuple[tuple[str, str], ...] = ()
     any_person: tuple[AnyPerson, ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if (self.relationship is None) != (self.householder is None):
             raise ValueError("HouseholdStructure: relationship and householder go together")
         if self.householder is not None and self.householder in self.group_quarters:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from typing import Any
 
 from engine.errors import DPReleaseError
 
@@ -95,7 +96,7 @@ class HGEMSettings:
         if problems:
             raise HGEMSettingsError("H-GEM settings: " + "; ".join(problems))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready (fractions as exact strings such as ``"4/5"``)."""
         d = asdict(self)
         return {**d, "alpha": str(self.alpha), "initial_share": str(self.initial_share), "hidden": list(self.hidden)}

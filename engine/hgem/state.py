@@ -124,7 +124,8 @@ def session_oracles(session: PrivateSession, stage: str, level: str, node: Node)
 
         return at
 
-    def select(tag, workloads, normalisers, model_answers, epsilon, sensitivity) -> int:
+    def select(tag: str, workloads: Sequence[Workload], normalisers: Sequence[float], model_answers: np.ndarray, epsilon: float,
+               sensitivity: float) -> int:
         return session.select_worst_workload(stage, level, node, tag, workloads, normalisers, model_answers, epsilon,
                                              sensitivity)
 
@@ -145,9 +146,10 @@ def local_oracles(private: HierarchicalData, unit: PrivacyUnit,
     Gaussian) and ``choose(scores, sensitivity, ε)`` on the session's scores (default the
     pipeline's exponential mechanism)."""
     measure = local_measure(private, unit, noise)
-    targets: dict[tuple, np.ndarray] = {}
+    targets: dict[tuple[tuple[str, ...], tuple[float, ...]], np.ndarray] = {}
 
-    def select(tag, workloads, normalisers, model_answers, epsilon, sensitivity) -> int:
+    def select(tag: str, workloads: Sequence[Workload], normalisers: Sequence[float], model_answers: np.ndarray, epsilon: float,
+               sensitivity: float) -> int:
         key = (tuple(w.id for w in workloads), tuple(float(n) for n in normalisers))
         if key not in targets:
             targets[key] = np.concatenate(
@@ -226,7 +228,7 @@ class StateFit:
     settings: HGEMSettings
     device: str
 
-    def diagnostics(self) -> dict:
+    def diagnostics(self) -> dict[str, Any]:
         """JSON-ready: settings, budget split, per-round history."""
         return {
             "candidates": len(self.candidates),
@@ -253,7 +255,7 @@ def fit_state(
     seed: int = 0,
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
-    public_fit: dict | None = None,
+    public_fit: dict[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> StateFit:
@@ -320,7 +322,7 @@ def fit_state(
         last["sigma"] = m.sigma
         return m.answers
 
-    def progress(rec: RoundRecord, _G) -> None:
+    def progress(rec: RoundRecord, _G: HGEMGenerator) -> None:
         say(f"round {rec.round}/{budget.rounds} measured {rec.workload} ({rec.steps} update steps, {rec.seconds:.1f}s)")
 
     # the σ of the measurement just taken (train_hgem asks right after measuring the workload)
@@ -343,7 +345,7 @@ def run_state(
     seed: int = 0,
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
-    public_fit: dict | None = None,
+    public_fit: dict[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
     structure: HouseholdStructure | None = None,
     log: Callable[[str], None] | None = None,

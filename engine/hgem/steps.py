@@ -25,7 +25,7 @@ run on a side stream as PyTorch's documentation prescribes ("whole-network captu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,16 +43,19 @@ def use_cuda_graphs(device: torch.device, enabled: bool = True) -> bool:
     return bool(enabled) and torch.device(device).type == "cuda"
 
 
-def make_adam(params, lr: float, device: torch.device) -> torch.optim.Adam:
+def make_adam(params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], lr: float, device: torch.device) -> torch.optim.Adam:
     """Adam whose state lives on ``device``; capturable (graph-safe) on CUDA. ``params``: parameters,
     or parameter groups (dicts, each with an optional float "lr" of its own; default ``lr``). Every
     learning rate becomes a tensor on ``device``, so that :func:`set_lr` reaches graph replays."""
     device = torch.device(device)
-    lr_t = lambda v: torch.tensor(float(v), device=device)  # noqa: E731
-    params = list(params)
-    if params and isinstance(params[0], dict):
-        params = [{**g, "lr": lr_t(g.get("lr", lr))} for g in params]
-    return torch.optim.Adam(params, lr=lr_t(lr), capturable=device.type == "cuda")
+
+    def lr_t(v: float) -> torch.Tensor:
+        return torch.tensor(float(v), device=device)
+
+    given = list(params)
+    groups = [{**g, "lr": lr_t(g.get("lr", lr))} for g in given if isinstance(g, dict)]
+    tensors = [p for p in given if isinstance(p, torch.Tensor)]
+    return torch.optim.Adam(groups or tensors, lr=lr_t(lr), capturable=device.type == "cuda")
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -77,7 +80,7 @@ class AdamSteps:
 
     def _step(self, loss: torch.Tensor) -> None:
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         self.opt.step()
         self._eager_steps += 1
 
@@ -86,14 +89,14 @@ class AdamSteps:
         max_steps = int(max_steps)
         if not self.graphs:
             return self._eager(evaluate, loss_of, stop, max_steps)[0]
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream's constructor unannotated
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # eager warm-up steps (real steps) until the state is built
             i, done = self._eager(evaluate, loss_of, stop, max_steps, until=WARMUP_STEPS)
         torch.cuda.current_stream().wait_stream(side)
         return i if done else self._replay(evaluate, loss_of, stop, max_steps, i)
 
-    def _eager(self, evaluate, loss_of, stop, max_steps: int, until: int | None = None) -> tuple[int, bool]:
+    def _eager(self, evaluate: EvaluateFn, loss_of: LossFn, stop: StopFn, max_steps: int, until: int | None = None) -> tuple[int, bool]:
         """Eager steps from i = 0: (i, True) once stopped; with ``until``, (i, False) as soon as this
         instance has taken ``until`` eager steps in all (step i is then left to the graph)."""
         i = 0
@@ -106,13 +109,13 @@ class AdamSteps:
             self._step(loss_of(state))
             i += 1
 
-    def _replay(self, evaluate, loss_of, stop, max_steps: int, i: int) -> int:
+    def _replay(self, evaluate: EvaluateFn, loss_of: LossFn, stop: StopFn, max_steps: int, i: int) -> int:
         """Capture step i (and the statistics after it) as one CUDA graph; replay it until stopped."""
         graph = torch.cuda.CUDAGraph()
         self.opt.zero_grad(set_to_none=True)  # grads are allocated inside the graph's pool
         with torch.cuda.graph(graph):
             state, _ = evaluate()
-            loss_of(state).backward()
+            loss_of(state).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             self.opt.step()
             with torch.no_grad():
                 _, stats_next = evaluate()
@@ -137,7 +140,7 @@ class GraphedEval:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
         if graphs:
-            side = torch.cuda.Stream()
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream's constructor unannotated
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side), torch.no_grad():
                 fn()  # warm-up outside the capture
@@ -160,7 +163,7 @@ def _host(stats: torch.Tensor) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def frozen(params: Sequence[torch.nn.Parameter], enabled: bool):
+def frozen(params: Sequence[torch.nn.Parameter], enabled: bool) -> Iterator[None]:
     """Parameters that take no gradient inside the block (when ``enabled``)."""
     if not enabled:
         yield

@@ -85,6 +85,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from engine.domain import Domain
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
@@ -224,7 +225,7 @@ def train_hgem(
     return HGEMResult(out, G, measured, meas, history)
 
 
-def _answer_vector(w: Workload, values, domain: Domain, what: str) -> np.ndarray:
+def _answer_vector(w: Workload, values: ArrayLike, domain: Domain, what: str) -> np.ndarray:
     """``values`` as a flat float64 vector with one entry per cell of ``w`` (else ValueError)."""
     m = np.asarray(values, dtype=np.float64).reshape(-1)
     if m.shape[0] != w.n_cells(domain):

@@ -5,9 +5,14 @@ relative entropy to the public fit); and GEM's EMA of the weights for the ``"ema
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
+from engine.hgem.answers import AnswerPlan
+from engine.hgem.config import HGEMConfig
+from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import ProductMixture, mixture_kl_bound
 from engine.hgem.steps import AdamSteps
 
@@ -26,19 +31,20 @@ def kl_prior(mix: ProductMixture, reference: ProductMixture, strength: float) ->
     return strength * mixture_kl_bound(mix, reference)
 
 
-def gem_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, gamma_ema, max_steps) -> tuple[int, float, float, float]:
+def gem_update(G: HGEMGenerator, runner: AdamSteps, cfg: HGEMConfig, plan_m: AnswerPlan, tgt_m: torch.Tensor,
+               gamma_ema: float | None, max_steps: int) -> tuple[int, float | None, float, float]:
     """One round of H-GEM-Update (Algorithm 4): γ = gamma_scale × EMA of the max errors; Adam on the
     ℓ2 errors of the measurements still above γ, until none is or ``max_steps`` (T_max).
     Returns (steps, new γ EMA, γ, max err)."""
     gamma_t = torch.zeros((), device=tgt_m.device, dtype=tgt_m.dtype)  # read by the captured loss
     gamma, max_err = 0.0, float("nan")
 
-    def evaluate():
+    def evaluate() -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         ans = plan_m.answers(G())
         err = plan_m.max_abs_error(ans.detach(), tgt_m)
         return (ans, err), err.max().reshape(1)
 
-    def loss_of(state):
+    def loss_of(state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         ans, err = state
         return (plan_m.l2_error(ans, tgt_m) * (err >= gamma_t)).sum()  # measurements above γ only
 
@@ -55,7 +61,8 @@ def gem_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, gamma_ema, max_steps) -
     return steps, gamma_ema, gamma, max_err
 
 
-def map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term, max_steps) -> tuple[int, float, float]:
+def map_update(G: HGEMGenerator, runner: AdamSteps, cfg: HGEMConfig, plan_m: AnswerPlan, tgt_m: torch.Tensor, w_m: torch.Tensor,
+               prior_term: Callable[[ProductMixture], torch.Tensor] | None, max_steps: int) -> tuple[int, float, float]:
     """One round of the ``update="map"`` rule: Adam on the weighted likelihood of all past
     measurements plus the prior term ``prior_term(mixture)`` (None: none), warm-started, until the
     loss stops improving (relative change < ``update_tol`` over 10 steps) or ``max_steps``.
@@ -63,11 +70,11 @@ def map_update(G, runner: AdamSteps, cfg, plan_m, tgt_m, w_m, prior_term, max_st
     can overshoot on saturated softmax heads), the parameters of the lowest loss seen are restored,
     so a round never ends above its own best. Returns (steps, γ = 0 (unused), max err)."""
     best_prev, hist = float("inf"), []
-    params = [p for p in G.parameters() if p.requires_grad]
+    params: list[torch.Tensor] = [p for p in G.parameters() if p.requires_grad]
     best_loss, best_max_err, best_params = float("inf"), float("nan"), [torch.empty_like(p) for p in params]
     last_loss = float("inf")
 
-    def evaluate():
+    def evaluate() -> tuple[torch.Tensor, torch.Tensor]:
         mix = G()
         ans_m = plan_m.answers(mix)
         loss = (w_m * (ans_m - tgt_m) ** 2).sum()

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from numbers import Rational
 from typing import Literal
@@ -180,7 +180,7 @@ def epsilon_for_pure_rho(rho: Number) -> float:
     return _largest_epsilon(rho, 2.0, pure_dp_rho)
 
 
-def _largest_epsilon(rho: Number, c: float, to_rho) -> float:
+def _largest_epsilon(rho: Number, c: float, to_rho: Callable[[float], Fraction]) -> float:
     """The largest float ε with ``to_rho(ε)`` = ε²/c ≤ ρ exactly: √(cρ) in floats, stepped down by
     ulps until the exact charge fits."""
     r = as_fraction(rho)
@@ -213,7 +213,8 @@ def parallel(rhos: Iterable[Number]) -> Fraction:
 # -- conversion to (ε, δ) ---------------------------------------------------------------------
 def _cks_objective(alpha: np.ndarray, rho: float, log_inv_delta: float) -> np.ndarray:
     am1 = alpha - 1.0
-    return alpha * rho + (log_inv_delta + am1 * np.log1p(-1.0 / alpha) - np.log(alpha)) / am1
+    out: np.ndarray = alpha * rho + (log_inv_delta + am1 * np.log1p(-1.0 / alpha) - np.log(alpha)) / am1
+    return out
 
 
 def rho_to_eps(rho: Number, delta: float, method: ConversionMethod = "cks") -> float:

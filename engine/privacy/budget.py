@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from fractions import Fraction
+from typing import Any
 
 from engine.privacy.accountant import ConversionMethod, Number, as_fraction, eps_delta_to_rho, rho_to_eps
 
@@ -104,7 +105,7 @@ class BudgetPlan:
         return cls(total, stage_shares, level_shares, delta=delta)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> BudgetPlan:
+    def from_dict(cls, d: Mapping[str, Any]) -> BudgetPlan:
         return cls(
             Fraction(d["total_rho"]),
             {st: Fraction(v["share"]) for st, v in d["stages"].items()},
@@ -153,7 +154,7 @@ class BudgetPlan:
         return rho_to_eps(self._total if rho is None else rho, self.delta, method)
 
     # -- presentation ---------------------------------------------------------------------------
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[dict[str, Any]]:
         """One row per (stage, level): shares and the per-node ρ, exact and as float."""
         out = []
         for st, s_share in self._stages.items():
@@ -172,7 +173,7 @@ class BudgetPlan:
                 )
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable: fractions as strings, with floats alongside for reading."""
         return {
             "total_rho": str(self._total),

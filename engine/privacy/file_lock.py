@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
     """Create or replace ``path`` with what ``write(binary file object)`` writes, atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,7 +32,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 
 
 @contextmanager
-def exclusive_lock(path: str | os.PathLike) -> Iterator[None]:
+def exclusive_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

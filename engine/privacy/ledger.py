@@ -91,7 +91,7 @@ class Charge:
     rho: Fraction
     timestamp: float
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "type": "charge",
             "key": self.key,
@@ -107,7 +107,7 @@ class Charge:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> Charge:
+    def from_json(cls, d: dict[str, Any]) -> Charge:
         return cls(
             key=d["key"],
             stage=d["stage"],
@@ -132,7 +132,7 @@ class PrivacyLedger:
     file's plan must equal ``plan``. Creates the file (and parent directory) if needed.
     """
 
-    def __init__(self, path: str | os.PathLike | None, plan: BudgetPlan) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, plan: BudgetPlan) -> None:
         """``path`` None: an in-memory ledger (a notebook, a test) — the same accounting and
         refusals, nothing written, nothing shared between processes."""
         self.path = None if path is None else Path(path)
@@ -162,7 +162,7 @@ class PrivacyLedger:
         with self._tlock, exclusive_lock(self._lock_path):
             yield
 
-    def _append(self, record: dict) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
@@ -211,7 +211,7 @@ class PrivacyLedger:
         self._charges, self._order = {}, []
         self._nodes, self._level_max = defaultdict(dict), defaultdict(Fraction)
 
-    def _ingest(self, rec: dict) -> None:
+    def _ingest(self, rec: dict[str, Any]) -> None:
         kind = rec.get("type")
         if kind == "plan":
             stored = BudgetPlan.from_dict(rec["plan"])
@@ -374,7 +374,7 @@ class PrivacyLedger:
         """ρ the node may still spend in (stage, level) — the node-level headroom only."""
         return self.plan.allocation(stage, level) - self.spent(stage, level, node)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """JSON-serialisable: per stage and level allocated / spent ρ, totals, and (ε, δ)."""
         with self._locked():
             self._refresh(writer=True)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from engine.errors import EXIT_INTEGRITY, DPReleaseError, PrivacyInvariantError
 from engine.geography import Node, node_key
@@ -85,7 +86,7 @@ class MeasurementRecord:
             return float(self.scale) ** 2
         raise ValueError(f"{self.mechanism} has no additive noise variance")
 
-    def metadata(self) -> dict:
+    def metadata(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "workload_id": self.workload_id,
@@ -114,7 +115,7 @@ class MeasurementStore:
 
     _MECHANISMS = ("discrete_gaussian", "gaussian")
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._check_format()
@@ -147,7 +148,7 @@ class MeasurementStore:
                 "dprelease version that started it, or start a new work directory")
 
     @staticmethod
-    def _read(path: Path) -> tuple[dict, np.ndarray]:
+    def _read(path: Path) -> tuple[dict[str, Any], np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             return meta, z["noisy"].copy()
@@ -224,13 +225,13 @@ class MeasurementStore:
         level: str,
         node: Node | str,
         workload_id: str,
-        true_answer,
+        true_answer: ArrayLike,
         mechanism: str,
         sensitivity: float,
         rho: Fraction,
         scale: float,
         epsilon: float | None,
-        draw,
+        draw: Callable[[], tuple[np.ndarray, float]],
     ) -> MeasurementRecord:
         path = self._paths(key)[0]
         nid = node_key(node)
@@ -293,7 +294,7 @@ class MeasurementStore:
         level: str,
         node: Node | str,
         workload_id: str,
-        true_answer,
+        true_answer: ArrayLike,
         l2_sensitivity: float,
         rho: Number,
         mechanism: str = "discrete_gaussian",
@@ -332,7 +333,7 @@ class MeasurementStore:
         level: str,
         node: Node | str,
         workload_id: str,
-        true_answer,
+        true_answer: ArrayLike,
         l1_sensitivity: float,
         epsilon: float | None = None,
         rho: Number | None = None,
@@ -368,7 +369,7 @@ class MeasurementStore:
         level: str,
         node: Node | str,
         workload_id: str,
-        scores,
+        scores: ArrayLike,
         sensitivity: float,
         epsilon: float,
     ) -> MeasurementRecord:

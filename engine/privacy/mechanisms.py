@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
 import opendp.prelude as dp
+from numpy.typing import ArrayLike
 
 from engine.privacy.accountant import Number, as_fraction, sigma_for_rho
 
@@ -46,7 +48,7 @@ __all__ = [
 _FLOAT_K = -40  # granularity 2^-40 of OpenDP's float Gaussian sampler
 
 
-def _as_counts(counts) -> tuple[np.ndarray, tuple[int, ...]]:
+def _as_counts(counts: ArrayLike) -> tuple[np.ndarray, tuple[int, ...]]:
     a = np.asarray(counts)
     if a.dtype.kind in "iu":
         out = a.astype(np.int64)
@@ -68,11 +70,12 @@ def _check_positive(name: str, x: float) -> float:
     return x
 
 
-def _fit_scale(build, sens: float, budget: float, scale: float, ok) -> tuple[object, float]:
+def _fit_scale(build: Callable[[float], dp.Measurement], sens: float, budget: float, scale: float,
+               ok: Callable[[float], bool]) -> tuple[dp.Measurement, float]:
     """Build the measurement, raising ``scale`` until OpenDP's own map agrees with the budget."""
     for _ in range(60):
         m = build(scale)
-        loss = m.map(sens)
+        loss: float = m.map(sens)  # type: ignore[no-untyped-call]  # OpenDP's Measurement methods are unannotated
         if ok(loss):
             return m, scale
         scale *= math.sqrt(max(loss / budget, 1.0)) * (1 + 1e-9) if budget > 0 else 2.0
@@ -81,7 +84,7 @@ def _fit_scale(build, sens: float, budget: float, scale: float, ok) -> tuple[obj
 
 # -- counts ----------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1024)  # immutable OpenDP measurements, built once per (Δ, budget)
-def _dg_measurement(l2: float, rho: Fraction):
+def _dg_measurement(l2: float, rho: Fraction) -> tuple[dp.Measurement, float]:
     sigma = sigma_for_rho(l2, rho)
     space = (dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="f64"))
     build = lambda s: dp.m.make_gaussian(*space, scale=s)  # noqa: E731
@@ -94,7 +97,7 @@ def discrete_gaussian_sigma(l2_sensitivity: float, rho: Number) -> float:
     return _dg_measurement(_check_positive("l2_sensitivity", l2_sensitivity), as_fraction(rho))[1]
 
 
-def discrete_gaussian(counts, l2_sensitivity: float, rho: Number) -> tuple[np.ndarray, float]:
+def discrete_gaussian(counts: ArrayLike, l2_sensitivity: float, rho: Number) -> tuple[np.ndarray, float]:
     """Add discrete Gaussian noise N_ℤ(0, σ²) to integer counts; returns (noisy int64, σ).
 
     ρ-zCDP for an L2 sensitivity ``l2_sensitivity`` (CKS20 Thm. 14). Shape is preserved.
@@ -107,7 +110,7 @@ def discrete_gaussian(counts, l2_sensitivity: float, rho: Number) -> tuple[np.nd
 
 
 @functools.lru_cache(maxsize=1024)  # immutable OpenDP measurements, built once per (Δ, budget)
-def _dl_measurement(l1: float, eps: float):
+def _dl_measurement(l1: float, eps: float) -> tuple[dp.Measurement, float]:
     b = l1 / eps
     while l1 / b > eps:
         b = float(np.nextafter(b, math.inf))
@@ -121,7 +124,7 @@ def discrete_laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
     return _dl_measurement(_check_positive("l1_sensitivity", l1_sensitivity), _check_positive("epsilon", epsilon))[1]
 
 
-def discrete_laplace(counts, l1_sensitivity: float, epsilon: float) -> tuple[np.ndarray, float]:
+def discrete_laplace(counts: ArrayLike, l1_sensitivity: float, epsilon: float) -> tuple[np.ndarray, float]:
     """Add discrete Laplace noise P(k) ∝ exp(−|k|/b), b = Δ₁/ε; returns (noisy int64, b). ε-DP."""
     x, shape = _as_counts(counts)
     m, b = _dl_measurement(_check_positive("l1_sensitivity", l1_sensitivity), _check_positive("epsilon", epsilon))
@@ -132,7 +135,7 @@ def discrete_laplace(counts, l1_sensitivity: float, epsilon: float) -> tuple[np.
 
 # -- real values -----------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1024)  # immutable OpenDP measurements, built once per (Δ, budget)
-def _gauss_measurement(l2: float, rho: Fraction, n: int):
+def _gauss_measurement(l2: float, rho: Fraction, n: int) -> tuple[dp.Measurement, float]:
     sigma = sigma_for_rho(l2, rho)
     space = (dp.vector_domain(dp.atom_domain(T=float, nan=False), size=max(int(n), 1)), dp.l2_distance(T=float))
     build = lambda s: dp.m.make_gaussian(*space, scale=s, k=_FLOAT_K)  # noqa: E731
@@ -145,7 +148,7 @@ def gaussian_sigma(l2_sensitivity: float, rho: Number, n: int) -> float:
     return _gauss_measurement(_check_positive("l2_sensitivity", l2_sensitivity), as_fraction(rho), n)[1]
 
 
-def gaussian(values, l2_sensitivity: float, rho: Number) -> tuple[np.ndarray, float]:
+def gaussian(values: ArrayLike, l2_sensitivity: float, rho: Number) -> tuple[np.ndarray, float]:
     """Add Gaussian noise N(0, σ²) to float values; returns (noisy float64, σ). ρ-zCDP.
 
     Uses OpenDP's exact Gaussian sampler on a 2^-40 grid (the vector length is fixed in the
@@ -161,7 +164,7 @@ def gaussian(values, l2_sensitivity: float, rho: Number) -> tuple[np.ndarray, fl
 
 
 # -- selection -------------------------------------------------------------------------------------
-def _scores(scores) -> list[float]:
+def _scores(scores: ArrayLike) -> list[float]:
     s = np.asarray(scores, dtype=np.float64).ravel()
     if s.size == 0:
         raise ValueError("cannot select from an empty score vector")
@@ -171,7 +174,7 @@ def _scores(scores) -> list[float]:
 
 
 @functools.lru_cache(maxsize=256)
-def _noisy_max_measurement(kind: str, d: float, e: float):
+def _noisy_max_measurement(kind: str, d: float, e: float) -> dp.Measurement:
     """OpenDP noisy-max measurement (built once per (kind, Δ, ε) and cached: it is immutable)."""
     space = (dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float))
     if kind == "gumbel":
@@ -182,14 +185,14 @@ def _noisy_max_measurement(kind: str, d: float, e: float):
     return _fit_scale(build, d, budget, 2.0 * d / e, lambda loss: loss <= budget)[0]
 
 
-def _noisy_max(scores, sensitivity: float, epsilon: float, kind: str) -> int:
+def _noisy_max(scores: ArrayLike, sensitivity: float, epsilon: float, kind: str) -> int:
     s = _scores(scores)
     d = _check_positive("sensitivity", sensitivity)
     e = _check_positive("epsilon", epsilon)
     return int(_noisy_max_measurement(kind, d, e)(s))
 
 
-def exponential_mechanism(scores, sensitivity: float, epsilon: float) -> int:
+def exponential_mechanism(scores: ArrayLike, sensitivity: float, epsilon: float) -> int:
     """Index i chosen with probability ∝ exp(ε·scores[i] / (2Δ)) (McSherry & Talwar 2007).
 
     OpenDP Gumbel report-noisy-max with scale 2Δ/ε; its zCDP map is checked to be ≤ ε²/8
@@ -198,7 +201,7 @@ def exponential_mechanism(scores, sensitivity: float, epsilon: float) -> int:
     return _noisy_max(scores, sensitivity, epsilon, "gumbel")
 
 
-def permute_and_flip(scores, sensitivity: float, epsilon: float) -> int:
+def permute_and_flip(scores: ArrayLike, sensitivity: float, epsilon: float) -> int:
     """Permute-and-flip (McKenna & Sheldon 2020): visit candidates in random order, accept r with
     probability exp(ε·(scores[r] − max)/(2Δ)).
 

@@ -31,20 +31,20 @@ remove a whole household (oversize ``exclude``; a housing unit losing its househ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 
-from engine.adaptive import exact_answers
+from engine.domain import Domain
 from engine.errors import EXIT_PRIVACY, DPReleaseError
 from engine.geography import Geography, Node, node_households, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementRecord, MeasurementStore
-from engine.queries import PrivacyUnit, Workload, answer
+from engine.queries import PrivacyUnit, Workload, answer, exact_answers
 
 __all__ = ["INVARIANTS", "InvariantNotDeclared", "NoisySizes", "PrivateSession", "max_abs_error_scores", "size_counts",
            "size_counts_sensitivity", "size_form", "size_histogram"]
@@ -181,12 +181,12 @@ class PrivateSession:
         self._invariants = frozenset(invariants)
         self._nodes: dict[Node, HierarchicalData] = {}
         self._index: dict[int, dict[Node, np.ndarray]] = {}
-        self._targets: dict[tuple, np.ndarray] = {}
+        self._targets: dict[tuple[Hashable, ...], np.ndarray] = {}  # (node, workload) or (node, ids, normalisers)
         self._sizes: np.ndarray | None = None
 
     # -- public facts ---------------------------------------------------------------------------
     @property
-    def domain(self):
+    def domain(self) -> Domain:
         return self.__data.domain
 
     @property
@@ -234,7 +234,8 @@ class PrivateSession:
         node = tuple(int(x) for x in node)
         if not node:
             return self._sizes
-        return self._sizes[self._node_index(len(node)).get(node, np.zeros(0, dtype=np.int64))]
+        sizes: np.ndarray = self._sizes[self._node_index(len(node)).get(node, np.zeros(0, dtype=np.int64))]
+        return sizes
 
     def _node_index(self, depth: int) -> dict[Node, np.ndarray]:
         """{node: its households, in input order} for the nodes ``depth`` levels down, built once
@@ -327,7 +328,7 @@ class PrivateSession:
     def __repr__(self) -> str:
         return f"PrivateSession(unit={self._unit!r}, invariants={sorted(self._invariants)})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a PrivateSession is not serialisable: build it where the measurements run")
 
 

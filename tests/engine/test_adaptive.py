@@ -14,9 +14,7 @@ import pytest
 from engine.adaptive import (
     SELECT_FIRST,
     AdaptiveRounds,
-    CandidateAnswers,
     candidate_workloads,
-    exact_answers,
     expected_measurement_l1,
     initial_rho,
     measured_form,
@@ -30,7 +28,7 @@ from engine.privacy.budget import BudgetPlan
 from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementStore
 from engine.privacy.session import PrivateSession, l1_error_scores
-from engine.queries import NORM_SCALE, Workload, answer
+from engine.queries import NORM_SCALE, CandidateAnswers, Workload, answer, exact_answers
 from engine.state_release import session_measure, session_select
 from engine.support import Support
 from engine.synthesis import synthesize_node
