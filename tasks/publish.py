@@ -10,8 +10,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -21,7 +20,6 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
 from schemas.data_dictionary import UNWEIGHTED
 from schemas.data_dictionary import with_weights as with_weights_dictionary
@@ -32,8 +30,8 @@ from schemas.release_expectations import ReleaseGateRun
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
 from schemas.weight_totals import WeightTotals
 from tasks.audit import AuditLog
+from tasks.release_parts import ReleaseParts
 from tasks.release_report import REPORT, combined_tables, render_report, report_tables
-from tasks.run_context import state_of_node_file
 from tasks.weights import calibrate, weight_keys, with_weights
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -140,39 +138,6 @@ def library_versions() -> dict:
     return {"python": sys.version.split()[0], **{n: _version(n) for n in LIBRARIES}}
 
 
-@dataclass(frozen=True)
-class ReleaseParts:
-    """The release microdata as parts of whole states, each loaded when it is needed and dropped
-    after, so that publishing holds one state's households and persons at a time, however many
-    states the release covers. Parts come in release order (their concatenation is the release)."""
-
-    domain: Domain
-    loaders: tuple[Callable[[], HierarchicalData], ...]
-
-    @classmethod
-    def of(cls, data: HierarchicalData) -> ReleaseParts:
-        """An in-memory release, one part per state (in state order; each keeps its rows' order)."""
-        states = np.unique(data.geo[:, 0]) if data.n_households else np.zeros(1, np.int64)
-        masks = [data.geo[:, 0] == st for st in states] if data.n_households else [np.ones(0, bool)]
-        return cls(data.domain, tuple((lambda m=m: data.select(m)) for m in masks))
-
-    @classmethod
-    def from_node_files(cls, node_files: list[str]) -> ReleaseParts:
-        """A release of PUMA node files (``RunPaths.node_path``), one part per state: its PUMAs'
-        files in sorted order, as the release concatenates them."""
-        files = sorted(node_files)
-        if not files:
-            raise ValueError("a release needs at least one node file")
-        by_state: dict[str, list[str]] = {}
-        for f in files:
-            by_state.setdefault(state_of_node_file(f), []).append(f)
-        domain = HierarchicalData.from_npz(files[0]).domain
-        return cls(domain, tuple((lambda fs=fs: HierarchicalData.concat([HierarchicalData.from_npz(f) for f in fs])) for fs in by_state.values()))
-
-    def __iter__(self) -> Iterator[HierarchicalData]:
-        return (load() for load in self.loaders)
-
-
 def _write_dataset(table: pa.Table, base: Path) -> None:
     """Append one part (whole states) to the hive-partitioned dataset at ``base``: every PUMA's
     rows go to ``ST=../PUMA=../part-0.parquet``, written as the whole table would write them."""
@@ -250,7 +215,8 @@ def write_release(
         if weight_totals is None:
             manifest["weights"] = {"weighted": False, "statement": UNWEIGHTED}
         else:
-            weights, entry = calibrate(*(np.concatenate(k) for k in zip(*keys)), weight_totals)
+            st, puma, size = (np.concatenate(k) for k in zip(*keys))
+            weights, entry = calibrate(st, puma, size, weight_totals)
             totals = {"role": "public", "use": "weight totals", "file": weight_totals.path.name, "path": str(weight_totals.path),
                       "sha256": sha256_file(weight_totals.path)}
             manifest["inputs"] = [*manifest.get("inputs", []), totals]
