@@ -138,9 +138,15 @@ def library_versions() -> dict:
     return {"python": sys.version.split()[0], **{n: _version(n) for n in LIBRARIES}}
 
 
+# rows per Parquet row group, at least and at most: a PUMA's file is one row group (up to a
+# million rows), whatever batches the writer is fed, so its bytes depend on its rows only
+ROW_GROUP = 1 << 20
+
+
 def _write_dataset(table: pa.Table, base: Path) -> None:
     """Append one part (whole states) to the hive-partitioned dataset at ``base``: every PUMA's
-    rows go to ``ST=../PUMA=../part-0.parquet``, written as the whole table would write them."""
+    rows, in table order, go to ``ST=../PUMA=../part-0.parquet`` as one row group, the same file
+    whether the PUMA comes in a state's table or the whole release's."""
     pads.write_dataset(
         table,
         base,
@@ -148,6 +154,9 @@ def _write_dataset(table: pa.Table, base: Path) -> None:
         partitioning=pads.partitioning(PARTITION_SCHEMA, flavor="hive"),
         existing_data_behavior="overwrite_or_ignore",
         basename_template="part-{i}.parquet",
+        preserve_order=True,
+        min_rows_per_group=ROW_GROUP,
+        max_rows_per_group=ROW_GROUP,
     )
 
 
