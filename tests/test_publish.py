@@ -184,8 +184,9 @@ def test_publishing_state_by_state_writes_the_files_of_publishing_at_once(tmp_pa
     hh, _ = to_tables(data)
     coc = coc_of(hh, data.domain.max_size)
     totals = read_weight_totals(vermont_totals(tmp_path / "totals.csv", hh, state_row=False))
-    by_state = ReleaseParts.of(data)
+    by_state = ReleaseParts.of(data, limit=1)
     assert len(by_state.loaders) == 3
+    assert len(ReleaseParts.of(data).loaders) == 1 and len(ReleaseParts.of(data, limit=2 * 400).loaders) == 2  # consecutive states packed
     at_once = ReleaseParts(data.domain, (lambda: data,))
     manifest = {"release": "t", "workload": {"state": ["group:NP|", "person:|SEX,AGEP_BAND"], "puma": ["person:|SEX"]}}
     outputs = {}
@@ -206,6 +207,7 @@ def test_publishing_state_by_state_writes_the_files_of_publishing_at_once(tmp_pa
 
 def test_a_gate_failure_in_one_state_refuses_the_whole_release_before_anything_is_written(tmp_path, three_states, domain_spec, monkeypatch):
     from schemas.release_expectations import ReleaseGateError, ReleaseGateRun
+    from tasks.release_parts import ReleaseParts
     from tests.test_gx_gate import coc_of
 
     data = three_states
@@ -220,11 +222,11 @@ def test_a_gate_failure_in_one_state_refuses_the_whole_release_before_anything_i
     written = []
     monkeypatch.setattr(publish, "_write_dataset", lambda table, base: written.append(base))
     with pytest.raises(ReleaseGateError, match="households: expect_column_pair_values_to_be_equal"):
-        publish.write_release(tmp_path / "rel", data, {}, count_of_counts=coc, gate=gate_of(data, domain_spec, SecondStateBroken))
+        publish.write_release(tmp_path / "rel", ReleaseParts.of(data, limit=1), {}, count_of_counts=coc, gate=gate_of(data, domain_spec, SecondStateBroken))
     assert checked == ["09", "33"] and written == [] and list(tmp_path.iterdir()) == []
     # the control: the same gate with every state intact publishes all three
     checked.clear()
-    publish.write_release(tmp_path / "rel", data, {}, count_of_counts=coc, gate=gate_of(data, domain_spec))
+    publish.write_release(tmp_path / "rel", ReleaseParts.of(data, limit=1), {}, count_of_counts=coc, gate=gate_of(data, domain_spec))
     assert len(written) == 6 and (tmp_path / "rel" / "validation" / "gx_release.json").exists()
 
 
