@@ -48,6 +48,9 @@ class ReleaseGateError(DPReleaseError, ValueError):
         super().__init__(message)
         self.result = result
 
+    def __reduce__(self):  # pickled with its result (Prefect stores a failed run's exception)
+        return type(self), (self.args[0], self.result)
+
 
 @dataclass(frozen=True)
 class ReleaseGeography:
