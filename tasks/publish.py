@@ -218,7 +218,8 @@ def write_release(
                 checking.check(households, persons)
             validate_release_tables(households, persons, domain)
             counts.append(report_tables(domain.to_dict(), manifest.get("workload") or {}, households, persons))
-            keys.append(weight_keys(households, domain.size_attribute))
+            if weight_totals is not None:
+                keys.append(weight_keys(households, domain.size_attribute))
         gate_result = None if checking is None else checking.finish(coc)
         weights = None
         if weight_totals is None:
