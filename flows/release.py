@@ -55,6 +55,7 @@ from tasks.measurements_table import manifest_entry as measurements_entry
 from tasks.measurements_table import measurements_table
 from tasks.publish import code_version, library_versions, manifest_inputs, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
+from tasks.release_parts import ReleaseParts
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_binding import check_binding, run_binding, write_binding
 from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
@@ -325,17 +326,19 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
 def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None, counts_path: str, seed: int) -> str:
     logger = get_run_logger()
     cfg, paths = ctx.cfg, ctx.paths
-    synth = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted(node_files)])
+    synth = ReleaseParts.from_node_files(node_files)  # read one state at a time: the release never is in memory whole
+    domain = synth.domain
     audit = AuditLog(paths.audit_path)
     sync_charges(audit, ctx.ledger)
     summary = ctx.ledger.summary()
     stored = ctx.store.all()
-    measurements = measurements_table(stored, synth.domain)
+    measurements = measurements_table(stored, domain)
     coc_released = release_histograms(coc_path, synth) if coc_path else None
+    counts = release_counts(synth)
     state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
     intervals = intervals_table(
         *([] if coc_released is None else [count_of_counts_intervals(
-            *coc_released, stored, synth.domain, cfg.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
+            *coc_released, stored, domain, cfg.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
         marginal_intervals(state_files + sorted(node_files), synth, "measurement_sd" if cfg.synthesis.update_rule == "ide" else "map_eb"),
     )
     manifest = {
@@ -369,7 +372,7 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         "measurements": measurements_entry(measurements),
         "intervals": intervals_entry(intervals),
         "stages": stages + ["publish"],
-        "release_counts": {"households": synth.n_households, "persons": synth.n_persons},
+        "release_counts": counts,
         "validation": RELEASE_VALIDATION,
         "public_inputs_summary": [read_report(r) for r in reports if r["role"] == "public"],
         "seeds_policy": {
@@ -378,15 +381,21 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         },
     }
     coc_table = coc_as_table(*coc_released) if coc_released else None
-    gate = release_gate(cfg, paths, counts_path, synth.domain)
+    gate = release_gate(cfg, paths, counts_path, domain)
     rules = cfg.household_rules
-    dictionary = data_dictionary(load_domain_spec(cfg.domain_path()), synth.domain, rules.oversize, rules.group_quarters)
+    dictionary = data_dictionary(load_domain_spec(cfg.domain_path()), domain, rules.oversize, rules.group_quarters)
     manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
                              intervals=intervals, audit=audit, gate=gate, dictionary=dictionary, weight_totals=weight_totals(cfg))
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
-    logger.info(f"published {synth.n_households} synthetic households to {paths.release_dir} "
+    logger.info(f"published {counts['households']} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
+
+
+def release_counts(release: ReleaseParts) -> dict[str, int]:
+    """The released households and persons (synthetic counts, public), summed over the parts."""
+    counts = [(part.n_households, part.n_persons) for part in release]
+    return {"households": sum(h for h, _ in counts), "persons": sum(p for _, p in counts)}
 
 
 def geography_entry(cfg: ReleaseConfig, geography: Geography | None) -> dict:
@@ -576,6 +585,6 @@ def internal_qa(ctx: RunContext, node_files: list[str], seed: int, coc_path: str
     baselines = {}
     if cfg.synthesizer != "public_baseline":
         baselines["public-only baseline"] = public_only_baseline(HierarchicalData.from_npz(ctx.public_npz), private, seed)
-    coc_emd = coc_emd_by_level(release_histograms(coc_path, release), private) if coc_path else None
+    coc_emd = coc_emd_by_level(release_histograms(coc_path, [release]), private) if coc_path else None
     return str(write_qa_report(paths.qa_dir, cfg.name, private, release, baselines, ctx.ledger.summary(), coc_emd,
                                docs_link=f"{DATA_DOCS}/index.html"))

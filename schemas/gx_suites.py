@@ -90,33 +90,111 @@ def _context(docs_dir: Path | None):
     return gx.get_context(project_config=config, mode="ephemeral")
 
 
+class SuiteRunner:
+    """One ephemeral GX context with a checkpoint per table (:func:`run_suites`), run on any
+    number of frames per table: a table too large for one process is validated in parts (one
+    checkpoint run each) and :meth:`document` combines the parts' results into the one the
+    whole table gives (counts summed, percentages recomputed; on success the same bytes)."""
+
+    def __init__(self, gate: str, suites: dict[str, list], result_format: str, docs_dir: Path | None = None, value_free: bool = False):
+        self.gate, self.docs_dir, self.value_free = gate, docs_dir, value_free
+        with quiet_gx():
+            import great_expectations as gx
+
+            self._ctx = _context(docs_dir)
+            source = self._ctx.data_sources.add_pandas(gate)
+            self._checkpoints = {}
+            for table, expectations in suites.items():
+                batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe("whole_table")
+                suite = self._ctx.suites.add(gx.ExpectationSuite(name=f"{gate}.{table}"))
+                for e in expectations:
+                    suite.add_expectation(e)
+                vd = self._ctx.validation_definitions.add(gx.ValidationDefinition(name=f"{gate}.{table}", data=batch, suite=suite))
+                self._checkpoints[table] = self._ctx.checkpoints.add(
+                    gx.Checkpoint(name=f"{gate}.{table}", validation_definitions=[vd], result_format={"result_format": result_format}))
+        self._parts: dict[str, list[dict]] = {table: [] for table in suites}
+
+    def validate(self, table: str, frame: pd.DataFrame) -> dict:
+        """Run ``table``'s checkpoint on one frame (the whole table or one part of it); returns
+        the result document of this frame alone."""
+        with quiet_gx():
+            from great_expectations.core.run_identifier import RunIdentifier
+
+            run = self._checkpoints[table].run(batch_parameters={"dataframe": frame}, run_id=RunIdentifier(run_name=f"{RUN_NAME}.{self.gate}"))
+        part = result_document(self.gate, {table: run}, self.value_free)
+        self._parts[table].append(part["checkpoints"][table])
+        return part
+
+    def document(self) -> dict:
+        """The result document of every table, its parts combined (Data Docs built when asked)."""
+        if self.docs_dir is not None:
+            with quiet_gx():
+                self._ctx.build_data_docs(site_names=[DOCS_SITE])
+        return _document(self.gate, {table: _combined_checkpoint(parts) for table, parts in self._parts.items() if parts})
+
+
 def run_suites(gate: str, tables: dict[str, tuple[pd.DataFrame, list]], result_format: str, docs_dir: Path | None = None,
                value_free: bool = False) -> dict:
     """Validate every table against its expectations, one GX checkpoint per table, and return the
     reproducible result document (:func:`result_document`). ``gate`` names the data source and
     prefixes the suite, validation definition and checkpoint names (``<gate>.<table>``).
     ``value_free`` keeps no result details and no exception text (for confidential tables)."""
-    with quiet_gx():
-        import great_expectations as gx
-        from great_expectations.core.run_identifier import RunIdentifier
+    runner = SuiteRunner(gate, {t: e for t, (_, e) in tables.items()}, result_format, docs_dir, value_free)
+    for table, (frame, _) in tables.items():
+        runner.validate(table, frame)
+    return runner.document()
 
-        ctx = _context(docs_dir)
-        source = ctx.data_sources.add_pandas(gate)
-        results = {}
-        for table, (frame, expectations) in tables.items():
-            batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe("whole_table")
-            suite = ctx.suites.add(gx.ExpectationSuite(name=f"{gate}.{table}"))
-            for e in expectations:
-                suite.add_expectation(e)
-            vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=f"{gate}.{table}", data=batch, suite=suite))
-            checkpoint = ctx.checkpoints.add(
-                gx.Checkpoint(name=f"{gate}.{table}", validation_definitions=[vd], result_format={"result_format": result_format})
-            )
-            run = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=RunIdentifier(run_name=f"{RUN_NAME}.{gate}"))
-            results[table] = run
-        if docs_dir is not None:
-            ctx.build_data_docs(site_names=[DOCS_SITE])
-    return result_document(gate, results, value_free)
+
+# the counts of a map expectation's result, summed over a table's parts
+_COUNTS = ("element_count", "missing_count", "unexpected_count")
+_PARTIAL = ("partial_unexpected_list", "partial_unexpected_index_list", "partial_unexpected_counts")
+PARTIAL_UNEXPECTED = 20  # GX's partial_unexpected_count default
+
+
+def _percent(part: int | None, whole: int | None) -> float | None:
+    return None if part is None or not whole else part / whole * 100
+
+
+def _combined_result(results: list[dict]) -> dict:
+    """One expectation's result over the parts of a table, as GX computes it over the whole: the
+    counts summed and the percentages recomputed (``_format_map_output``); an aggregate result
+    (``observed_value``: column list, type) is the first failing part's, else the first part's."""
+    first = next((r for r in results if not r["success"]), results[0])
+    merged = dict(first)
+    merged["success"] = all(r["success"] for r in results)
+    inner = [r.get("result") or {} for r in results]
+    if len(results) > 1 and "element_count" in inner[0]:
+        out = dict(inner[0])
+        for k in _COUNTS:
+            if k in out:
+                out[k] = sum(r[k] for r in inner) if all(r.get(k) is not None for r in inner) else None
+        for k in _PARTIAL:
+            if k in out:
+                out[k] = [v for r in inner for v in r.get(k) or []][:PARTIAL_UNEXPECTED]
+        n, missing, unexpected = out["element_count"], out.get("missing_count"), out["unexpected_count"]
+        total = _percent(unexpected, n)
+        if "missing_count" in out:
+            out["missing_percent"] = _percent(missing, n) if n else None
+            nonmissing = _percent(unexpected, None if missing is None else n - missing)
+            out.update(unexpected_percent=nonmissing, unexpected_percent_total=total, unexpected_percent_nonmissing=nonmissing)
+        else:
+            out["unexpected_percent"] = total
+        merged["result"] = out
+    return merged
+
+
+def _combined_checkpoint(parts: list[dict]) -> dict:
+    """A table's checkpoint entry over its parts (one validation result each, expectations in the
+    same sorted order)."""
+    if len(parts) == 1:
+        return parts[0]
+    vrs = [p["validation_results"][0] for p in parts]
+    results = [_combined_result(list(rs)) for rs in zip(*(vr["results"] for vr in vrs))]
+    ok = sum(r["success"] for r in results)
+    vr = dict(vrs[0], results=results, success=ok == len(results))
+    vr["statistics"] = {"evaluated_expectations": len(results), "successful_expectations": ok, "unsuccessful_expectations": len(results) - ok,
+                        "success_percent": _percent(ok, len(results))}
+    return dict(parts[0], success=vr["success"], validation_results=[vr])
 
 
 def _clean_validation(vr: dict, value_free: bool) -> dict:
@@ -139,8 +217,6 @@ def _clean_validation(vr: dict, value_free: bool) -> dict:
 def result_document(gate: str, runs: dict, value_free: bool = False) -> dict:
     """{"gate", "great_expectations_version", "success", "checkpoints": {table: {checkpoint,
     run_name, success, validation_results}}} with the volatile fields left out."""
-    import great_expectations as gx
-
     checkpoints = {}
     for table, run in runs.items():
         checkpoints[table] = {
@@ -149,6 +225,12 @@ def result_document(gate: str, runs: dict, value_free: bool = False) -> dict:
             "success": bool(run.success),
             "validation_results": [_clean_validation(vr.to_json_dict(), value_free) for vr in run.run_results.values()],
         }
+    return _document(gate, checkpoints)
+
+
+def _document(gate: str, checkpoints: dict) -> dict:
+    import great_expectations as gx
+
     return {
         "gate": gate,
         "great_expectations_version": gx.__version__,

@@ -2,7 +2,8 @@
 
 Every column of the release schemas is present (and nothing else); every attribute value is one of
 the domain's release codes; ST is 2 digits and PUMA 5 digits; NP is 1..M; SPORDER is 1..NP of its
-household; SERIALNO is unique per household. A violation is a bug in the pipeline, never a
+household; SERIALNO is unique per household and carries its household's ST and PUMA (so the
+release, checked one state at a time, has unique SERIALNOs across states). A violation is a bug in the pipeline, never a
 property of the input, so the error names the table, column and check (no cell values).
 """
 
@@ -58,6 +59,8 @@ def validate_release_tables(households: pa_arrow.Table, persons: pa_arrow.Table,
                 df[c] = df[c].astype("int64")
     _check(hh_schema, hh, "households")
     _check(p_schema, pp, "persons")
+    if not (hh["SERIALNO"].str.slice(2, 9) == hh["ST"] + hh["PUMA"]).all():
+        raise ReleaseContractError("release contract violated:\nhouseholds: SERIALNO must carry the household's ST and PUMA (SY + ST + PUMA + counter)")
     sizes = pp.groupby("SERIALNO", sort=False).SPORDER.agg(["count", "max"])
     np_by_serial = hh.set_index("SERIALNO").NP
     joined = sizes.join(np_by_serial, how="outer")

@@ -35,7 +35,7 @@ import pyarrow as pa
 from engine.domain import Domain
 from engine.errors import DPReleaseError
 from engine.geography import LEVELS, node_key
-from schemas.gx_suites import dumps, expectations, failures, run_suites
+from schemas.gx_suites import dumps, expectations, failures
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, household_schema, person_schema
 
 GATE = "release"
@@ -47,6 +47,9 @@ class ReleaseGateError(DPReleaseError, ValueError):
     def __init__(self, message: str, result: dict):
         super().__init__(message)
         self.result = result
+
+    def __reduce__(self):  # pickled with its result (Prefect stores a failed run's exception)
+        return type(self), (self.args[0], self.result)
 
 
 @dataclass(frozen=True)
@@ -177,20 +180,33 @@ def release_frames(households: pa.Table, persons: pa.Table, count_of_counts: pa.
         pp["household_NP"] = np.nan
     frames = {"households": hh, "persons": pp}
     if count_of_counts is not None:
-        coc = count_of_counts.to_pandas()
-        if _has(coc, "level", "node", "size", "households") and _has(hh, "ST", "PUMA", size):
-            key = pd.MultiIndex.from_arrays([coc["node"].astype(str), coc["size"].astype(np.int64)])
-            child = coc[coc["level"] != "nation"]
-            parent = np.where(child["level"] == "state", "nation", child["node"].astype(str).str.rsplit("/", n=1).str[0])
-            children = child["households"].groupby([parent, child["size"].astype(np.int64).to_numpy()]).sum()
-            coc["children_households"] = np.where(coc["level"] == "puma", np.nan, children.reindex(key).fillna(0).to_numpy(np.float64))
-            keys = _node_keys(hh["ST"], hh["PUMA"])
-            released = pd.concat([pd.DataFrame({"node": keys[lv], "size": hh[size].astype(np.int64)}) for lv in LEVELS]).value_counts()
-            coc["released_households"] = released.reindex(key).fillna(0).astype(np.int64).to_numpy()
-        else:
-            coc["children_households"] = coc["released_households"] = np.nan
-        frames["count_of_counts"] = coc
+        frames["count_of_counts"] = count_of_counts_frame(count_of_counts, released_sizes(hh, domain.size_attribute))
     return frames
+
+
+def released_sizes(households: pd.DataFrame, size: str) -> pd.Series | None:
+    """Households per (node, size) at every level of a households frame (None without its key
+    columns): summed over a release's parts, the counts the count-of-counts table must equal."""
+    if not _has(households, "ST", "PUMA", size):
+        return None
+    keys = _node_keys(households["ST"], households["PUMA"])
+    return pd.concat([pd.DataFrame({"node": keys[lv], "size": households[size].astype(np.int64)}) for lv in LEVELS]).value_counts()
+
+
+def count_of_counts_frame(count_of_counts: pa.Table, released: pd.Series | None) -> pd.DataFrame:
+    """The count-of-counts table with its derived columns: its children's sum per node and size,
+    and ``released`` (:func:`released_sizes`) per node and size."""
+    coc = count_of_counts.to_pandas()
+    if _has(coc, "level", "node", "size", "households") and released is not None:
+        key = pd.MultiIndex.from_arrays([coc["node"].astype(str), coc["size"].astype(np.int64)])
+        child = coc[coc["level"] != "nation"]
+        parent = np.where(child["level"] == "state", "nation", child["node"].astype(str).str.rsplit("/", n=1).str[0])
+        children = child["households"].groupby([parent, child["size"].astype(np.int64).to_numpy()]).sum()
+        coc["children_households"] = np.where(coc["level"] == "puma", np.nan, children.reindex(key).fillna(0).to_numpy(np.float64))
+        coc["released_households"] = released.reindex(key).fillna(0).astype(np.int64).to_numpy()
+    else:
+        coc["children_households"] = coc["released_households"] = np.nan
+    return coc
 
 
 # -- the suites ---------------------------------------------------------------------------------
@@ -266,17 +282,56 @@ def release_expectations(domain: Domain, geography: ReleaseGeography, householde
     return out
 
 
+class ReleaseGateRun:
+    """The release gate over a release given in parts (one state's households and persons at a
+    time, so that no process holds the whole microdata): each part is validated as it comes
+    (:meth:`check`, refusing at the first failing part), the count-of-counts table at the end
+    against the released sizes summed over the parts, and the parts' results are combined into
+    the one result document the whole tables give (:class:`schemas.gx_suites.SuiteRunner`).
+    Cross-table checks join a part's persons to its own households: a part holds whole
+    households, and a SERIALNO carries its state."""
+
+    def __init__(self, domain: Domain, geography: ReleaseGeography, householder: Householder | None = None,
+                 count_of_counts: bool = True, docs_dir: Path | None = None):
+        from schemas.gx_suites import SuiteRunner
+
+        self.domain, self.householder, self.docs_dir = domain, householder, docs_dir
+        self._runner = SuiteRunner(GATE, release_expectations(domain, geography, householder, count_of_counts), "SUMMARY", docs_dir)
+        self._released: list[pd.Series | None] = []
+
+    def check(self, households: pa.Table, persons: pa.Table) -> None:
+        """Validate one part's tables; raises :class:`ReleaseGateError` when an expectation fails."""
+        frames = release_frames(households, persons, None, self.domain, self.householder)
+        if not all([self._runner.validate(table, frames[table])["success"] for table in ("households", "persons")]):
+            self._refuse()
+        self._released.append(released_sizes(frames["households"], self.domain.size_attribute))
+
+    def finish(self, count_of_counts: pa.Table | None) -> bytes:
+        """Validate the count-of-counts table (when the suite has one) and return the canonical
+        JSON result of the whole release; raises :class:`ReleaseGateError` when anything failed."""
+        if count_of_counts is not None:
+            parts = self._released
+            released = None if any(p is None for p in parts) else \
+                pd.concat(parts).groupby(level=[0, 1]).sum() if parts else pd.Series(dtype=np.int64)
+            if not self._runner.validate("count_of_counts", count_of_counts_frame(count_of_counts, released))["success"]:
+                self._refuse()
+        document = self._runner.document()
+        if not document["success"]:
+            self._refuse(document)
+        return dumps(document)
+
+    def _refuse(self, document: dict | None = None) -> None:
+        document = self._runner.document() if document is None else document
+        lines = "\n".join(f"  {f}" for f in failures(document))
+        docs = f" (Data Docs: {Path(self.docs_dir) / 'index.html'})" if self.docs_dir is not None else ""
+        raise ReleaseGateError(f"release gate (Great Expectations) refused to publish{docs}; failed expectations:\n{lines}", document)
+
+
 def run_release_gate(households: pa.Table, persons: pa.Table, count_of_counts: pa.Table | None, domain: Domain,
                      geography: ReleaseGeography, householder: Householder | None = None, docs_dir: Path | None = None) -> bytes:
-    """Validate the release tables (one GX checkpoint per table; Data Docs into ``docs_dir``).
-
-    Returns the canonical JSON result to ship; raises :class:`ReleaseGateError` naming every
-    failed expectation and its table when any fails."""
-    frames = release_frames(households, persons, count_of_counts, domain, householder)
-    suites = release_expectations(domain, geography, householder, count_of_counts is not None)
-    document = run_suites(GATE, {t: (frames[t], suites[t]) for t in suites}, "SUMMARY", docs_dir)
-    if not document["success"]:
-        lines = "\n".join(f"  {f}" for f in failures(document))
-        docs = f" (Data Docs: {Path(docs_dir) / 'index.html'})" if docs_dir is not None else ""
-        raise ReleaseGateError(f"release gate (Great Expectations) refused to publish{docs}; failed expectations:\n{lines}", document)
-    return dumps(document)
+    """Validate the whole release tables at once (:class:`ReleaseGateRun` with one part; Data Docs
+    into ``docs_dir``). Returns the canonical JSON result to ship; raises :class:`ReleaseGateError`
+    naming every failed expectation and its table when any fails."""
+    gate = ReleaseGateRun(domain, geography, householder, count_of_counts is not None, docs_dir)
+    gate.check(households, persons)
+    return gate.finish(count_of_counts)

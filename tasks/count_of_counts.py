@@ -29,6 +29,7 @@ Synthesis reads its node totals and size measurements from there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -177,15 +178,17 @@ def size_measurements(path: str, level: str) -> dict[tuple[int, ...], tuple[list
     return {parse_node_key(str(k)): (row.astype(np.float64).tolist(), float(s)) for k, l, row, s in zip(keys, lv, raw, sd) if l == lv_index}
 
 
-def release_histograms(path: str, release: HierarchicalData) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(node keys, levels, (N, K+1) histograms) of the released microdata over the nodes of the
-    count-of-counts result at ``path``: the table the release publishes, equal to the microdata's
-    household sizes and consistent across levels by construction."""
+def release_histograms(path: str, release: Iterable[HierarchicalData]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(node keys, levels, (N, K+1) histograms) of the released microdata (given in parts, e.g.
+    ``tasks.release_parts.ReleaseParts``, whose counts add up) over the nodes of the count-of-counts
+    result at ``path``: the table the release publishes, equal to the microdata's household sizes
+    and consistent across levels by construction."""
     keys, level, H = load_result(path)
     leaves = np.array([parse_node_key(k) for k, lv in zip(keys, level) if lv == 2], dtype=np.int64).reshape(-1, 2)
     h = geography_hierarchy(leaves)
     order = np.array([h.index[k] for k in keys], dtype=np.int64)
-    return keys, level, size_histograms(h, release.geo, release.sizes, H.shape[1] - 1)[order]
+    total = sum((size_histograms(h, part.geo, part.sizes, H.shape[1] - 1) for part in release), np.zeros((h.n_nodes, H.shape[1]), dtype=np.int64))
+    return keys, level, total[order]
 
 
 def as_table(keys: list[str], level: np.ndarray, H: np.ndarray) -> pa.Table:

@@ -43,16 +43,16 @@ def input_gate(cfg: ReleaseConfig, paths: RunPaths, reports: list[dict]) -> Path
 
 
 def release_gate(cfg: ReleaseConfig, paths: RunPaths, counts_path: str, domain):
-    """The release gate for ``write_release(gate=...)``."""
-    from schemas.release_expectations import ReleaseGeography, householder_of, run_release_gate
+    """The release gate for ``write_release(gate=...)``: a fresh ``ReleaseGateRun`` per publish attempt."""
+    from schemas.release_expectations import ReleaseGateRun, ReleaseGeography, householder_of
     from tasks.count_of_counts import node_households
 
     geography = ReleaseGeography.from_node_keys(node_households(counts_path))
     householder = householder_of(load_domain_spec(cfg.domain_path()), domain)
     docs = data_docs_dir(paths.qa_dir)
 
-    def gate(households, persons, count_of_counts):
+    def gate(count_of_counts: bool) -> ReleaseGateRun:
         shutil.rmtree(docs, ignore_errors=True)  # the Data Docs of this attempt only
-        return run_release_gate(households, persons, count_of_counts, domain, geography, householder, docs_dir=docs)
+        return ReleaseGateRun(domain, geography, householder, count_of_counts, docs_dir=docs)
 
     return gate

@@ -49,6 +49,7 @@ from engine.uncertainty import (
 from schemas.release_schema import INTERVALS_SCHEMA
 from tasks.count_of_counts import COUNTS_STAGE, STAGE
 from tasks.measurements_table import cell_labels
+from tasks.release_parts import ReleaseParts
 
 __all__ = ["TABLE", "count_of_counts_intervals", "intervals_table", "manifest_entry", "marginal_intervals", "uncertainty_rng"]
 
@@ -110,7 +111,7 @@ def count_of_counts_intervals(keys: list[str], level: np.ndarray, released: np.n
     return pa.concat_tables(parts)
 
 
-def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalData, method: str = "map_eb") -> pa.Table:
+def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalData | ReleaseParts, method: str = "map_eb") -> pa.Table:
     """Rows for the measured marginals: per synthesis node result (its ``.json`` with
     ``answer_sd`` and ``total_var``; results of older runs without them are skipped), every
     measured workload's cells answered by the released microdata of that node, ± Z90 sd. The sd
@@ -121,7 +122,8 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
     its PUMA fits' responses to their own noise on the state's workloads (``response_sd``,
     :func:`engine.uncertainty.response_count_sd`). A state's size histogram is left to the
     count-of-counts rows: the sum of its PUMAs' fitted sizes follows the PUMAs' count-of-counts
-    histograms, i.e. the state's count-of-counts estimate, more than the state fit."""
+    histograms, i.e. the state's count-of-counts estimate, more than the state fit. The release is
+    read one part (whole states, :class:`tasks.release_parts.ReleaseParts`) at a time."""
     records = [json.loads(Path(f).with_suffix(".json").read_text()) for f in node_files]
     total_var = {parse_node_key(r["node"]): float(r.get("total_var", 0.0)) for r in records}
     response: dict[tuple[int, str], np.ndarray] = {}  # (state, workload id): Σ over its PUMAs of the response variance
@@ -129,28 +131,46 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
         node = parse_node_key(r["node"])
         for wid, sd in (r.get("response_sd") or {}).items():
             response[(node[0], wid)] = response.get((node[0], wid), 0.0) + np.asarray(sd) ** 2
-    size_id = Workload("group", (release.domain.size_attribute,), ()).id
-    index = {depth: node_households(release.geo, depth) for depth in (1, 2)}  # one sort, not a mask per node
-    parts = []
-    for record in records:
-        if not record.get("answer_sd"):
-            continue
+    parts = release if isinstance(release, ReleaseParts) else ReleaseParts.of(release)
+    size_id = Workload("group", (parts.domain.size_attribute,), ()).id
+    by_state: dict[int, list[int]] = {}
+    for i, r in enumerate(records):
+        if r.get("answer_sd"):
+            by_state.setdefault(parse_node_key(r["node"])[0], []).append(i)
+    rows: dict[int, list[pa.Table]] = {}
+
+    def answered(i: int, data: HierarchicalData) -> None:
+        record = records[i]
         node = parse_node_key(record["node"])
-        data = release.take(index[len(node)].get(node, np.zeros(0, dtype=np.int64)))
         level = "state" if len(node) == 1 else "puma"
         var_G = total_var[node] if level == "puma" else sum(v for n, v in total_var.items() if len(n) == 2 and n[0] == node[0])
+        rows[i] = []
         for wid, sd in sorted(record["answer_sd"].items()):
             if level == "state" and wid == size_id:
                 continue  # a state's released sizes are its PUMAs' sum, which tracks the count-of-counts estimate
             w = Workload.from_id(wid)
             released = np.asarray(answer(data, w), dtype=np.float64).reshape(-1)
-            codes, _ = cell_labels(wid, released.size, release.domain)
+            codes, _ = cell_labels(wid, released.size, parts.domain)
             fit_sd = np.asarray(sd)
             if level == "state" and (node[0], wid) in response:
                 fit_sd = np.sqrt(fit_sd**2 + response[(node[0], wid)])
             se = combine_total(released, data.n_households, fit_sd, var_G)
-            parts.append(_rows("marginal", level, record["node"], wid, codes, released, intervals(released, se), method))
-    return pa.concat_tables(parts) if parts else INTERVALS_SCHEMA.empty_table()
+            rows[i].append(_rows("marginal", level, record["node"], wid, codes, released, intervals(released, se), method))
+
+    nothing = np.zeros(0, dtype=np.int64)
+    empty = None
+    for part in parts:
+        index = {depth: node_households(part.geo, depth) for depth in (1, 2)}  # one sort, not a mask per node
+        for st in np.unique(part.geo[:, 0]).tolist():
+            for i in by_state.get(st, []):
+                node = parse_node_key(records[i]["node"])
+                answered(i, part.take(index[len(node)].get(node, nothing)))
+        empty = part.take(nothing)
+    for i in sorted(i for ids in by_state.values() for i in ids if i not in rows):  # a state without released households
+        assert empty is not None, "a release has at least one part"
+        answered(i, empty)
+    tables = [t for i in sorted(rows) for t in rows[i]]
+    return pa.concat_tables(tables) if tables else INTERVALS_SCHEMA.empty_table()
 
 
 def intervals_table(*parts: pa.Table) -> pa.Table:

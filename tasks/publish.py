@@ -15,26 +15,30 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from engine.hierarchical_data import HierarchicalData
-from schemas.data_dictionary import UNWEIGHTED, with_weights
+from schemas.data_dictionary import UNWEIGHTED
+from schemas.data_dictionary import with_weights as with_weights_dictionary
 from schemas.input_independence import sha256_file
 from schemas.release_config import ReleaseConfig
 from schemas.release_contract import validate_release_tables
+from schemas.release_expectations import ReleaseGateRun
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
 from schemas.weight_totals import WeightTotals
 from tasks.audit import AuditLog
-from tasks.release_report import REPORT, render_report
-from tasks.weights import calibrate
+from tasks.release_parts import ReleaseParts
+from tasks.release_report import REPORT, combined_tables, render_report, report_tables
+from tasks.weights import calibrate, weight_keys, with_weights
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "great-expectations", "prefect", "prefect-dask", "dask", "distributed", "torch")
-# the release gate: gate(households, persons, count_of_counts or None) -> the JSON result to ship
-# (schemas.release_expectations.run_release_gate); raises to refuse publishing
-ReleaseGate = Callable[[pa.Table, pa.Table, "pa.Table | None"], bytes]
+# the release gate: gate(with count-of-counts?) -> a ReleaseGateRun that checks the release's parts
+# and finishes with the JSON result to ship (schemas.release_expectations); raises to refuse publishing
+ReleaseGate = Callable[[bool], ReleaseGateRun]
 GATE_RESULT = "validation/gx_release.json"
 MEASUREMENTS = "measurements.parquet"
 INTERVALS = "intervals.parquet"
@@ -134,20 +138,31 @@ def library_versions() -> dict:
     return {"python": sys.version.split()[0], **{n: _version(n) for n in LIBRARIES}}
 
 
+# rows per Parquet row group, at least and at most: a PUMA's file is one row group (up to a
+# million rows), whatever batches the writer is fed, so its bytes depend on its rows only
+ROW_GROUP = 1 << 20
+
+
 def _write_dataset(table: pa.Table, base: Path) -> None:
+    """Append one part (whole states) to the hive-partitioned dataset at ``base``: every PUMA's
+    rows, in table order, go to ``ST=../PUMA=../part-0.parquet`` as one row group, the same file
+    whether the PUMA comes in a state's table or the whole release's."""
     pads.write_dataset(
         table,
         base,
         format="parquet",
         partitioning=pads.partitioning(PARTITION_SCHEMA, flavor="hive"),
-        existing_data_behavior="error",
+        existing_data_behavior="overwrite_or_ignore",
         basename_template="part-{i}.parquet",
+        preserve_order=True,
+        min_rows_per_group=ROW_GROUP,
+        max_rows_per_group=ROW_GROUP,
     )
 
 
 def write_release(
     release_dir: Path,
-    data: HierarchicalData,
+    data: HierarchicalData | ReleaseParts,
     manifest: dict,
     count_of_counts: pa.Table | None = None,
     measurements: pa.Table | None = None,
@@ -161,13 +176,19 @@ def write_release(
     """Write the complete release to a temporary sibling directory, then rename it into place.
 
     Returns the manifest as written. Nothing half-written is left at ``release_dir``: on any
-    failure the temporary directory is removed. With ``gate`` (the Great Expectations release
-    gate), the tables are validated before anything is written and the gate's JSON result ships as
-    ``validation/gx_release.json`` (hashed in the manifest like every output); a failing gate
-    raises and nothing is published. ``measurements`` (every noisy measurement of the run,
-    ``tasks.measurements_table``) ships as ``measurements.parquet``, ``intervals`` (the error estimates
-    beside the released answers, ``tasks.intervals``) as ``intervals.parquet``. The release report (``report.html``, ``tasks.release_report``) is rendered from
-    these tables, the domain, the gate's result and the manifest's public fields, before the hashes. With ``audit``, the publish
+    failure the temporary directory is removed. The microdata (``data``, or its :class:`ReleaseParts`)
+    are read one part (whole states) at a time, twice: first every part is converted and checked
+    (the release contract, the gate, the counts the report draws and the weights read), then,
+    everything having passed, converted again and written; so the memory of publishing does not
+    grow with the number of states. With ``gate`` (the Great Expectations release gate,
+    ``schemas.release_expectations.ReleaseGateRun``), a failing part or count-of-counts table
+    raises before anything is written, and the gate's JSON result ships as
+    ``validation/gx_release.json`` (hashed in the manifest like every output). ``measurements``
+    (every noisy measurement of the run, ``tasks.measurements_table``) ships as
+    ``measurements.parquet``, ``intervals`` (the error estimates beside the released answers,
+    ``tasks.intervals``) as ``intervals.parquet``. The release report (``report.html``,
+    ``tasks.release_report``) is rendered from the microdata's counts, these tables, the domain, the
+    gate's result and the manifest's public fields, before the hashes. With ``audit``, the publish
     event (carrying the manifest's SHA-256) is appended and the chained log is shipped as ``audit.jsonl``. The caller
     holds the run lock, so leftovers of an earlier, killed publish of this release are removed.
     ``dictionary`` (``schemas.data_dictionary``) ships in ``domain.json`` beside the domain. With
@@ -177,31 +198,49 @@ def write_release(
     """
     if release_dir.exists():
         raise FileExistsError(f"release {release_dir} exists already; a finished release is never overwritten")
+    parts = data if isinstance(data, ReleaseParts) else ReleaseParts.of(data)
+    domain = parts.domain
     release_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in release_dir.parent.glob(f".{release_dir.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = release_dir.parent / f".{release_dir.name}.tmp-{os.getpid()}"
     tmp.mkdir()
     try:
-        households, persons = to_tables(data)
         coc = None if count_of_counts is None else count_of_counts.cast(COUNT_OF_COUNTS_SCHEMA)
         meas = None if measurements is None else measurements.cast(MEASUREMENTS_SCHEMA)
         ivs = None if intervals is None else intervals.cast(INTERVALS_SCHEMA)
-        gate_result = None if gate is None else gate(households, persons, coc)
-        validate_release_tables(households, persons, data.domain)
         manifest = dict(manifest)
+        checking = None if gate is None else gate(coc is not None)
+        counts, keys = [], []
+        for part in parts:
+            households, persons = to_tables(part)
+            if checking is not None:
+                checking.check(households, persons)
+            validate_release_tables(households, persons, domain)
+            counts.append(report_tables(domain.to_dict(), manifest.get("workload") or {}, households, persons))
+            if weight_totals is not None:
+                keys.append(weight_keys(households, domain.size_attribute))
+        gate_result = None if checking is None else checking.finish(coc)
+        weights = None
         if weight_totals is None:
             manifest["weights"] = {"weighted": False, "statement": UNWEIGHTED}
         else:
-            households, persons, entry = calibrate(households, persons, weight_totals, data.domain.size_attribute)
+            st, puma, size = (np.concatenate(k) for k in zip(*keys))
+            weights, entry = calibrate(st, puma, size, weight_totals)
             totals = {"role": "public", "use": "weight totals", "file": weight_totals.path.name, "path": str(weight_totals.path),
                       "sha256": sha256_file(weight_totals.path)}
             manifest["inputs"] = [*manifest.get("inputs", []), totals]
             manifest["weights"] = {**entry, "totals": totals}
-            dictionary = None if dictionary is None else with_weights(dictionary)
-        _write_dataset(households, tmp / "households")
-        _write_dataset(persons, tmp / "persons")
-        domain_json = data.domain.to_dict() | ({} if dictionary is None else {"dictionary": dictionary})
+            dictionary = None if dictionary is None else with_weights_dictionary(dictionary)
+        domain_json = domain.to_dict() | ({} if dictionary is None else {"dictionary": dictionary})
+        offset = 0
+        for part in parts:
+            households, persons = to_tables(part)
+            if weights is not None:
+                households, persons = with_weights(households, persons, weights[offset:offset + households.num_rows])
+            offset += households.num_rows
+            _write_dataset(households, tmp / "households")
+            _write_dataset(persons, tmp / "persons")
         (tmp / "domain.json").write_text(json.dumps(domain_json, indent=2))
         if coc is not None:
             pq.write_table(coc, tmp / "count_of_counts.parquet")
@@ -215,7 +254,7 @@ def write_release(
         for name, blob in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(blob)
-        (tmp / REPORT).write_text(render_report(manifest, domain_json, households, persons, ivs,
+        (tmp / REPORT).write_text(render_report(manifest, domain_json, combined_tables(counts), ivs,
                                                 None if gate_result is None else json.loads(gate_result)), encoding="utf-8")
         manifest["published_at"] = datetime.now(UTC).isoformat()
         manifest["outputs"] = hash_tree(tmp)

@@ -31,7 +31,7 @@ from engine.domain import Attribute, Domain
 from engine.queries import Workload
 from tasks.release_query import interval_ids
 
-__all__ = ["REPORT", "Marginal", "node_tables", "render_report", "report_data", "report_marginals"]
+__all__ = ["REPORT", "Marginal", "combined_tables", "node_tables", "render_report", "report_data", "report_marginals", "report_tables"]
 
 REPORT = "report.html"
 STATIC = Path(__file__).with_name("release_report_static")
@@ -178,14 +178,44 @@ def _cell_bounds(iv: dict[str, np.ndarray] | None, size: int) -> tuple[list[floa
     return out[0], out[1]
 
 
-def report_data(domain_dict: dict, households: pa.Table, persons: pa.Table, intervals: pa.Table | None, workload: dict) -> dict:
+def _by_level(domain: Domain, workload: dict) -> dict[str, list[Marginal]]:
+    """The report's marginals per level (the nation's are the states')."""
+    return {lv: report_marginals(domain, list(workload.get(src) or [])) for lv, src in (("nation", "state"), ("state", "state"), ("puma", "puma"))}
+
+
+def report_tables(domain_dict: dict, workload: dict, households: pa.Table, persons: pa.Table) -> dict[str, dict]:
+    """:func:`node_tables` of the report's marginals over a part of the release that holds whole
+    states (:func:`combined_tables` joins the parts)."""
+    domain = Domain.from_dict(domain_dict)
+    return node_tables(domain, households, persons, _by_level(domain, workload))
+
+
+def combined_tables(parts: list[dict[str, dict]]) -> dict[str, dict]:
+    """The node tables of a release from those of its parts (disjoint sets of whole states): the
+    nation's counts summed, the states' and PUMAs' rows joined in key order."""
+    out = dict(parts[0])
+    if len(parts) == 1:
+        return out
+    nation = [p["nation"] for p in parts]
+    out["nation"] = {"keys": nation[0]["keys"], "households": sum(t["households"] for t in nation), "persons": sum(t["persons"] for t in nation),
+                     "tables": [sum(ts) for ts in zip(*(t["tables"] for t in nation))]}
+    for level in ("state", "puma"):
+        ts = [p[level] for p in parts]
+        keys = [k for t in ts for k in t["keys"]]
+        order = np.argsort(np.asarray(keys, dtype=object), kind="stable") if keys else np.zeros(0, np.int64)
+        out[level] = {"keys": [keys[i] for i in order],
+                      **{k: np.concatenate([t[k] for t in ts])[order] for k in ("households", "persons")},
+                      "tables": [np.concatenate(m, axis=0)[order] for m in zip(*(t["tables"] for t in ts))]}
+    return out
+
+
+def report_data(domain_dict: dict, tables: dict[str, dict], intervals: pa.Table | None, workload: dict) -> dict:
     """The JSON the page's script draws, per level (nation, state, puma): its marginals (the
     nation's are the states', :func:`report_marginals` of that level's measured workloads) with
-    their attributes' labels, and per node its households, persons, counts and — where published —
-    90 % intervals."""
+    their attributes' labels, and per node its households, persons, counts (``tables``:
+    :func:`report_tables`, :func:`combined_tables`) and — where published — 90 % intervals."""
     domain = Domain.from_dict(domain_dict)
-    by_level = {lv: report_marginals(domain, list(workload.get(src) or [])) for lv, src in (("nation", "state"), ("state", "state"), ("puma", "puma"))}
-    tables = node_tables(domain, households, persons, by_level)
+    by_level = _by_level(domain, workload)
     described = {a["name"]: a.get("description") for a in [*domain_dict["group"], *domain_dict["person"]]}
     levels = {}
     for level, t in tables.items():
@@ -362,12 +392,11 @@ def _ships(name: str, manifest: dict) -> bool:
     return name not in optional or bool(manifest.get(optional[name]))
 
 
-def render_report(manifest: dict, domain_dict: dict, households: pa.Table, persons: pa.Table, intervals: pa.Table | None,
-                  gate: dict | None) -> str:
+def render_report(manifest: dict, domain_dict: dict, tables: dict[str, dict], intervals: pa.Table | None, gate: dict | None) -> str:
     """The page: public manifest fields, the domain, the release tables and their intervals only —
     not the release's name nor the config's paths, which a replay of the same measurements under
     another name changes (the page is then byte-identical, like every other release file)."""
-    data = report_data(domain_dict, households, persons, intervals, manifest.get("workload") or {})
+    data = report_data(domain_dict, tables, intervals, manifest.get("workload") or {})
     domain = Domain.from_dict(domain_dict)
     blob = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     sections = [

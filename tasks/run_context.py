@@ -89,6 +89,11 @@ class RunPaths:
         return self.nodes_dir / stage / f"{node.replace('/', '_').replace('=', '')}.npz"
 
 
+def state_of_node_file(path: str | Path) -> str:
+    """The state part of a node file's name (:meth:`RunPaths.node_path`: ``ST01_PUMA00100.npz`` -> ``ST01``)."""
+    return Path(path).stem.split("_")[0]
+
+
 def make_private_dir(path: Path) -> Path:
     """Create a directory (and parents) readable by the owner only."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -39,11 +39,10 @@ def _node_names(nodes: pd.Index) -> tuple[str, ...]:
     return tuple(f"ST={n[0]:02d}/PUMA={n[1]:05d}" if isinstance(n, tuple) else f"ST={n:02d}" for n in nodes)
 
 
-def calibrate(households: pa.Table, persons: pa.Table, totals: WeightTotals, size_attribute: str) -> tuple[pa.Table, pa.Table, dict]:
-    """(households, persons) with the ``WEIGHT`` column appended, and the manifest's weights entry."""
-    st = np.asarray(households.column("ST").to_numpy(zero_copy_only=False).astype(int))
-    puma = np.asarray(households.column("PUMA").to_numpy(zero_copy_only=False).astype(int))
-    size = households.column(size_attribute).to_numpy().astype(float)
+def calibrate(st: np.ndarray, puma: np.ndarray, size: np.ndarray, totals: WeightTotals) -> tuple[np.ndarray, dict]:
+    """Every released household's weight (households given by their state, PUMA and size codes,
+    in release order: all a weight depends on) and the manifest's weights entry."""
+    st, puma, size = np.asarray(st, dtype=np.int64), np.asarray(puma, dtype=np.int64), np.asarray(size, dtype=float)
     ones = np.ones(len(size))
     puma_cell, puma_totals = _cells(pd.MultiIndex.from_arrays([st, puma]), totals.puma, totals, "PUMA")
     names = _node_names(puma_totals.index)
@@ -57,17 +56,28 @@ def calibrate(households: pa.Table, persons: pa.Table, totals: WeightTotals, siz
         if totals.has_persons:
             margins.append(Margin("persons per state", state_cell, size, state_totals.persons.to_numpy(), names))
     result = rake(margins)
-    serial = pd.Index(households.column("SERIALNO").to_numpy(zero_copy_only=False))
-    of_person = serial.get_indexer(persons.column("SERIALNO").to_numpy(zero_copy_only=False))
-    field = weight_field()
     entry = {
         "weighted": True,
-        "column": field.name,
+        "column": weight_field().name,
         "method": METHOD,
         "margins": [{"name": m.name, "cells": len(m.totals)} for m in margins],
         "sweeps": result.iterations,
         "max_relative_error": result.max_relative_error,
         "totals_file": totals.path.name,
     }
-    return (households.append_column(field, pa.array(result.weights, pa.float64())),
-            persons.append_column(field, pa.array(result.weights[of_person], pa.float64())), entry)
+    return result.weights, entry
+
+
+def weight_keys(households: pa.Table, size_attribute: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(state, PUMA, size) of every household of a release table: what :func:`calibrate` reads."""
+    return tuple(np.asarray(households.column(c).to_numpy(zero_copy_only=False)).astype(np.int64)  # type: ignore[return-value]
+                 for c in ("ST", "PUMA", size_attribute))
+
+
+def with_weights(households: pa.Table, persons: pa.Table, weights: np.ndarray) -> tuple[pa.Table, pa.Table]:
+    """The tables with ``WEIGHT`` appended: ``weights`` per household row; a person's is their household's."""
+    serial = pd.Index(households.column("SERIALNO").to_numpy(zero_copy_only=False))
+    of_person = serial.get_indexer(persons.column("SERIALNO").to_numpy(zero_copy_only=False))
+    field = weight_field()
+    return (households.append_column(field, pa.array(weights, pa.float64())),
+            persons.append_column(field, pa.array(weights[of_person], pa.float64())))

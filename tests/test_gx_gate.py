@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from schemas.release_expectations import ReleaseGateError, ReleaseGeography, householder_of, release_frames, run_release_gate
+from schemas.release_expectations import ReleaseGateError, ReleaseGateRun, ReleaseGeography, householder_of, release_frames, run_release_gate
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, to_tables
 
 N_HOUSEHOLDS = 300
@@ -247,11 +247,13 @@ def test_group_quarters_residents_head_their_one_person_households(data_root, do
 def test_refused_publish_leaves_nothing_and_names_the_expectation(release, tmp_path):
     import tasks.publish as publish
 
-    def broken_gate(hh, pp, coc):
-        return gate(release, hh=hh, pp=pp.slice(1), coc=coc)
+    class Broken(ReleaseGateRun):
+        def check(self, households, persons):
+            super().check(households, persons.slice(1))
 
     with pytest.raises(ReleaseGateError, match="households: expect_column_pair_values_to_be_equal"):
-        publish.write_release(tmp_path / "rel", release["data"], {}, count_of_counts=release["coc"], gate=broken_gate)
+        publish.write_release(tmp_path / "rel", release["data"], {}, count_of_counts=release["coc"],
+                              gate=lambda with_coc: Broken(release["domain"], release["geo"], release["householder"], with_coc))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -263,7 +265,7 @@ def test_gate_result_ships_hashed_and_verified(release, tmp_path):
     audit.append("run_start", release="rel")
     rel = tmp_path / "rel"
     manifest = publish.write_release(rel, release["data"], {}, count_of_counts=release["coc"], audit=audit,
-                                     gate=lambda hh, pp, coc: gate(release, hh=hh, pp=pp, coc=coc))
+                                     gate=lambda with_coc: ReleaseGateRun(release["domain"], release["geo"], release["householder"], with_coc))
     result = rel / publish.GATE_RESULT
     assert json.loads(result.read_text())["success"] is True
     assert manifest["outputs"][publish.GATE_RESULT] == publish.sha256_file(result)

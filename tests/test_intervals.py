@@ -91,5 +91,11 @@ def test_marginal_rows_answer_the_released_microdata(data, tmp_path):
     # a state's released answer sums its PUMAs': their total variances, not the state fit's
     # and its fit's sd widened by its PUMAs' responses to their own noise
     assert st.se.to_numpy() == pytest.approx(np.sqrt(4.0 + 1.0 + (released / st_data.n_households) ** 2 * (4.0 + 5.0)))
+    # read one state at a time, the same rows
+    from tasks.release_parts import ReleaseParts
+
+    by_state = ReleaseParts.of(data, limit=1)
+    assert len(by_state.loaders) == len(np.unique(data.geo[:, 0])) >= 2
+    assert marginal_intervals(files, by_state).equals(marginal_intervals(files, data))
     table = intervals_table(df.pipe(lambda d: marginal_intervals(files, data)))
     assert table.schema == INTERVALS_SCHEMA and table.column("node").to_pylist() == sorted(table.column("node").to_pylist())

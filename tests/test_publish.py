@@ -149,6 +149,85 @@ def test_release_contract_catches_broken_tables(vermont):
     bad_puma = hh.set_column(hh.schema.get_field_index("PUMA"), "PUMA", pc.utf8_slice_codeunits(hh.column("PUMA"), 1))
     with pytest.raises(ReleaseContractError, match="households: column PUMA"):
         validate_release_tables(bad_puma, pp, data.domain)
+    # a SERIALNO of another state's numbering: unique within this state's part, not across the release
+    moved = pc.binary_replace_slice(hh.column("SERIALNO"), 2, 4, "33")
+    with pytest.raises(ReleaseContractError, match="SERIALNO must carry the household's ST and PUMA"):
+        validate_release_tables(hh.set_column(hh.schema.get_field_index("SERIALNO"), "SERIALNO", moved),
+                                pp.set_column(pp.schema.get_field_index("SERIALNO"), "SERIALNO", pc.binary_replace_slice(pp.column("SERIALNO"), 2, 4, "33")),
+                                data.domain)
+
+
+@pytest.fixture(scope="module")
+def three_states(vermont):
+    """Vermont's first households re-keyed as three states, in state order (each state's PUMAs
+    and households as Vermont's)."""
+    from engine.hierarchical_data import HierarchicalData
+
+    data, _ = vermont
+    small = data.take(np.arange(400))
+    return HierarchicalData.concat([small.with_geo(np.column_stack([np.full(small.n_households, st), small.geo[:, 1]])) for st in (9, 33, 50)])
+
+
+def gate_of(data, domain_spec, run=None):
+    """write_release's gate over ``data``'s geography (``run``: the ReleaseGateRun class to use)."""
+    from schemas.release_expectations import ReleaseGateRun, ReleaseGeography, householder_of
+
+    geography = ReleaseGeography(tuple(sorted({(int(s), int(p)) for s, p in data.geo.tolist()})))
+    return lambda with_coc: (run or ReleaseGateRun)(data.domain, geography, householder_of(domain_spec, data.domain), with_coc)
+
+
+def test_publishing_state_by_state_writes_the_files_of_publishing_at_once(tmp_path, three_states, domain_spec):
+    from tasks.release_parts import ReleaseParts
+    from tests.test_gx_gate import coc_of
+
+    data = three_states
+    hh, _ = to_tables(data)
+    coc = coc_of(hh, data.domain.max_size)
+    totals = read_weight_totals(vermont_totals(tmp_path / "totals.csv", hh, state_row=False))
+    by_state = ReleaseParts.of(data, limit=1)
+    assert len(by_state.loaders) == 3
+    assert len(ReleaseParts.of(data).loaders) == 1 and len(ReleaseParts.of(data, limit=2 * 400).loaders) == 2  # consecutive states packed
+    at_once = ReleaseParts(data.domain, (lambda: data,))
+    manifest = {"release": "t", "workload": {"state": ["group:NP|", "person:|SEX,AGEP_BAND"], "puma": ["person:|SEX"]}}
+    outputs = {}
+    for name, parts in (("by_state", by_state), ("at_once", at_once)):
+        for weights in (None, totals):
+            rel = tmp_path / f"{name}-{weights is not None}"
+            written = publish.write_release(rel, parts, manifest, count_of_counts=coc, gate=gate_of(data, domain_spec),
+                                            dictionary=data_dictionary(domain_spec, data.domain), weight_totals=weights)
+            outputs[(name, weights is not None)] = {k: v for k, v in written["outputs"].items()}
+    for weighted in (False, True):
+        files = outputs[("by_state", weighted)]
+        assert files == outputs[("at_once", weighted)]
+        assert sum(f.startswith("households/ST=") for f in files) == len(np.unique(data.geo, axis=0))
+        assert {"validation/gx_release.json", "report.html", "count_of_counts.parquet"} <= set(files)
+    read = publish.read_release(tmp_path / "by_state-False")[0]
+    assert read.num_rows == data.n_households and sorted(set(read.column("ST").to_pylist())) == ["09", "33", "50"]
+
+
+def test_a_gate_failure_in_one_state_refuses_the_whole_release_before_anything_is_written(tmp_path, three_states, domain_spec, monkeypatch):
+    from schemas.release_expectations import ReleaseGateError, ReleaseGateRun
+    from tasks.release_parts import ReleaseParts
+    from tests.test_gx_gate import coc_of
+
+    data = three_states
+    coc = coc_of(to_tables(data)[0], data.domain.max_size)
+    checked = []
+
+    class SecondStateBroken(ReleaseGateRun):
+        def check(self, households, persons):
+            checked.append(households.column("ST")[0].as_py())
+            super().check(households, persons.slice(1) if len(checked) == 2 else persons)
+
+    written = []
+    monkeypatch.setattr(publish, "_write_dataset", lambda table, base: written.append(base))
+    with pytest.raises(ReleaseGateError, match="households: expect_column_pair_values_to_be_equal"):
+        publish.write_release(tmp_path / "rel", ReleaseParts.of(data, limit=1), {}, count_of_counts=coc, gate=gate_of(data, domain_spec, SecondStateBroken))
+    assert checked == ["09", "33"] and written == [] and list(tmp_path.iterdir()) == []
+    # the control: the same gate with every state intact publishes all three
+    checked.clear()
+    publish.write_release(tmp_path / "rel", ReleaseParts.of(data, limit=1), {}, count_of_counts=coc, gate=gate_of(data, domain_spec))
+    assert len(written) == 6 and (tmp_path / "rel" / "validation" / "gx_release.json").exists()
 
 
 @pytest.mark.parametrize("role", ["public", "private"])

@@ -18,7 +18,7 @@ from engine.domain import Attribute, Domain
 from schemas.release_schema import INTERVALS_SCHEMA
 from tasks.audit import AuditLog, verify_release
 from tasks.publish import read_release, write_release
-from tasks.release_report import REPORT, render_report, report_data, report_marginals
+from tasks.release_report import REPORT, render_report, report_data, report_marginals, report_tables
 from tests.engine._support_testdata import random_data, small_domain
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
@@ -67,7 +67,7 @@ def _report_data(rel: Path, domain: Domain) -> dict:
     import pyarrow.parquet as pq
 
     hh, pp = read_release(rel)
-    return report_data(domain.to_dict(), hh, pp, pq.read_table(rel / "intervals.parquet"), WORKLOAD)
+    return report_data(domain.to_dict(), report_tables(domain.to_dict(), WORKLOAD, hh, pp), pq.read_table(rel / "intervals.parquet"), WORKLOAD)
 
 
 def embedded_data(page: str) -> dict:
@@ -145,11 +145,11 @@ def test_a_data_dictionary_in_domain_json_is_shown_and_its_absence_is_not_an_err
     plain = json.loads((rel / "domain.json").read_text())
     described = json.loads(json.dumps(plain))
     described["person"][0]["description"] = "Sex of the person"
-    page = render_report({"workload": WORKLOAD}, described, hh, pp, None, None)
+    page = render_report({"workload": WORKLOAD}, described, report_tables(described, WORKLOAD, hh, pp), None, None)
     assert "<th>description</th>" in page and "<td>Sex of the person</td>" in page
     assert embedded_data(page)["levels"]["state"]["marginals"][3]["attrs"][0]["description"] == "Sex of the person"
     # without descriptions (or a manifest, intervals or gate result) the page has no description column and still renders
-    bare = render_report({}, plain, hh, pp, None, None)
+    bare = render_report({}, plain, report_tables(plain, {}, hh, pp), None, None)
     assert "<th>description</th>" not in bare and "no release-gate result" in bare
 
 
