@@ -23,6 +23,15 @@ The other direction, :func:`children_sum`: a workload measured at every child of
 measurement of the node itself — the sum of the children's noisy answers, with the sum of their
 noise variances — so the parent's own fit takes its children's measurements in beside its own,
 and what the PUMA level measures informs its state too. Post-processing of measurements already charged at the children's level: no privacy cost.
+
+The children's household totals, :func:`totals_to_parent`: each child's total is fitted jointly with
+its posterior (``engine.synthesis``), which tells the children apart far better than their own
+counts, but leans upward: the noisy answers are regressed on the answers of a posterior that is
+drawn toward its prior, and a regressor shrunk toward its mean inflates the slope. The lean is
+common to the children and adds up in the parent's total. The consistent household counts (an
+integer least-squares fit of unbiased measurements, summing to the parent's) carry no such lean,
+so the fitted totals are scaled to the children's consistent sum: the fits keep the shares, the
+counts set the level. Post-processing of DP totals: no privacy cost.
 """
 
 from __future__ import annotations
@@ -32,12 +41,13 @@ from typing import Any
 
 import numpy as np
 
+from engine.count_of_counts.estimators import largest_remainder_round
 from engine.map_update import map_fit
 from engine.measurement import Measurement
 from engine.queries import Workload
 from engine.support import Support
 
-__all__ = ["children_sum", "rake_to_parent"]
+__all__ = ["children_sum", "rake_to_parent", "totals_to_parent"]
 
 
 def children_sum(children: Sequence[Sequence[Measurement]]) -> list[Measurement]:
@@ -109,3 +119,17 @@ def rake_to_parent(
     after = sum(g * c for g, c in zip(G, out)) / total
     return out, {"workloads": len(targets), "distance_before": distance(mix), "distance_after": distance(after),
                  "iterations": fit.diagnostics.get("iterations")}
+
+
+def totals_to_parent(fitted: Sequence[float], counts: Sequence[int]) -> np.ndarray:
+    """The children's household totals as integers summing to the sum of their ``counts`` (the
+    consistent household counts, whose sum is the parent's): the ``fitted`` totals scaled to that
+    sum and rounded by largest remainder; the counts themselves where the fitted totals are all 0."""
+    f = np.asarray(fitted, dtype=np.float64)
+    g = np.asarray(counts, dtype=np.int64)
+    if f.shape != g.shape or f.ndim != 1 or np.any(f < 0) or np.any(g < 0):
+        raise ValueError("give one non-negative fitted total and one non-negative count per child")
+    total = int(g.sum())
+    if f.sum() <= 0:
+        return g.copy()
+    return largest_remainder_round(f * (total / f.sum()), total)

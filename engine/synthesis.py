@@ -32,7 +32,9 @@ extrapolation (F is close to linear), until G moves by less than half a househol
 within three of the count's standard deviations of it (where only "contains" and person counts
 are measured, other household sizes can meet them and G is pinned only weakly).
 At small budgets the synthesis workloads hold several times the count's information, so the
-node's totals (normalisers and sample sizes) are far less noisy than the count alone.
+node's totals (normalisers and sample sizes) are far less noisy than the count alone. The fit
+leans upward, though, so a parent's children are drawn at their fitted totals scaled to the
+parent's count (:func:`engine.level_consistency.totals_to_parent`).
 """
 
 from __future__ import annotations

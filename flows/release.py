@@ -305,7 +305,8 @@ def hgem_stage(ctx: RunContext, counts_path: str, address: str, seed: int, workl
 def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteriors: dict[int, str] | None, seed: int, supports: dict[int, str] | None = None) -> list[str]:
     """Per state in parallel, its PUMAs: each one's DP household count (exact only under the declared
     invariant), its posterior updated with the count-of-counts size histogram when that stage ran,
-    the state's PUMA posteriors held to the state posterior, and the sampled households."""
+    the state's PUMA posteriors held to the state posterior, and the sampled households (the PUMAs'
+    fitted totals summing to the state's count)."""
     sizes = size_measurements(counts_path, "puma") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "puma")
     by_state = {st: [PumaJob(node, g, sizes.get(node), sd[node]) for node, g in pumas.items()]

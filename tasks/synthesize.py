@@ -39,7 +39,7 @@ from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_households, sample_sibling_households
-from engine.level_consistency import rake_to_parent
+from engine.level_consistency import rake_to_parent, totals_to_parent
 from engine.measurement import Measurement
 from engine.prior_mixture import Flip, WidenedSupport, node_prior, widen
 from engine.puma_attributes import keep_puma_attributes
@@ -328,7 +328,9 @@ def state_targets(state_posterior: str) -> list[tuple[Workload, float]]:
 @task(name="synthesize-pumas")
 def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, workload_ids: list[str], seed: int,
                     support_npz: str | None = None, state_workload_ids: list[str] | None = None) -> list[str]:
-    """Every PUMA of one state: each one's posterior (:func:`fit_puma`); then, with
+    """Every PUMA of one state: each one's posterior (:func:`fit_puma`); the PUMAs' fitted totals
+    scaled to the sum of their consistent household counts, the state's
+    (``engine.level_consistency.totals_to_parent``: the fits lean upward, the counts do not); then, with
     ``synthesis.level_consistency: rake``, the PUMA posteriors tilted together so that their sum
     holds to the state posterior on the state's measured workloads
     (``engine.level_consistency.rake_to_parent``); then each PUMA's households drawn
@@ -351,11 +353,11 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     balance = cached_balance(support_npz or ctx.public_npz, flips) if s.sampling == "balanced" else None
     fits = [fit_puma(ctx, job, prior, workload_ids, support, state_workload_ids) for job in jobs]
     weights = [f.weights for f in fits]
+    totals = totals_to_parent([f.total for f in fits], [job.n_households for job in jobs]).tolist()
     targets = state_targets(state_posterior) if state_posterior is not None and s.level_consistency == "rake" else []
     if targets and prior is not None:
-        weights, _ = rake_to_parent(support, weights, [f.total for f in fits], prior, targets, prior_strength=s.prior_strength)
+        weights, _ = rake_to_parent(support, weights, totals, prior, targets, prior_strength=s.prior_strength)
     order = household_order(support.data)
-    totals = [int(round(f.total)) for f in fits]
     if balance is not None:
         # a state's PUMAs drawn in node order, each carrying the earlier ones' balance residual: every
         # PUMA is drawn again on a resume (its draw depends on the ones before it), only missing files are written

@@ -58,7 +58,8 @@ def run_state(tmp, inputs, level_consistency="rake"):
     posterior = state_update_task.fn(ctx, STATE, int(counts.sum()), state_ids, None, 0.0, nodes, puma_ids)
     # the state task made every PUMA's measurements (their sums are in the state's fit)
     assert len([c for c in ctx.ledger.charges() if c.stage == "puma_synthesis"]) == len(nodes) * len(puma_ids)
-    jobs = [PumaJob(n, int(g)) for n, g in zip(nodes, counts)]
+    # noisy counts (sd > 0): each PUMA's total is fitted jointly with its posterior
+    jobs = [PumaJob(n, int(g), None, 15.0) for n, g in zip(nodes, counts)]
     files = puma_batch_task.fn(ctx, jobs, posterior, puma_ids, 7, None, state_ids)
     return ctx, jobs, posterior, puma_ids, state_ids, files
 
@@ -70,6 +71,7 @@ def digest(path) -> str:
 
 @pytest.mark.flow
 def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_resume(tmp_path, inputs):
+    from engine.level_consistency import totals_to_parent
     from tasks.synthesize import puma_batch_task
 
     ctx, jobs, posterior, puma_ids, state_ids, files = run_state(tmp_path, inputs)
@@ -82,11 +84,15 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
     # the PUMA fits read the state task's measurements back: each PUMA workload charged once
     puma_keys = [c.key for c in ctx.ledger.charges() if c.stage == "puma_synthesis"]
     assert len(puma_keys) == len(set(puma_keys)) == len(jobs) * len(puma_ids)
+    fitted, drawn_totals = [], []
     for job, f in zip(jobs, files):
-        meta = json.loads(open(f.replace(".npz", ".json")).read())
+        fitted.append(json.loads(open(f.replace(".npz", ".json")).read())["diagnostics"]["total"]["fitted"])
         drawn = HierarchicalData.from_npz(f)
-        assert drawn.n_households == round(meta["diagnostics"]["total"]["fitted"] if "total" in meta["diagnostics"] else job.n_households)
+        drawn_totals.append(drawn.n_households)
         assert np.all(drawn.geo == job.node)
+    # the fitted totals' shares, held to the state's count (the fits lean upward, the count does not)
+    assert drawn_totals == totals_to_parent(fitted, [job.n_households for job in jobs]).tolist()
+    assert sum(drawn_totals) == sum(job.n_households for job in jobs) != sum(round(f) for f in fitted)
     before = {f: digest(f) for f in files}
     charges = len(ctx.ledger.charges())
     for f in files[:2]:  # lost in a crash
