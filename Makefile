@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= deploy/releases/acs2018_default.yaml
 RUN_ARGS ?=
 
-.PHONY: release test lint install install-browser plan clean-release
+.PHONY: release test lint install install-browser plan clean-release scale
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ release: $(BIN)/.installed
 
 plan: $(BIN)/.installed
 	$(BIN)/dprelease plan $(CONFIG)
+
+# the whole pipeline's scale curve at 1x and 4x the shared data (benchmarks/scale.py; each size
+# alone on the machine, the table records the commit): what a change to synthesis runs before it is
+# called done, beside the peer benchmark. SCALES="1,4,16" SCALE_ARGS="--national" for the full curve.
+SCALES ?= 1,4
+SCALE_ARGS ?=
+scale: $(BIN)/.installed
+	$(BIN)/python benchmarks/scale.py --scales $(SCALES) $(SCALE_ARGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check engine schemas tasks flows tests benchmarks
