@@ -166,9 +166,12 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
                 node = parse_node_key(records[i]["node"])
                 answered(i, part.take(index[len(node)].get(node, nothing)))
         empty = part.take(nothing)
-    for i in sorted(i for ids in by_state.values() for i in ids if i not in rows):  # a state without released households
-        assert empty is not None, "a release has at least one part"
-        answered(i, empty)
+    missing = sorted(i for ids in by_state.values() for i in ids if i not in rows)  # a state without released households
+    if missing:
+        if empty is None:
+            raise ValueError("marginal intervals need at least one part of the release")
+        for i in missing:
+            answered(i, empty)
     tables = [t for i in sorted(rows) for t in rows[i]]
     return pa.concat_tables(tables) if tables else INTERVALS_SCHEMA.empty_table()
 
