@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from engine.errors import DPReleaseError
-from schemas.pums_reader import InputError, InputIssue, _read_bytes, detect_layout
+from schemas.pums_reader import InputError, InputIssue, _read_bytes, detect_layout, survey_years
 from schemas.release_config import ReleaseConfig
 
 FIRST_2017_LAYOUT_YEAR = 2017
@@ -134,10 +134,9 @@ def read_coverage(f: InputFile, state_column: str) -> Coverage | None:
     except (pa.ArrowException, KeyError):
         return None
     states = pd.to_numeric(pd.Series(pc.unique(table.column(state_column)).to_pylist()), errors="coerce").dropna()
-    years = None
-    if f.layout == "pums2017":
-        prefixes = pc.unique(pc.utf8_slice_codeunits(table.column("SERIALNO"), 0, 4)).to_pylist()
-        years = frozenset(int(y) for y in pd.to_numeric(pd.Series(prefixes), errors="coerce").dropna())
+    # a pre-2017 file's year is unknown here (its name may say it, but two files of one state cannot be told apart)
+    years = frozenset(survey_years(f.layout, f.path, pc.unique(table.column("SERIALNO")).to_numpy(zero_copy_only=False)) or ()) \
+        if f.layout == "pums2017" else None
     return Coverage(frozenset(int(s) for s in np.asarray(states)), years)
 
 

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from engine.domain import Attribute, Domain
 from engine.errors import DPReleaseError
+from engine.queries import Workload
 from schemas.release_schema import PARTITION_SCHEMA
 
 __all__ = ["QueryError", "Z90", "interval_ids", "node_of", "query_release", "released_nodes"]
@@ -233,18 +234,17 @@ def _no_interval_reason(release: Path, margin: list[str], level: Level, node: st
         return "this release has no intervals.parquet"
     ids = set(pq.read_table(path, columns=["node", "marginal"], filters=[("node", "=", node)]).column("marginal").unique().to_pylist())
     wanted = set(margin)
+    measured = [(wid, Workload.from_id(wid)) for wid in sorted(ids) if ":" in wid]  # size_histogram is no workload
 
-    def attrs(wid: str) -> tuple[str, set[str], list[str]]:
-        head, *options = wid.split(";")
-        lvl, _, rest = head.partition(":")
-        return lvl, {a for a in rest.replace("|", ",").split(",") if a}, options
+    def attrs(w: Workload) -> set[str]:
+        return set(w.group_attrs) | set(w.person_attrs)
 
-    same = sorted(w for w in ids if attrs(w)[1] == wanted and attrs(w)[0] == level and attrs(w)[2])
+    same = [(wid, w) for wid, w in measured if attrs(w) == wanted and w.level == level and (w.first or w.normalised)]
     if same:
-        options = "; ".join(o for o in attrs(same[0])[2])
-        what = {"norm": "normalised per household"}.get(options, options.replace("first=", "over the first ") + " persons of each household")
-        return f"the run measured this marginal at {node} only {what} ({same[0]}), not as the released count of every record"
-    wider = sorted(w for w in ids if wanted < attrs(w)[1])
+        wid, w = same[0]
+        what = " and ".join([f"over the first {w.first} persons of each household"] * bool(w.first) + ["normalised per household"] * w.normalised)
+        return f"the run measured this marginal at {node} only {what} ({wid}), not as the released count of every record"
+    wider = [wid for wid, w in measured if wanted < attrs(w)]
     if wider:
         return (f"it is a sum of cells of the measured {wider[0]} at {node}, and the published standard errors are per cell, "
                 "without the covariances a sum needs")
