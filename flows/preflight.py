@@ -12,7 +12,7 @@ from schemas.domain_spec import load_domain_spec
 from schemas.input_independence import InputFile, check_inputs, public_states
 from schemas.release_config import ConfigError, ReleaseConfig
 from schemas.weight_totals import WeightTotals, read_weight_totals
-from tasks.run_context import RunRefused
+from tasks.run_context import refuse_existing
 
 __all__ = ["preflight", "uses_strength_floor", "weight_totals"]
 
@@ -22,10 +22,7 @@ def preflight(cfg: ReleaseConfig, skip_missing: bool = False) -> list[InputFile]
     already, a domain spec that cannot be read or does not hold the configured attributes or
     prior flips, input files missing or not independent, a split simulation without the two
     public states it plays, and a weight totals file that cannot be read. Returns the input files' identities (``skip_missing``: those present)."""
-    release = cfg.release_dir()
-    if release.exists():
-        raise RunRefused(f"release {release} exists already; a finished release is never overwritten "
-                         "(choose a new name or remove it deliberately)")
+    refuse_existing(cfg.release_dir())
     spec = load_domain_spec(cfg.domain_path())
     domain = spec.domain(cfg.household_rules.max_household_size)
     try:

@@ -101,9 +101,14 @@ def make_private_dir(path: Path) -> Path:
     return path
 
 
-def prepare(run_dir: Path, release_dir: Path) -> RunPaths:
+def refuse_existing(release_dir: Path) -> None:
+    """A finished release is never overwritten."""
     if release_dir.exists():
         raise RunRefused(f"release {release_dir} exists already; a finished release is never overwritten (choose a new name or remove it deliberately)")
+
+
+def prepare(run_dir: Path, release_dir: Path) -> RunPaths:
+    refuse_existing(release_dir)
     paths = RunPaths(run_dir, release_dir)
     make_private_dir(run_dir)
     for d in (paths.inputs_dir, paths.nodes_dir, paths.measurements_dir, paths.qa_dir):
