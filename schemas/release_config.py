@@ -19,12 +19,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.adaptive import SELECT_FIRST, AdaptiveRounds
+from engine.domain import Domain
 from engine.errors import DPReleaseError
 from engine.geography import LEVELS, Geography
 from engine.hgem.settings import HGEMSettings
 from engine.prior_strength import DEFAULT_CANDIDATES
+from engine.synthesis_settings import SynthesisSettings
 from engine.workload_selection import PUMA_ATTRIBUTES, PUMA_ATTRIBUTES_MAX
-from schemas.domain_spec import domain_spec_path
+from schemas.domain_spec import domain_spec_path, load_domain_spec
 from schemas.geography import DEFAULT_PUMA_LIST, PumaListError, declared, load_puma_list, puma_list_path
 
 STAGES = ("count_of_counts", "state_synthesis", "puma_synthesis", "hgem", "group_counts")
@@ -434,6 +436,16 @@ class ReleaseConfig(_Strict):
 
     def domain_path(self) -> Path:
         return domain_spec_path(self.domain)
+
+    def synthesis_settings(self, domain: Domain) -> SynthesisSettings:
+        """The run's synthesis settings (:class:`engine.synthesis_settings.SynthesisSettings`), built
+        once from the config; ``domain``: the encoded data's (the flips' attributes are checked
+        against it, :meth:`schemas.domain_spec.DomainSpec.prior_flips`)."""
+        s = self.synthesis
+        flips = load_domain_spec(self.domain_path()).prior_flips(s.prior_flips, domain) if s.prior_flips else ()
+        return SynthesisSettings(prior_strength=s.prior_strength, strength_candidates=tuple(s.prior_strength_candidates),
+                                 adaptive=s.adaptive.plan("state"), puma_attributes=s.puma_attributes,
+                                 puma_attributes_max=s.puma_attributes_max, prior_flips=flips)
 
     def puma_list(self) -> Geography:
         """Every PUMA of the config's public PUMA list (``geography.pumas``)."""

@@ -22,6 +22,7 @@ from engine.privacy.ledger import PrivacyLedger
 from engine.privacy.measurements import MeasurementStore
 from engine.privacy.session import PrivateSession
 from engine.queries import PrivacyUnit
+from engine.synthesis_settings import SynthesisSettings
 from schemas.release_config import ReleaseConfig
 from tasks.run_context import RunPaths
 
@@ -83,6 +84,11 @@ class RunContext:
     @cached_property
     def plan(self) -> BudgetPlan:
         return budget_plan(self.cfg)
+
+    @cached_property
+    def settings(self) -> SynthesisSettings:
+        """The run's synthesis settings, built once from the config (``ReleaseConfig.synthesis_settings``)."""
+        return self.cfg.synthesis_settings(self.public().domain)
 
     def allocation(self, stage: str, level: str) -> Fraction:
         return self.plan.allocation(stage, level)

@@ -1,0 +1,67 @@
+"""Every setting of the prior-update synthesis, each default defined once.
+
+:class:`SynthesisSettings` is built once per run (``schemas.release_config.ReleaseConfig.synthesis_settings``
+from the config's ``advanced.synthesis`` overrides) or by a notebook, and handed whole to the one
+composition of a state's release (:mod:`engine.state_release`): the flow's tasks and the engine
+API read the same object, so they cannot drift apart.
+
+What is not here is not a choice: the MAP update, normalised workloads counting every person, the
+pair completion, the PUMAs' sums informing their state, the PUMA posteriors raked to the state,
+balanced sampling and the strength floor from the public simulation always run (each won its
+comparison: ``benchmarks/results/HISTORY.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from engine.adaptive import AdaptiveRounds
+from engine.prior_mixture import Flip
+from engine.prior_strength import DEFAULT_CANDIDATES
+from engine.workload_selection import PUMA_ATTRIBUTES, PUMA_ATTRIBUTES_MAX
+
+__all__ = ["DEFAULT_ADAPTIVE", "SynthesisSettings"]
+
+# where the state posterior is most wrong, 30 % of the state's synthesis ρ on 8 more workloads
+# (AIM-style selection): they correct a public prior far from the private state and cost little
+# where it is close; at the PUMA level the noise of a small node drowns what they would find
+DEFAULT_ADAPTIVE = AdaptiveRounds(rounds=8, share=Fraction(3, 10))
+
+
+@dataclass(frozen=True)
+class SynthesisSettings:
+    """``prior_strength``: the MAP prior's strength α as a fraction of the node's households (a
+    PUMA's fit, the state's where empirical Bayes is not used, H-GEM's relative-entropy prior);
+    ``strength_candidates``: the state's strengths empirical Bayes chooses among
+    (:mod:`engine.prior_strength`), held at or above the public simulation's floor
+    (:mod:`engine.strength_floor`); ``adaptive``: the state level's adaptive rounds
+    (:mod:`engine.adaptive`; ``None``: none); ``puma_attributes`` .. ``puma_attributes_max``: how many
+    one-way marginals the PUMA level measures, more than the minimum while the PUMA level's ρ carries
+    them (:mod:`engine.puma_attributes`); ``prior_flips``: the binary person attributes whose
+    flipped public households widen the state prior (:mod:`engine.prior_mixture`; the release
+    config's default is every binary person attribute its domain spec can flip, whatever the
+    domain)."""
+
+    prior_strength: float = 0.1
+    strength_candidates: tuple[float, ...] = DEFAULT_CANDIDATES
+    adaptive: AdaptiveRounds | None = DEFAULT_ADAPTIVE
+    puma_attributes: int = PUMA_ATTRIBUTES
+    puma_attributes_max: int = PUMA_ATTRIBUTES_MAX
+    prior_flips: tuple[Flip, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.prior_strength > 0:
+            raise ValueError(f"prior_strength must be > 0, got {self.prior_strength}")
+        if len(self.strength_candidates) < 2 or any(not c > 0 for c in self.strength_candidates):
+            raise ValueError(f"strength_candidates: at least two, all > 0; got {self.strength_candidates}")
+        if not 1 <= self.puma_attributes <= self.puma_attributes_max:
+            raise ValueError(f"need 1 <= puma_attributes <= puma_attributes_max, got {self.puma_attributes}, {self.puma_attributes_max}")
+        if len({f.attribute for f in self.prior_flips}) != len(self.prior_flips):
+            raise ValueError(f"prior_flips names an attribute twice: {[f.attribute for f in self.prior_flips]}")
+        if self.adaptive is not None and not self.adaptive.active:
+            object.__setattr__(self, "adaptive", None)
+
+    def adaptive_at(self, level: str) -> AdaptiveRounds | None:
+        """The adaptive rounds at ``level`` (the state's; none at the PUMA level)."""
+        return self.adaptive if level == "state" else None
