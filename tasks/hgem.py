@@ -106,7 +106,7 @@ def hgem_state_task(
         synth, fit = run_state(
             public, settings, ctx.allocation(STAGE, LEVEL), int(households),
             session_oracles(session, STAGE, LEVEL, (int(state),)), int(n_samples),
-            unit=ctx.cfg.privacy_unit, state=int(state), seed=base, prior_strength=ctx.cfg.synthesis.prior_strength,
+            unit=ctx.cfg.privacy_unit, state=int(state), seed=base, prior_strength=ctx.settings.prior_strength,
             initial_workloads=[Workload.from_id(i) for i in (initial_workload_ids or [])],
             structure=household_structure(ctx.cfg, public.domain),
             log=lambda msg: log.info(f"hgem {node}: {msg}"),

@@ -38,7 +38,7 @@ from engine.balanced_sampling import BalanceTargets
 from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
-from engine.household_sampling import household_order, sample_households, sample_sibling_households
+from engine.household_sampling import household_order, sample_sibling_households
 from engine.level_consistency import rake_to_parent, totals_to_parent
 from engine.measurement import Measurement
 from engine.prior_mixture import Flip, WidenedSupport, node_prior, widen
@@ -51,7 +51,6 @@ from engine.support import Support
 from engine.synthesis import NodeResult, initial_measurements, size_measurement, synthesize_node
 from engine.uncertainty import Recording, fit_answer_sd, recording_measure
 from engine.workload_selection import PUMA_ATTRIBUTES, WorkloadSelection, select_workloads
-from schemas.domain_spec import load_domain_spec
 from tasks.context import FileKey, RunContext, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
@@ -100,8 +99,7 @@ def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTarg
 def prior_flips(ctx: RunContext) -> tuple[Flip, ...]:
     """``synthesis.prior_flips`` of the run, checked against the public data's domain
     (:meth:`schemas.domain_spec.DomainSpec.prior_flips`)."""
-    names = ctx.cfg.synthesis.prior_flips
-    return load_domain_spec(ctx.cfg.domain_path()).prior_flips(names, ctx.public().domain) if names else ()
+    return ctx.settings.prior_flips
 
 
 @task(name="select-workload")
@@ -133,8 +131,8 @@ def choose_puma_attributes_task(ctx: RunContext, workload: dict, puma_households
     sel = WorkloadSelection.from_record(workload)
     if out.exists():
         return sel.with_puma_attributes(json.loads(out.read_text())["puma_attributes"]).to_record()
-    s = ctx.cfg.synthesis
-    rho = initial_rho(ctx.allocation("puma_synthesis", "puma"), s.adaptive.plan("puma"))
+    s = ctx.settings
+    rho = initial_rho(ctx.allocation("puma_synthesis", "puma"), s.adaptive_at("puma"))
     sel, choice = keep_puma_attributes(ctx.public(), sel, ctx.cfg.privacy_unit, float(rho),
                                        float(np.median(puma_households)) if puma_households else 0.0,
                                        minimum=s.puma_attributes, maximum=s.puma_attributes_max)
@@ -151,7 +149,7 @@ def choose_split_task(ctx: RunContext, workload_ids: list[str]) -> dict:
     if out.exists():
         return json.loads(out.read_text())
     rho = float(ctx.plan.stage_rho("state_synthesis") + ctx.plan.stage_rho("puma_synthesis"))
-    adaptive = ctx.cfg.synthesis.adaptive.plan("state")
+    adaptive = ctx.settings.adaptive_at("state")
     measured = 1.0 if adaptive is None else 1.0 - float(adaptive.share)
     choice = choose_state_fraction(ctx.public(), [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit, rho,
                                    state_measured=measured).to_dict()
@@ -166,7 +164,7 @@ def saved_strength_floor(ctx: RunContext) -> dict | None:
 
 
 def _floor_rho(ctx: RunContext) -> float:
-    return float(initial_rho(ctx.allocation("state_synthesis", "state"), ctx.cfg.synthesis.adaptive.plan("state")))
+    return float(initial_rho(ctx.allocation("state_synthesis", "state"), ctx.settings.adaptive_at("state")))
 
 
 @task(name="play-strength-floor")
@@ -176,13 +174,13 @@ def play_strength_floor_task(ctx: RunContext, state: int, workload_ids: list[str
     public data only, no privacy cost), on the worker's cached public support, which the state
     fits then reuse."""
     return list(play_state(cached_support(ctx.public_npz), state, [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit,
-                           _floor_rho(ctx), ctx.cfg.synthesis.prior_strength_candidates))
+                           _floor_rho(ctx), ctx.settings.strength_candidates))
 
 
 def record_strength_floor(ctx: RunContext, table: list[tuple[int, list[float]]]) -> dict:
     """The floor from the played states' errors (``engine.strength_floor.strength_floor``), kept
     in the work directory."""
-    choice = floor_of(ctx.cfg.synthesis.prior_strength_candidates, _floor_rho(ctx), table).to_dict()
+    choice = floor_of(ctx.settings.strength_candidates, _floor_rho(ctx), table).to_dict()
     write_json_atomic(ctx.paths.strength_floor_path, choice)
     return choice
 
@@ -211,7 +209,7 @@ def answer_sd(support: Support, res, prior: np.ndarray, workloads: list[Workload
     ``intervals.parquet``. ``extra``: further measurements the fit took in (a state's PUMA sums)."""
     workloads = [*workloads, *(Workload.from_id(w) for w in res.diagnostics.get("adaptive", []))]
     strength = (res.diagnostics.get("prior_strength_choice") or {}).get("strength", s.prior_strength)  # the fit's own
-    e = fit_answer_sd(support, res.weights, res.total, workloads, record, rule=s.update_rule, prior_strength=strength,
+    e = fit_answer_sd(support, res.weights, res.total, workloads, record, rule="map", prior_strength=strength,
                       total_sd=total_sd, size=None if size_estimate is None else (np.asarray(size_estimate[0]), size_estimate[1]),
                       queries=queries or [], prior=prior, extra=extra or [])
     return {"answer_sd": e.answer_sd, "total_var": e.total_var, "response_sd": e.response_sd}
@@ -221,10 +219,10 @@ def puma_sums(ctx: RunContext, pumas: list[tuple[int, int]], workload_ids: list[
     """``synthesis.pumas_inform_state``: the state's measurements implied by its PUMAs'
     (``engine.state_release.session_puma_sums``, with the arguments :func:`fit_puma` measures with);
     the PUMA task reads the same stored answers back."""
-    if not ctx.cfg.synthesis.pumas_inform_state or not pumas or not workload_ids:
+    if not pumas or not workload_ids:
         return []
     return session_puma_sums(ctx.session(), pumas, [Workload.from_id(w) for w in workload_ids], ctx.allocation("puma_synthesis", "puma"),
-                             ctx.cfg.synthesis.adaptive.plan("puma"))
+                             ctx.settings.adaptive_at("puma"))
 
 
 @task(name="synthesize-state")
@@ -244,22 +242,21 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     if out.exists():
         return str(out)
     support = cached_support(ctx.public_npz)
-    s = ctx.cfg.synthesis
+    s = ctx.settings
     workloads = [Workload.from_id(w) for w in workload_ids]
     sums = puma_sums(ctx, pumas or [], puma_workload_ids or [])
     measure, record = recording_measure(session_measure(ctx.session(), "state_synthesis", "state", node))
     extra = [*size_extra(support, size_estimate), *sums]
-    flips = prior_flips(ctx) if s.update_rule == "map" else ()
+    flips = s.prior_flips
     # the prior's mixture with the flipped copies, from the state's initial measurements (charged
     # once: synthesize_node below reads the stored answers back)
-    initial = initial_measurements(workloads, ctx.allocation("state_synthesis", "state"), measure, s.adaptive.plan("state")) if flips else []
+    initial = initial_measurements(workloads, ctx.allocation("state_synthesis", "state"), measure, s.adaptive_at("state")) if flips else []
     support, prior, mixture = node_prior(support, cached_widened(ctx.public_npz, flips) if flips else None, [*extra, *initial], households)
     res = synthesize_node(
         support, prior, workloads, ctx.allocation("state_synthesis", "state"), measure, total=households,
-        rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
-        extra=extra, total_sd=households_sd,
-        adaptive=s.adaptive.plan("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
-        strengths=s.prior_strength_candidates if s.prior_strength_rule == "empirical_bayes" else (), strength_floor=strength_floor(ctx),
+        prior_strength=s.prior_strength, extra=extra, total_sd=households_sd,
+        adaptive=s.adaptive_at("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
+        strengths=s.strength_candidates, strength_floor=strength_floor(ctx),
         completion=[Workload.from_id(w) for w in completed_ids or []],
     )
     if sums:
@@ -295,15 +292,15 @@ def fit_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, workload_i
     noise is kept for the state's error estimates, ``tasks.intervals``). A rerun refits from the
     stored measurements (nothing is charged again)."""
     node, key = job.node, node_key(job.node)
-    s = ctx.cfg.synthesis
+    s = ctx.settings
     baseline = prior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
     workloads = [] if baseline else [Workload.from_id(w) for w in workload_ids]
     measure, record = (None, Recording()) if baseline else recording_measure(session_measure(ctx.session(), "puma_synthesis", "puma", node))
     res = synthesize_node(
         support, support.weights if prior is None else prior, workloads, Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
-        measure, total=job.n_households, rule=s.update_rule, prior_strength=s.prior_strength, sweeps=s.sweeps,
+        measure, total=job.n_households, prior_strength=s.prior_strength,
         extra=size_extra(support, job.size_estimate), total_sd=job.households_sd,
-        adaptive=None if baseline else s.adaptive.plan("puma"),
+        adaptive=None if baseline else s.adaptive_at("puma"),
         select=None if baseline else session_select(ctx.session(), "puma_synthesis", "puma", node), unit=ctx.cfg.privacy_unit,
     )
     out = ctx.paths.node_path("synthesis", key)
@@ -342,7 +339,7 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     outs = [ctx.paths.node_path("synthesis", node_key(job.node)) for job in jobs]
     if all(o.exists() for o in outs):
         return [str(o) for o in outs]
-    s = ctx.cfg.synthesis
+    s = ctx.settings
     prior, widened = None, False
     if state_posterior is not None:
         with np.load(state_posterior) as z:
@@ -350,25 +347,21 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
             widened = bool(z["widened"]) if "widened" in z.files else False
     flips = prior_flips(ctx) if widened else ()  # the state's prior took the flipped households in: its PUMAs live there too
     support = cached_widened(ctx.public_npz, flips).support if widened else cached_support(support_npz or ctx.public_npz)
-    balance = cached_balance(support_npz or ctx.public_npz, flips) if s.sampling == "balanced" else None
+    balance = cached_balance(support_npz or ctx.public_npz, flips)
     fits = [fit_puma(ctx, job, prior, workload_ids, support, state_workload_ids) for job in jobs]
     weights = [f.weights for f in fits]
     totals = totals_to_parent([f.total for f in fits], [job.n_households for job in jobs]).tolist()
-    targets = state_targets(state_posterior) if state_posterior is not None and s.level_consistency == "rake" else []
+    targets = state_targets(state_posterior) if state_posterior is not None else []
     if targets and prior is not None:
         weights, _ = rake_to_parent(support, weights, totals, prior, targets, prior_strength=s.prior_strength)
     order = household_order(support.data)
-    if balance is not None:
-        # a state's PUMAs drawn in node order, each carrying the earlier ones' balance residual: every
-        # PUMA is drawn again on a resume (its draw depends on the ones before it), only missing files are written
-        ranked = sorted(range(len(jobs)), key=lambda i: jobs[i].node)
-        draws = sample_sibling_households(support, [weights[i] for i in ranked], [totals[i] for i in ranked],
-                                          [node_rng(seed, jobs[i].node) for i in ranked], [jobs[i].node for i in ranked],
-                                          order=order, balance=balance)
-        synths = dict(zip(ranked, draws))
-    else:
-        synths = {i: sample_households(support, weights[i], totals[i], node_rng(seed, job.node), geo=job.node, order=order, method=s.sampling)
-                  for i, (job, out) in enumerate(zip(jobs, outs)) if not out.exists()}
+    # a state's PUMAs drawn in node order, each carrying the earlier ones' balance residual: every
+    # PUMA is drawn again on a resume (its draw depends on the ones before it), only missing files are written
+    ranked = sorted(range(len(jobs)), key=lambda i: jobs[i].node)
+    draws = sample_sibling_households(support, [weights[i] for i in ranked], [totals[i] for i in ranked],
+                                      [node_rng(seed, jobs[i].node) for i in ranked], [jobs[i].node for i in ranked],
+                                      order=order, balance=balance)
+    synths = dict(zip(ranked, draws))
     for i, out in enumerate(outs):
         if not out.exists():
             save_npz_atomic(out, synths[i].to_npz)
