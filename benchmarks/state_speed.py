@@ -3,8 +3,8 @@ check of a change to the synthesis hot paths.
 
 It runs ``engine.synthesize_state`` (the floor simulation, the prior mixture, the state fit with
 its adaptive rounds, every PUMA fit and the balanced draws) on one private state of the shared
-2018 data with the given public states as the prior, at the default release's settings (ε, the
-adaptive rounds at the state level, the HISP_ORIGIN prior flip). The measurements are stored in
+2018 data with the given public states as the prior, at the default release's synthesis settings
+(``ReleaseConfig.synthesis_settings`` of ``deploy/releases/acs2018_default.yaml``: what the flow runs). The measurements are stored in
 ``--work`` on the first run and read back by every later one (the ledger is kept there too), so
 runs of different commits fit the same noisy answers: their digests (sha256 of the released
 households' arrays, and of the diagnostics) must be equal for a change that keeps every result.
@@ -29,7 +29,6 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from fractions import Fraction  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -38,11 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import engine as dp  # noqa: E402
-from engine.adaptive import AdaptiveRounds  # noqa: E402
 from engine.hierarchical_data import HierarchicalData  # noqa: E402
-from engine.prior_mixture import Flip  # noqa: E402
 from schemas.domain_spec import load_domain_spec  # noqa: E402
 from schemas.ingestion import HouseholdRules, load_person_file  # noqa: E402
+from schemas.release_config import load_config  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "acs2018_1yr"
 
@@ -54,13 +52,6 @@ def load_state(abbr: str, work: Path, data_dir: Path = DATA) -> HierarchicalData
         data, _ = load_person_file(data_dir / f"csv_p{abbr}.zip", load_domain_spec(), HouseholdRules(max_household_size=8))
         data.to_npz(cached)
     return HierarchicalData.from_npz(cached)
-
-
-def prior_flip(public: HierarchicalData, attribute: str) -> Flip:
-    """The flip with the household attributes the domain spec derives from its householder's value."""
-    spec, kept = load_domain_spec(), {a.name for a in public.domain.group}
-    derived = sorted(n for n, h in spec.household_attributes.items() if n in kept and h.attribute == attribute and h.derive == "householder")
-    return Flip(attribute, tuple(derived))
 
 
 def digest(*arrays: np.ndarray) -> str:
@@ -75,8 +66,8 @@ def run_once(private: HierarchicalData, public: HierarchicalData, work: Path, ep
     session = dp.PrivateSession(private, "household", dp.PrivacyLedger(work / "ledger.jsonl", plan), dp.MeasurementStore(work / "measurements"))
     state = int(private.geo[0, 0])
     wall, cpu = time.perf_counter(), time.process_time()
-    release = dp.synthesize_state(session, state, public, seed=seed, adaptive=AdaptiveRounds(8, Fraction(3, 10)),
-                                  prior_flips=(prior_flip(public, "HISP_ORIGIN"),))
+    settings = load_config(ROOT / "deploy" / "releases" / "acs2018_default.yaml").synthesis_settings(public.domain)
+    release = dp.synthesize_state(session, state, public, settings, seed=seed)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     r = release.data
     return {"cpu_s": cpu, "wall_s": wall, "households": r.n_households,

@@ -11,7 +11,8 @@ docs/library.md shows it):
   with ``path=None``, or an append-only file), :class:`MeasurementStore`, :class:`PrivateSession`
   (the confidential data behind charged measurements), :func:`rho_to_eps`, :func:`eps_delta_to_rho`;
 - synthesis: :func:`synthesize_node` (one node's prior update), :func:`synthesize_state` with
-  :func:`state_plan` (one state: counts, state and PUMA updates, samples), :class:`AdaptiveRounds`
+  :func:`state_plan` and :class:`SynthesisSettings` (one state: counts, state and PUMA updates,
+  samples; the composition the pipeline's tasks run, with the settings a release config builds), :class:`AdaptiveRounds`
   (where the model is wrong, measure more), :class:`Flip` (a prior that can be wrong: public
   households with a binary attribute flipped, weighed in by the measurements), :func:`sample_households`;
 - count-of-counts: :class:`Hierarchy`, :func:`run_hierarchy` (consistent household-size histograms).
@@ -35,6 +36,7 @@ from engine.queries import Workload
 from engine.state_release import StateRelease, state_plan, synthesize_state
 from engine.support import Support
 from engine.synthesis import synthesize_node
+from engine.synthesis_settings import SynthesisSettings
 from engine.workload_selection import select_workloads
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "PrivateSession",
     "StateRelease",
     "Support",
+    "SynthesisSettings",
     "Workload",
     "eps_delta_to_rho",
     "rho_to_eps",

@@ -179,6 +179,14 @@ class DomainSpec(_Strict):
             flips.append(flip)
         return tuple(flips)
 
+    def flippable(self, domain: Domain) -> tuple[Flip, ...]:
+        """Every binary person attribute of ``domain`` that :meth:`prior_flips` can flip (no kept
+        household attribute derives from it other than by its householder's value), in the
+        domain's order: the prior mixture's default, whatever the domain."""
+        kept = {a.name for a in domain.group}
+        blocked = {h.attribute for n, h in self.household_attributes.items() if n in kept and h.derive != "householder"}
+        return self.prior_flips([a.name for a in domain.person if a.size == 2 and a.name not in blocked], domain)
+
     def domain(self, max_size: int) -> Domain:
         person = tuple(a.attribute(n) for n, a in self.person_attributes.items())
         by_name = {a.name: a for a in person}

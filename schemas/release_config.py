@@ -267,8 +267,8 @@ class SynthesisSpec(_Strict):
 
     @field_validator("prior_flips")
     @classmethod
-    def _distinct_flips(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
+    def _distinct_flips(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
             raise ValueError(f"synthesis.prior_flips names an attribute twice: {v}")
         return v
 
@@ -278,12 +278,12 @@ class SynthesisSpec(_Strict):
         if any(not x > 0 for x in v):
             raise ValueError("synthesis.prior_strength_candidates must all be > 0")
         return v
-    prior_flips: list[str] = Field(
-        default_factory=lambda: ["HISP_ORIGIN"], description="binary person attributes whose public share may be far from the "
+    prior_flips: list[str] | None = Field(
+        default=None, description="binary person attributes whose public share may be far from the "
         "private state's: the support also holds every public household with the attribute flipped (its householder attributes "
         "with it), weighed into the state prior by the least-squares fit of the prior's answers to the state's noisy "
         "measurements, and only where that fit gains (engine.prior_mixture; post-processing, no privacy cost; recorded in the "
-        "state posterior's diagnostics); []: the public households alone")
+        "state posterior's diagnostics); absent: every binary person attribute the domain spec can flip; []: the public households alone")
     sampling: Literal["balanced", "systematic"] = Field(
         default="balanced", description="how a PUMA's households are drawn from its posterior: balanced (the draw's one- and "
         "two-attribute marginals and the persons' three-attribute ones held to the posterior's, a state's PUMAs with error "
@@ -442,7 +442,8 @@ class ReleaseConfig(_Strict):
         once from the config; ``domain``: the encoded data's (the flips' attributes are checked
         against it, :meth:`schemas.domain_spec.DomainSpec.prior_flips`)."""
         s = self.synthesis
-        flips = load_domain_spec(self.domain_path()).prior_flips(s.prior_flips, domain) if s.prior_flips else ()
+        spec = load_domain_spec(self.domain_path())
+        flips = spec.flippable(domain) if s.prior_flips is None else spec.prior_flips(s.prior_flips, domain)
         return SynthesisSettings(prior_strength=s.prior_strength, strength_candidates=tuple(s.prior_strength_candidates),
                                  adaptive=s.adaptive.plan("state"), puma_attributes=s.puma_attributes,
                                  puma_attributes_max=s.puma_attributes_max, prior_flips=flips)

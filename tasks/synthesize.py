@@ -1,18 +1,13 @@
-"""Synthesis tasks, one geography node each; every result is persisted so a resumed run reuses it.
+"""Synthesis tasks: the Prefect wrappers of the one composition of a state's release
+(``engine.state_release``), one geography node or one state each; every result is persisted so
+a resumed run reuses it.
 
 - ``select_workload_task``: workloads from mutual information on the PUBLIC data (no privacy cost).
-- ``state_update_task``: per state, measure the state workload through the private session
-  (discrete Gaussian, charged and persisted) and update the public prior into the state posterior,
-  its PUMAs' measurements (made there, read back by the PUMA task) taken in as their sums;
-  answers are normalised by the state's DP household count; the σ of everything it measured is
-  kept beside the posterior.
-- ``puma_batch_task``: per state, every PUMA (``fit_puma`` each) measures the PUMA workload and
-  updates the state posterior into the PUMA posterior (prior update), or keeps the public prior
-  (public-only baseline); the PUMA posteriors are held together to the state posterior on the
-  state's measured workloads (``synthesis.level_consistency``, ``engine.level_consistency``); then
-  each PUMA's household total is drawn from its posterior (``synthesis.sampling``: balanced on the
-  domain's one- and two-attribute and the persons' three-attribute marginals by default, a state's
-  PUMAs with error diffusion, ``engine.balanced_sampling``).
+- ``state_update_task``: per state, ``engine.state_release.fit_state`` on the worker's cached
+  public support; the posterior, the σ of everything it measured and its error estimates persisted.
+- ``puma_batch_task``: per state, ``engine.state_release.release_pumas`` (every PUMA's posterior,
+  held to the state, its households drawn), each PUMA's households and error estimates persisted;
+  or the public-only baseline.
 
 When the count-of-counts stage ran, its size histogram of the node enters both updates as one more
 noisy measurement of the size marginal (``engine.synthesis.size_measurement``), weighed against
@@ -26,35 +21,38 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 from prefect import task
 
-from engine.adaptive import initial_rho
 from engine.balanced_sampling import BalanceTargets
 from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
-from engine.household_sampling import household_order, sample_sibling_households
-from engine.level_consistency import rake_to_parent, totals_to_parent
 from engine.measurement import Measurement
-from engine.prior_mixture import Flip, WidenedSupport, node_prior, widen
-from engine.puma_attributes import keep_puma_attributes
+from engine.prior_mixture import Flip, WidenedSupport, widen
 from engine.queries import Workload
-from engine.state_release import node_rng, session_measure, session_puma_sums, session_select
+from engine.state_release import (
+    NodeCount,
+    SizeEstimate,
+    choose_puma_workloads,
+    fit_state,
+    floor_rho,
+    node_rng,
+    release_pumas,
+)
 from engine.strength_floor import play_state
 from engine.strength_floor import strength_floor as floor_of
 from engine.support import Support
-from engine.synthesis import NodeResult, initial_measurements, size_measurement, synthesize_node
-from engine.uncertainty import Recording, fit_answer_sd, recording_measure
+from engine.synthesis import NodeResult
+from engine.uncertainty import Recording, fit_answer_sd
 from engine.workload_selection import PUMA_ATTRIBUTES, WorkloadSelection, select_workloads
 from tasks.context import FileKey, RunContext, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
-__all__ = ["PumaJob", "fit_puma", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task",
+__all__ = ["PumaJob", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task",
            "state_update_task"]
 
 
@@ -96,12 +94,6 @@ def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTarg
     return _cached_balance(file_key(public_npz), flips)
 
 
-def prior_flips(ctx: RunContext) -> tuple[Flip, ...]:
-    """``synthesis.prior_flips`` of the run, checked against the public data's domain
-    (:meth:`schemas.domain_spec.DomainSpec.prior_flips`)."""
-    return ctx.settings.prior_flips
-
-
 @task(name="select-workload")
 def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES,
                          sizes_measured: bool = False, complete_pairs: bool = False) -> dict:
@@ -131,11 +123,8 @@ def choose_puma_attributes_task(ctx: RunContext, workload: dict, puma_households
     sel = WorkloadSelection.from_record(workload)
     if out.exists():
         return sel.with_puma_attributes(json.loads(out.read_text())["puma_attributes"]).to_record()
-    s = ctx.settings
-    rho = initial_rho(ctx.allocation("puma_synthesis", "puma"), s.adaptive_at("puma"))
-    sel, choice = keep_puma_attributes(ctx.public(), sel, ctx.cfg.privacy_unit, float(rho),
-                                       float(np.median(puma_households)) if puma_households else 0.0,
-                                       minimum=s.puma_attributes, maximum=s.puma_attributes_max)
+    sel, choice = choose_puma_workloads(ctx.public(), sel, ctx.cfg.privacy_unit, ctx.allocation("puma_synthesis", "puma"), puma_households,
+                                        ctx.settings)
     write_json_atomic(out, choice.to_dict())
     return sel.to_record()
 
@@ -164,7 +153,7 @@ def saved_strength_floor(ctx: RunContext) -> dict | None:
 
 
 def _floor_rho(ctx: RunContext) -> float:
-    return float(initial_rho(ctx.allocation("state_synthesis", "state"), ctx.settings.adaptive_at("state")))
+    return floor_rho(ctx.allocation("state_synthesis", "state"), ctx.settings)
 
 
 @task(name="play-strength-floor")
@@ -191,15 +180,8 @@ def strength_floor(ctx: RunContext) -> float:
     return float(json.loads(path.read_text())["floor"]) if path.exists() else 0.0
 
 
-SizeEstimate = tuple[list[float], float]  # (noisy households of size 1..K, noise sd of one entry)
-
-
-def size_extra(support: Support, size_estimate: SizeEstimate | None) -> list[Measurement]:
-    return [] if size_estimate is None else [size_measurement(support.data.domain, size_estimate[0], size_estimate[1])]
-
-
-def answer_sd(support: Support, res, prior: np.ndarray, workloads: list[Workload], record: Recording, s, total_sd: float,
-              size_estimate: SizeEstimate | None, queries: list[Workload] | None = None, extra: list[Measurement] | None = None) -> dict:
+def answer_sd(support: Support, res: NodeResult, prior: np.ndarray, workloads: list[Workload], record: Recording, prior_strength: float,
+              count: NodeCount, queries: list[Workload] | None = None, extra: list[Measurement] | None = None) -> dict:
     """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads — the
     given ``workloads`` and those its adaptive rounds chose, every measurement the fit used — at a
     fixed total, the error of the fit's ``prior`` estimated from the noisy answers), ``total_var``
@@ -208,21 +190,11 @@ def answer_sd(support: Support, res, prior: np.ndarray, workloads: list[Workload
     ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
     ``intervals.parquet``. ``extra``: further measurements the fit took in (a state's PUMA sums)."""
     workloads = [*workloads, *(Workload.from_id(w) for w in res.diagnostics.get("adaptive", []))]
-    strength = (res.diagnostics.get("prior_strength_choice") or {}).get("strength", s.prior_strength)  # the fit's own
+    strength = (res.diagnostics.get("prior_strength_choice") or {}).get("strength", prior_strength)  # the fit's own
     e = fit_answer_sd(support, res.weights, res.total, workloads, record, rule="map", prior_strength=strength,
-                      total_sd=total_sd, size=None if size_estimate is None else (np.asarray(size_estimate[0]), size_estimate[1]),
+                      total_sd=count.sd, size=None if count.sizes is None else (np.asarray(count.sizes[0]), count.sizes[1]),
                       queries=queries or [], prior=prior, extra=extra or [])
     return {"answer_sd": e.answer_sd, "total_var": e.total_var, "response_sd": e.response_sd}
-
-
-def puma_sums(ctx: RunContext, pumas: list[tuple[int, int]], workload_ids: list[str]) -> list[Measurement]:
-    """``synthesis.pumas_inform_state``: the state's measurements implied by its PUMAs'
-    (``engine.state_release.session_puma_sums``, with the arguments :func:`fit_puma` measures with);
-    the PUMA task reads the same stored answers back."""
-    if not pumas or not workload_ids:
-        return []
-    return session_puma_sums(ctx.session(), pumas, [Workload.from_id(w) for w in workload_ids], ctx.allocation("puma_synthesis", "puma"),
-                             ctx.settings.adaptive_at("puma"))
 
 
 @task(name="synthesize-state")
@@ -230,44 +202,28 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
                       size_estimate: SizeEstimate | None = None, households_sd: float = 0.0,
                       pumas: list[tuple[int, int]] | None = None, puma_workload_ids: list[str] | None = None,
                       completed_ids: list[str] | None = None) -> str:
-    """``households``: the state's DP household count (the normaliser of its answers), with its
-    noise sd ``households_sd`` (> 0: the state total is estimated jointly with the posterior,
-    ``engine.synthesis``); ``size_estimate``: the count-of-counts size histogram of the state,
-    when that stage ran; ``pumas`` (every PUMA of the state) and ``puma_workload_ids``: the PUMA
-    level's measurements, whose sums the state's fit takes in (:func:`puma_sums`);
-    ``completed_ids``: the workloads the pair completion added, which the adaptive rounds' fits
-    leave out (``engine.synthesis.synthesize_node``'s ``completion``)."""
+    """One state's posterior (``engine.state_release.fit_state``) on the worker's cached public
+    support, persisted with its diagnostics, the σ of everything it measured and its error
+    estimates. ``households``: the state's DP household count with its noise sd
+    ``households_sd``; ``size_estimate``: its count-of-counts size histogram, when that stage ran;
+    ``pumas`` (every PUMA of the state) and ``puma_workload_ids``: the PUMA level's measurements,
+    whose sums the state's fit takes in; ``completed_ids``: the workloads the pair completion added."""
     node = (int(state),)
     out = ctx.paths.node_path("state_posterior", node_key(node))
     if out.exists():
         return str(out)
-    support = cached_support(ctx.public_npz)
     s = ctx.settings
-    workloads = [Workload.from_id(w) for w in workload_ids]
-    sums = puma_sums(ctx, pumas or [], puma_workload_ids or [])
-    measure, record = recording_measure(session_measure(ctx.session(), "state_synthesis", "state", node))
-    extra = [*size_extra(support, size_estimate), *sums]
-    flips = s.prior_flips
-    # the prior's mixture with the flipped copies, from the state's initial measurements (charged
-    # once: synthesize_node below reads the stored answers back)
-    initial = initial_measurements(workloads, ctx.allocation("state_synthesis", "state"), measure, s.adaptive_at("state")) if flips else []
-    support, prior, mixture = node_prior(support, cached_widened(ctx.public_npz, flips) if flips else None, [*extra, *initial], households)
-    res = synthesize_node(
-        support, prior, workloads, ctx.allocation("state_synthesis", "state"), measure, total=households,
-        prior_strength=s.prior_strength, extra=extra, total_sd=households_sd,
-        adaptive=s.adaptive_at("state"), select=session_select(ctx.session(), "state_synthesis", "state", node), unit=ctx.cfg.privacy_unit,
-        strengths=s.strength_candidates, strength_floor=strength_floor(ctx),
-        completion=[Workload.from_id(w) for w in completed_ids or []],
-    )
-    if sums:
-        res.diagnostics["puma_sums"] = {"pumas": len(pumas or []), "workloads": [m.workload.id for m in sums]}
-    if mixture is not None:
-        res.diagnostics["prior_mixture"] = mixture.to_dict()
-    widened = mixture is not None and mixture.widened
-    save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights, widened=np.array(widened)))
-    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": record.sigmas,
-                                                 **answer_sd(support, res, prior, workloads, record, s,
-                                                             households_sd, size_estimate, extra=sums)})
+    selection = WorkloadSelection([Workload.from_id(w) for w in workload_ids], [Workload.from_id(w) for w in puma_workload_ids or []], {},
+                                  completed=[Workload.from_id(w) for w in completed_ids or []])
+    count = NodeCount(households, households_sd, size_estimate)
+    widened = cached_widened(ctx.public_npz, s.prior_flips) if s.prior_flips else None
+    fit = fit_state(ctx.session(), state, cached_support(ctx.public_npz), widened, selection, count, s,
+                    pumas=[tuple(n) for n in pumas or []], strength_floor=strength_floor(ctx))
+    res = fit.result
+    save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights, widened=np.array(fit.widened)))
+    write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": fit.record.sigmas,
+                                                 **answer_sd(fit.support, res, fit.prior, selection.state, fit.record, s.prior_strength,
+                                                             count, extra=fit.sums)})
     return str(out)
 
 
@@ -281,35 +237,9 @@ class PumaJob:
     size_estimate: SizeEstimate | None = None
     households_sd: float = 0.0
 
-
-def fit_puma(ctx: RunContext, job: PumaJob, prior: np.ndarray | None, workload_ids: list[str], support: Support,
-             state_workload_ids: list[str] | None = None) -> NodeResult:
-    """One PUMA's posterior (or the public prior for the baseline, ``prior`` None), updated with
-    the count-of-counts size estimate when given, and its household total: the DP count estimated
-    jointly with the posterior from the PUMA's own measurements when its noise sd is given
-    (``engine.synthesis``), else the count itself. Its diagnostics and error estimates go beside the
-    PUMA's file (``state_workload_ids``: the state's workloads, on which the fit's response to its
-    noise is kept for the state's error estimates, ``tasks.intervals``). A rerun refits from the
-    stored measurements (nothing is charged again)."""
-    node, key = job.node, node_key(job.node)
-    s = ctx.settings
-    baseline = prior is None  # public-only baseline (ε = 0 for synthesis): the public empirical distribution
-    workloads = [] if baseline else [Workload.from_id(w) for w in workload_ids]
-    measure, record = (None, Recording()) if baseline else recording_measure(session_measure(ctx.session(), "puma_synthesis", "puma", node))
-    res = synthesize_node(
-        support, support.weights if prior is None else prior, workloads, Fraction(0) if baseline else ctx.allocation("puma_synthesis", "puma"),
-        measure, total=job.n_households, prior_strength=s.prior_strength,
-        extra=size_extra(support, job.size_estimate), total_sd=job.households_sd,
-        adaptive=None if baseline else s.adaptive_at("puma"),
-        select=None if baseline else session_select(ctx.session(), "puma_synthesis", "puma", node), unit=ctx.cfg.privacy_unit,
-    )
-    out = ctx.paths.node_path("synthesis", key)
-    if not out.exists():
-        write_json_atomic(out.with_suffix(".json"), {"node": key, "diagnostics": res.diagnostics,
-                                                     **answer_sd(support, res, support.weights if prior is None else prior, workloads,
-                                                                 record, s, job.households_sd, job.size_estimate,
-                                                                 [Workload.from_id(w) for w in state_workload_ids or []])})
-    return res
+    @property
+    def count(self) -> NodeCount:
+        return NodeCount(self.n_households, self.households_sd, self.size_estimate)
 
 
 def state_targets(state_posterior: str) -> list[tuple[Workload, float]]:
@@ -325,47 +255,43 @@ def state_targets(state_posterior: str) -> list[tuple[Workload, float]]:
 @task(name="synthesize-pumas")
 def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, workload_ids: list[str], seed: int,
                     support_npz: str | None = None, state_workload_ids: list[str] | None = None) -> list[str]:
-    """Every PUMA of one state: each one's posterior (:func:`fit_puma`); the PUMAs' fitted totals
-    scaled to the sum of their consistent household counts, the state's
-    (``engine.level_consistency.totals_to_parent``: the fits lean upward, the counts do not); then, with
-    ``synthesis.level_consistency: rake``, the PUMA posteriors tilted together so that their sum
-    holds to the state posterior on the state's measured workloads
-    (``engine.level_consistency.rake_to_parent``); then each PUMA's households drawn
-    (``synthesis.sampling``) and persisted one by one. Everything after the measurements is a
-    deterministic function of the stored measurements and the sampling seed, so a resumed task
-    refits the state's PUMAs and writes exactly the files it had not written. One task per state
-    keeps the orchestration's cost per task off the per-PUMA path. ``state_posterior`` None: the
-    public-only baseline."""
-    outs = [ctx.paths.node_path("synthesis", node_key(job.node)) for job in jobs]
-    if all(o.exists() for o in outs):
-        return [str(o) for o in outs]
+    """Every PUMA of one state (``engine.state_release.release_pumas``: the PUMA posteriors, their
+    totals held to the state's count, raked to the state posterior, the households drawn), each
+    PUMA's diagnostics and error estimates (``state_workload_ids``: the state's workloads, on which
+    the fit's response to its noise is kept for the state's error estimates, ``tasks.intervals``)
+    and households persisted. Everything after the measurements is a deterministic function of the
+    stored measurements and the sampling seed, so a resumed task refits the state's PUMAs and writes
+    exactly the files it had not written. One task per state keeps the orchestration's cost per
+    task off the per-PUMA path. ``state_posterior`` None: the public-only baseline;
+    ``support_npz``: the state's own support (H-GEM's), instead of the public one."""
+    outs: dict[tuple[int, ...], Path] = {job.node: ctx.paths.node_path("synthesis", node_key(job.node)) for job in jobs}
+    if all(o.exists() for o in outs.values()):
+        return [str(outs[job.node]) for job in jobs]
     s = ctx.settings
     prior, widened = None, False
     if state_posterior is not None:
         with np.load(state_posterior) as z:
             prior = z["weights"]
             widened = bool(z["widened"]) if "widened" in z.files else False
-    flips = prior_flips(ctx) if widened else ()  # the state's prior took the flipped households in: its PUMAs live there too
+    flips = s.prior_flips if widened else ()  # the state's prior took the flipped households in: its PUMAs live there too
     support = cached_widened(ctx.public_npz, flips).support if widened else cached_support(support_npz or ctx.public_npz)
-    balance = cached_balance(support_npz or ctx.public_npz, flips)
-    fits = [fit_puma(ctx, job, prior, workload_ids, support, state_workload_ids) for job in jobs]
-    weights = [f.weights for f in fits]
-    totals = totals_to_parent([f.total for f in fits], [job.n_households for job in jobs]).tolist()
-    targets = state_targets(state_posterior) if state_posterior is not None else []
-    if targets and prior is not None:
-        weights, _ = rake_to_parent(support, weights, totals, prior, targets, prior_strength=s.prior_strength)
-    order = household_order(support.data)
-    # a state's PUMAs drawn in node order, each carrying the earlier ones' balance residual: every
-    # PUMA is drawn again on a resume (its draw depends on the ones before it), only missing files are written
-    ranked = sorted(range(len(jobs)), key=lambda i: jobs[i].node)
-    draws = sample_sibling_households(support, [weights[i] for i in ranked], [totals[i] for i in ranked],
-                                      [node_rng(seed, jobs[i].node) for i in ranked], [jobs[i].node for i in ranked],
-                                      order=order, balance=balance)
-    synths = dict(zip(ranked, draws))
-    for i, out in enumerate(outs):
-        if not out.exists():
-            save_npz_atomic(out, synths[i].to_npz)
-    return [str(o) for o in outs]
+    baseline = prior is None
+    released = release_pumas(None if baseline else ctx.session(), support, prior, [Workload.from_id(w) for w in workload_ids],
+                             [(job.node, job.count) for job in jobs], s, seed,
+                             targets=[] if state_posterior is None else state_targets(state_posterior),
+                             balance=cached_balance(support_npz or ctx.public_npz, flips))
+    queries = [Workload.from_id(w) for w in state_workload_ids or []]
+    count: dict[tuple[int, ...], NodeCount] = {job.node: job.count for job in jobs}
+    for fit, draw in zip(released.fits, released.draws):
+        out = outs[fit.node]
+        if out.exists():
+            continue
+        workloads = [] if baseline else [Workload.from_id(w) for w in workload_ids]
+        write_json_atomic(out.with_suffix(".json"), {"node": node_key(fit.node), "diagnostics": fit.result.diagnostics,
+                                                     **answer_sd(support, fit.result, fit.prior, workloads, fit.record, s.prior_strength,
+                                                                 count[fit.node], queries)})
+        save_npz_atomic(out, draw.to_npz)
+    return [str(outs[job.node]) for job in jobs]
 
 
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:

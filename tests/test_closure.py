@@ -271,3 +271,48 @@ def test_negative_control_nodes_read_off_the_private_rows_break_closure(first_ru
         replay = _replay(tmp, "a", "leak-removed", inputs["removed"], inputs["public"])
     assert "count_of_counts.parquet" in _differences(release_fingerprint(tmp / "releases" / "a"), release_fingerprint(replay))
     assert inputs["lonely"] not in _coc_nodes(replay)
+
+
+def test_the_engine_api_on_the_runs_stored_measurements_draws_the_flows_microdata(first_run, tmp_path):
+    """One composition: :func:`engine.synthesize_state`, given what the flow's tasks were given — the
+    run's synthesis settings, plan, sampling seed, household counts (the count-of-counts stage's) and
+    a copy of its ledger and stored measurements — draws byte for byte the households and persons
+    the flow drew; nothing is charged again. The negative control: another sampling seed differs."""
+    import engine as dp
+    from engine.state_release import NodeCount
+    from flows.release import count_sd_at, nodes_at
+    from schemas.release_config import load_config
+    from tasks.context import budget_plan
+    from tasks.count_of_counts import size_measurements
+    from tasks.ingest import release_geography
+
+    work = first_run / "work" / "a"
+    cfg = load_config(first_run / "a.yaml")
+    private_npz, public_npz = work / "inputs" / "private-merged.npz", work / "inputs" / "public-merged.npz"
+    public = dp.HierarchicalData.from_npz(public_npz)
+    split = work / "synthesis_split.json"
+    if split.exists():  # the plan the run spent: its public simulation's split, when it ran one
+        cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(json.loads(split.read_text())["state_fraction"])})
+    shutil.copy2(work / "ledger.jsonl", tmp_path / "ledger.jsonl")
+    shutil.copytree(work / "measurements", tmp_path / "measurements")
+    ledger = dp.PrivacyLedger(tmp_path / "ledger.jsonl", budget_plan(cfg))
+    charges = len(ledger.charges())
+    session = dp.PrivateSession(dp.HierarchicalData.from_npz(private_npz), cfg.privacy_unit, ledger,
+                                dp.MeasurementStore(tmp_path / "measurements"), geography=release_geography(cfg, str(private_npz)))
+    counts_path = str(work / "nodes" / "count_of_counts" / "hierarchy.npz")
+    counts = {}
+    for level in ("state", "puma"):
+        sizes, sd = size_measurements(counts_path, level), count_sd_at(counts_path, level)
+        counts.update({n: NodeCount(g, sd[n], sizes.get(n)) for n, g in nodes_at(counts_path, level).items()})
+    settings = cfg.synthesis_settings(public.domain)
+
+    def engine_release(seed: int) -> dp.HierarchicalData:
+        return dp.synthesize_state(session, 50, public, settings, seed=seed, counts=counts, sizes_measured=True).data
+
+    flow = dp.HierarchicalData.concat([dp.HierarchicalData.from_npz(p) for p in sorted((work / "nodes" / "synthesis").glob("*.npz"))])
+    engine = engine_release(cfg.sampling_seed)
+    assert engine.n_households == flow.n_households > 0
+    for name in ("group", "person", "geo", "person_household"):
+        assert np.array_equal(getattr(engine, name), getattr(flow, name)), name
+    assert len(ledger.charges()) == charges  # every measurement read back, none made anew
+    assert not np.array_equal(engine_release(cfg.sampling_seed + 1).group, flow.group)

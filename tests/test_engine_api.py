@@ -94,7 +94,8 @@ def test_a_state_release_spends_its_plan_and_replays_from_the_stored_measurement
 
     ledger = dp.PrivacyLedger(None, plan)
     first, _ = run(private, ledger)
-    assert ledger.spent() == plan.total_rho
+    # the whole plan, less the float rounding of the adaptive rounds' selection ε (never more)
+    assert 0 <= plan.total_rho - ledger.spent() < 1e-12
     assert set(first.households) == {(50, 100), (50, 200)}
     assert first.data.n_households == sum(first.households.values())
     assert all(abs(g - t) < 60 for g, t in zip(first.households.values(), (100, 200)))
@@ -116,7 +117,7 @@ def test_a_state_release_takes_flipped_public_households_in_where_the_measuremen
     for flips in ((), (dp.Flip("SEX"),)):
         session = dp.PrivateSession(private, "household", dp.PrivacyLedger(None, dp.state_plan(rho=1.0)),
                                     dp.MeasurementStore(tmp_path / f"store{len(flips)}"), geography=GEOGRAPHY)
-        out = dp.synthesize_state(session, 50, public, seed=3, prior_flips=flips)
+        out = dp.synthesize_state(session, 50, public, dp.SynthesisSettings(prior_flips=flips), seed=3)
         released[len(flips)] = float(out.data.person[:, 0].mean())
         mixture = out.diagnostics["ST=50"].get("prior_mixture")
         assert (mixture is None) == (not flips)

@@ -80,7 +80,7 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
     sigmas = state_meta["sigmas"]
     assert set(state_ids) <= set(sigmas) and all(s > 0 for s in sigmas.values())
     assert state_meta["diagnostics"]["puma_sums"] == {"pumas": len(jobs), "workloads": puma_ids}
-    assert state_meta["diagnostics"]["prior_mixture"]["attributes"] == ["HISP_ORIGIN"]  # the default's flip, weighed
+    assert state_meta["diagnostics"]["prior_mixture"]["attributes"] == ["SEX", "HISP_ORIGIN"]  # the default: every binary person attribute, weighed
     # the PUMA fits read the state task's measurements back: each PUMA workload charged once
     puma_keys = [c.key for c in ctx.ledger.charges() if c.stage == "puma_synthesis"]
     assert len(puma_keys) == len(set(puma_keys)) == len(jobs) * len(puma_ids)
@@ -118,9 +118,10 @@ def test_a_public_prior_far_from_the_state_takes_the_flipped_households_in_and_t
     wrong.to_npz(tmp_path / "public-wrong.npz")
     ctx, jobs, posterior, puma_ids, state_ids, files = run_state(tmp_path, {**inputs, "public": str(tmp_path / "public-wrong.npz")})
     mixture = json.loads(open(posterior.replace(".npz", ".json")).read())["diagnostics"]["prior_mixture"]
-    assert mixture["widened"] and mixture["weights"][0] > 0.9 and mixture["rss"][1] < mixture["rss"][0]
-    with np.load(posterior) as z:
-        assert bool(z["widened"]) and z["weights"].size == 2 * wrong.n_households
+    hisp = mixture["attributes"].index("HISP_ORIGIN")
+    assert mixture["widened"] and mixture["weights"][hisp] == max(mixture["weights"]) > 0.5 and mixture["rss"][1] < mixture["rss"][0]
+    with np.load(posterior) as z:  # the public households and one flipped copy per binary person attribute
+        assert bool(z["widened"]) and z["weights"].size == (1 + len(mixture["attributes"])) * wrong.n_households
     # the mixture read the state's initial measurements, which its fit read back: each charged once
     state_keys = [c.key for c in ctx.ledger.charges() if c.stage == "state_synthesis"]
     assert len(state_keys) == len(set(state_keys)) and set(state_ids) <= {k.split("/")[-1] for k in state_keys}
@@ -139,22 +140,20 @@ def test_a_public_prior_far_from_the_state_takes_the_flipped_households_in_and_t
 def test_a_prior_flip_the_domain_cannot_take_is_refused_by_name(tmp_path, inputs, flips, message):
     from tasks.context import RunContext
     from tasks.run_context import prepare
-    from tasks.synthesize import prior_flips
 
     ctx = RunContext(make_config(prior_flips=flips), prepare(tmp_path / "work", tmp_path / "rel"), inputs["private"], inputs["public"])
     with pytest.raises(ValueError, match=message):
-        prior_flips(ctx)
+        ctx.settings  # noqa: B018 (built on first use, checked against the domain)
 
 
-def test_the_default_flip_carries_the_householders_hispanic_origin(tmp_path, inputs):
+def test_the_default_flips_every_binary_person_attribute_with_its_householder_attribute(tmp_path, inputs):
     from engine.prior_mixture import Flip
     from tasks.context import RunContext
     from tasks.run_context import prepare
-    from tasks.synthesize import prior_flips
 
     ctx = RunContext(make_config(), prepare(tmp_path / "work", tmp_path / "rel"), inputs["private"], inputs["public"])
-    assert prior_flips(ctx) == (Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)),)
-    assert prior_flips(RunContext(make_config(prior_flips=[]), ctx.paths, inputs["private"], inputs["public"])) == ()
+    assert ctx.settings.prior_flips == (Flip("SEX", ("HHLDR_SEX",)), Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)))
+    assert RunContext(make_config(prior_flips=[]), ctx.paths, inputs["private"], inputs["public"]).settings.prior_flips == ()
 
 
 def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_selection(tmp_path):
@@ -221,7 +220,7 @@ def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_l
     counts = [120, 150, 180]
     got = {}
     for rho in (1e-6, 10.0):
-        cfg = make_config().model_copy(update={"budget": make_config().budget.model_copy(update={"rho": rho})})
+        cfg = make_config(prior_flips=[]).model_copy(update={"budget": make_config().budget.model_copy(update={"rho": rho})})
         cfg = cfg.model_copy(update={"synthesis": cfg.synthesis.model_copy(update={"puma_attributes": 1, "puma_attributes_max": 4})})
         ctx = RunContext(cfg, prepare(tmp_path / f"work{rho}", tmp_path / f"rel{rho}"), "", str(npz))
         out = choose_puma_attributes_task.fn(ctx, record, counts)
