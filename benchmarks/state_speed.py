@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 import engine as dp  # noqa: E402
 from engine.hierarchical_data import HierarchicalData  # noqa: E402
 from schemas.domain_spec import load_domain_spec  # noqa: E402
+from schemas.geography import shipped_puma_list  # noqa: E402
 from schemas.ingestion import HouseholdRules, load_person_file  # noqa: E402
 from schemas.release_config import load_config  # noqa: E402
 
@@ -63,8 +64,10 @@ def digest(*arrays: np.ndarray) -> str:
 
 def run_once(private: HierarchicalData, public: HierarchicalData, work: Path, epsilon: float, seed: int) -> dict:
     plan = dp.state_plan(epsilon=epsilon, delta=1e-10)
-    session = dp.PrivateSession(private, "household", dp.PrivacyLedger(work / "ledger.jsonl", plan), dp.MeasurementStore(work / "measurements"))
     state = int(private.geo[0, 0])
+    geography = shipped_puma_list().restricted([state])  # the state's published PUMAs
+    session = dp.PrivateSession(private, "household", dp.PrivacyLedger(work / "ledger.jsonl", plan), dp.MeasurementStore(work / "measurements"),
+                                geography=geography)
     wall, cpu = time.perf_counter(), time.process_time()
     settings = load_config(ROOT / "deploy" / "releases" / "acs2018_default.yaml").synthesis_settings(public.domain)
     release = dp.synthesize_state(session, state, public, settings, seed=seed)
