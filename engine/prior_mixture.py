@@ -26,7 +26,7 @@ they move it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from engine.prior_strength import MIN_GAIN
 from engine.queries import IncidenceCache
 from engine.support import Support
 
-__all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "flipped", "node_prior", "widen"]
+__all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "flipped", "node_prior", "used_flips", "widen"]
 
 
 
@@ -171,23 +171,59 @@ def choose_mixture(widened: WidenedSupport, public_prior: np.ndarray, measuremen
     inv_sd = np.concatenate([np.full(m.noisy_answer.size, 1.0 / m.sigma) for m in ms])
     r = inv_sd * (y - G * answers[0])
     D = np.stack([inv_sd * G * (a - answers[0]) for a in answers[1:]], axis=1)
-    lam = np.clip(lsq_linear(D, r, bounds=(0.0, 1.0)).x, 0.0, 1.0)
-    if lam.sum() > 1.0:
-        lam = lam / lam.sum()
+    lam = _fit(D, r, list(range(k)))
+    fitted = tuple(float(x) for x in lam)
     rss0 = float(r @ r)
-    rss1 = float(np.sum((r - D @ lam) ** 2))
-    keep = 0.5 * (rss0 - rss1) >= min_gain
-    return MixtureChoice(names, tuple(float(x) for x in lam) if keep else (0.0,) * k, tuple(float(x) for x in lam), (rss0, rss1))
+    # each flip is kept only while it gains min_gain on its own: the one whose removal costs least
+    # goes first, the rest refitted (a flip weighed in at noise level would widen every later fit)
+    kept = [i for i in range(k) if lam[i] > 0]
+    while kept:
+        losses = [_rss(D, r, _fit(D, r, [j for j in kept if j != i])) - _rss(D, r, lam) for i in kept]
+        worst = int(np.argmin(losses))
+        if 0.5 * losses[worst] >= min_gain:
+            break
+        kept.pop(worst)
+        lam = _fit(D, r, kept)
+    rss1 = _rss(D, r, lam)
+    keep = bool(kept) and 0.5 * (rss0 - rss1) >= min_gain
+    return MixtureChoice(names, tuple(float(x) for x in lam) if keep else (0.0,) * k, fitted, (rss0, rss1))
 
 
-def node_prior(public: Support, widened: WidenedSupport | None, measurements: Sequence[Measurement],
-               total: float) -> tuple[Support, np.ndarray, MixtureChoice | None]:
+def _fit(D: np.ndarray, r: np.ndarray, columns: list[int]) -> np.ndarray:
+    """λ ≥ 0 with Σ λ ≤ 1 minimising ‖r − D λ‖² over ``columns`` (the others 0)."""
+    lam = np.zeros(D.shape[1])
+    if columns:
+        lam[columns] = np.clip(lsq_linear(D[:, columns], r, bounds=(0.0, 1.0)).x, 0.0, 1.0)
+        if lam.sum() > 1.0:
+            lam = lam / lam.sum()
+    return lam
+
+
+def _rss(D: np.ndarray, r: np.ndarray, lam: np.ndarray) -> float:
+    return float(np.sum((r - D @ lam) ** 2))
+
+
+def node_prior(public: Support, widened: WidenedSupport | None, measurements: Sequence[Measurement], total: float,
+               narrow: Callable[[tuple[Flip, ...]], WidenedSupport] | None = None) -> tuple[Support, np.ndarray, MixtureChoice | None]:
     """A state's support and prior: the public support and its weights, or — where
-    :func:`choose_mixture` takes the flipped copies in — the widened support with the mixture
-    prior; the choice (None without ``widened``)."""
+    :func:`choose_mixture` takes flipped copies in — the public households and the copies of the
+    flips it weighs in (those of weight 0 left out: they would only widen every later fit), with the
+    mixture prior; the choice (None without ``widened``). ``narrow``: builds the widened support of
+    fewer flips (a cache's; :func:`widen` on the public support by default)."""
     if widened is None:
         return public, public.weights, None
     choice = choose_mixture(widened, public.weights, measurements, total)
-    if choice.widened:
-        return widened.support, widened.prior(public.weights, choice.weights), choice
-    return public, public.weights, choice
+    if not choice.widened:
+        return public, public.weights, choice
+    used = tuple(f for f, w in zip(widened.flips, choice.weights) if w > 0)
+    if len(used) < len(widened.flips):
+        widened = (narrow or (lambda flips: widen(public.data, flips, public_cache=public.cache)))(used)
+    return widened.support, widened.prior(public.weights, [w for w in choice.weights if w > 0]), choice
+
+
+def used_flips(flips: Sequence[Flip], choice: MixtureChoice | None) -> tuple[Flip, ...]:
+    """The flips whose copies a node's support holds after :func:`node_prior`'s ``choice``."""
+    if choice is None or not choice.widened:
+        return ()
+    weight = dict(zip(choice.attributes, choice.weights))
+    return tuple(f for f in flips if weight.get(f.attribute, 0.0) > 0)

@@ -25,7 +25,7 @@ function of them, the public data and the sampling seed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -39,7 +39,7 @@ from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_sibling_households
 from engine.level_consistency import children_sum, rake_to_parent, totals_to_parent
 from engine.measurement import Measurement
-from engine.prior_mixture import MixtureChoice, WidenedSupport, node_prior, widen
+from engine.prior_mixture import Flip, MixtureChoice, WidenedSupport, node_prior, used_flips, widen
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
 from engine.puma_attributes import PumaAttributeChoice, keep_puma_attributes
@@ -170,10 +170,11 @@ class StateFit:
     record: Recording
     sums: list[Measurement]
     mixture: MixtureChoice | None = None
+    flips: tuple[Flip, ...] = ()
 
     @property
     def widened(self) -> bool:
-        return self.mixture is not None and self.mixture.widened
+        return bool(self.flips)
 
     def targets(self) -> list[tuple[Workload, float]]:
         """The state's measured workloads (the given ones and its adaptive rounds') with their σ:
@@ -181,10 +182,12 @@ class StateFit:
         return [(Workload.from_id(w), s) for w, s in self.record.sigmas.items()]
 
 
-def fit_state(session: PrivateSession, state: int, support: Support, widened: WidenedSupport | None, selection: WorkloadSelection,
-              count: NodeCount, settings: SynthesisSettings, *, pumas: Sequence[Node], strength_floor: float) -> StateFit:
+def fit_state(session: PrivateSession, state: int, support: Support, widen_by: Callable[[tuple[Flip, ...]], WidenedSupport],
+              selection: WorkloadSelection, count: NodeCount, settings: SynthesisSettings, *, pumas: Sequence[Node],
+              strength_floor: float) -> StateFit:
     """The state posterior (module docstring, step 2). ``support``: the public support (uniform
-    weights); ``widened``: it widened by ``settings.prior_flips`` (None without flips); ``pumas``:
+    weights); ``widen_by``: it widened by the given flips (``settings.prior_flips``, then those the
+    prior mixture weighs in: a cache's, or :func:`engine.prior_mixture.widen`); ``pumas``:
     every PUMA of the state, whose measurements (made here, read back by :func:`release_pumas`) it
     takes in as their sums; ``strength_floor``: the public simulation's floor of the prior strength."""
     plan = session.ledger.plan
@@ -195,8 +198,9 @@ def fit_state(session: PrivateSession, state: int, support: Support, widened: Wi
     extra = [*count.size_extra(support), *sums]
     adaptive = settings.adaptive_at("state")
     # the mixture is chosen from the state's initial measurements (charged once: the fit below reads the stored answers back)
+    widened = widen_by(settings.prior_flips) if settings.prior_flips else None
     initial = initial_measurements(selection.state, rho_state, measure, adaptive) if widened is not None else []
-    node_support, prior, mixture = node_prior(support, widened, [*extra, *initial], count.households)
+    node_support, prior, mixture = node_prior(support, widened, [*extra, *initial], count.households, narrow=widen_by)
     res = synthesize_node(node_support, prior, selection.state, rho_state, measure, total=count.households,
                           prior_strength=settings.prior_strength, extra=extra, total_sd=count.sd, adaptive=adaptive,
                           select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
@@ -205,7 +209,7 @@ def fit_state(session: PrivateSession, state: int, support: Support, widened: Wi
         res.diagnostics["puma_sums"] = {"pumas": len(pumas), "workloads": [m.workload.id for m in sums]}
     if mixture is not None:
         res.diagnostics["prior_mixture"] = mixture.to_dict()
-    return StateFit(node_support, prior, res, record, sums, mixture)
+    return StateFit(node_support, prior, res, record, sums, mixture, used_flips(settings.prior_flips, mixture))
 
 
 @dataclass
@@ -313,8 +317,8 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     if strength_floor is None:
         strength_floor = simulate_strength_floor(support, selection.state, session.unit, floor_rho(plan.allocation("state_synthesis", "state"), settings),
                                                  settings.strength_candidates).floor
-    widened = widen(public, settings.prior_flips, public_cache=support.cache) if settings.prior_flips else None
-    st = fit_state(session, state, support, widened, selection, counts[node], settings, pumas=pumas, strength_floor=strength_floor)
+    st = fit_state(session, state, support, lambda flips: widen(public, flips, public_cache=support.cache), selection, counts[node], settings,
+                   pumas=pumas, strength_floor=strength_floor)
     rel = release_pumas(session, st.support, st.result.weights, selection.puma, [(n, counts[n]) for n in pumas], settings, seed,
                         targets=st.targets())
     diagnostics = {node_key(node): st.result.diagnostics, **{node_key(f.node): f.result.diagnostics for f in rel.fits}}

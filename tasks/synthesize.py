@@ -216,11 +216,11 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     selection = WorkloadSelection([Workload.from_id(w) for w in workload_ids], [Workload.from_id(w) for w in puma_workload_ids or []], {},
                                   completed=[Workload.from_id(w) for w in completed_ids or []])
     count = NodeCount(households, households_sd, size_estimate)
-    widened = cached_widened(ctx.public_npz, s.prior_flips) if s.prior_flips else None
-    fit = fit_state(ctx.session(), state, cached_support(ctx.public_npz), widened, selection, count, s,
-                    pumas=[tuple(n) for n in pumas or []], strength_floor=strength_floor(ctx))
+    fit = fit_state(ctx.session(), state, cached_support(ctx.public_npz), lambda flips: cached_widened(ctx.public_npz, flips), selection, count,
+                    s, pumas=[tuple(n) for n in pumas or []], strength_floor=strength_floor(ctx))
     res = fit.result
-    save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights, widened=np.array(fit.widened)))
+    # the flips whose copies the posterior's support holds: its PUMAs live on the same support
+    save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights, flips=np.array([fl.attribute for fl in fit.flips], dtype=str)))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": fit.record.sigmas,
                                                  **answer_sd(fit.support, res, fit.prior, selection.state, fit.record, s.prior_strength,
                                                              count, extra=fit.sums)})
@@ -268,13 +268,13 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     if all(o.exists() for o in outs.values()):
         return [str(outs[job.node]) for job in jobs]
     s = ctx.settings
-    prior, widened = None, False
+    prior, used = None, set()
     if state_posterior is not None:
         with np.load(state_posterior) as z:
             prior = z["weights"]
-            widened = bool(z["widened"]) if "widened" in z.files else False
-    flips = s.prior_flips if widened else ()  # the state's prior took the flipped households in: its PUMAs live there too
-    support = cached_widened(ctx.public_npz, flips).support if widened else cached_support(support_npz or ctx.public_npz)
+            used = set(z["flips"].tolist()) if "flips" in z.files else set()
+    flips = tuple(f for f in s.prior_flips if f.attribute in used)  # the state's prior took these copies in: its PUMAs live there too
+    support = cached_widened(ctx.public_npz, flips).support if flips else cached_support(support_npz or ctx.public_npz)
     baseline = prior is None
     released = release_pumas(None if baseline else ctx.session(), support, prior, [Workload.from_id(w) for w in workload_ids],
                              [(job.node, job.count) for job in jobs], s, seed,

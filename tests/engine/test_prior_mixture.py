@@ -142,3 +142,30 @@ def test_the_widened_support_takes_what_no_flip_changes_from_the_public_cache_ex
     np.testing.assert_array_equal(A.toarray(), B.toarray())
     with pytest.raises(ValueError, match="public_cache"):
         widen(public, (FLIP,), public_cache=IncidenceCache(random_data(BASE, 300, seed=5)))
+
+
+def test_the_node_support_holds_only_the_copies_the_mixture_weighs_in():
+    """Two flips, the measurements asking for one: the node's support is the public households and
+    that flip's copies (the other's, at weight 0, would only widen every later fit), and its prior
+    is the full mixture's without the zero block."""
+    from engine.prior_mixture import node_prior, used_flips
+
+    domain = Domain(group=DOMAIN.group, person=(*DOMAIN.person, attr("B", 2)), geography=DOMAIN.geography, max_size=DOMAIN.max_size)
+    base = with_householder_sex(random_data(BASE, 3000, seed=40), male_share=0.1, seed=40)
+    person = np.concatenate([base.person, np.zeros((base.n_persons, 1), dtype=base.person.dtype)], axis=1)  # B = 0 for everyone
+    public = HierarchicalData.from_arrays(domain, base.geo, base.group, person, base.person_offsets)
+    flips = (FLIP, Flip("B"))
+    full = widen(public, flips)
+    rng = np.random.default_rng(41)
+    G = 2000
+    support = Support.from_data(public)
+    truth = full.prior(support.weights, [0.4, 0.0])  # the measurements' expectation: SEX copies at 0.4, no B copy
+    ms = [Measurement(w, G * full.support.answer(w, truth) + rng.normal(0, 5.0, w.n_cells(domain)), 5.0)
+          for w in [*WORKLOADS, Workload("person", (), ("B",))]]
+    node_support, prior, choice = node_prior(support, full, ms, G)
+    assert choice is not None and choice.weights[0] > 0.2 and choice.weights[1] == 0.0
+    assert used_flips(flips, choice) == (FLIP,)
+    assert node_support.n_support == 2 * 3000 and node_support.data.equals(widen(public, [FLIP]).support.data)
+    assert np.allclose(prior, full.prior(support.weights, choice.weights)[:6000]) and np.isclose(prior.sum(), 1.0)
+    # nothing weighed in: the public support itself
+    assert used_flips(flips, None) == ()
