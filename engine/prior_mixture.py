@@ -40,47 +40,160 @@ from engine.prior_strength import MIN_GAIN
 from engine.queries import IncidenceCache
 from engine.support import Support
 
-__all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "flipped", "node_prior", "used_flips", "widen"]
+__all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "choose_swaps", "flipped", "named_flips", "node_prior", "resolve_flips", "shared_within_households",
+           "used_flips",
+           "value_residuals", "widen"]
 
 
 
 @dataclass(frozen=True)
 class Flip:
-    """A binary person attribute to flip, with the household attributes derived from its
-    householder's value (``derive: householder`` in the domain spec), flipped with it."""
+    """A relabelling of one person attribute: the codes ``values`` = (a, b) swapped for every
+    person of a household, and in the household attributes derived from its householder's value
+    (``derive: householder`` in the domain spec; their codes are the attribute's). A binary
+    attribute's flip swaps its two codes (``values`` may be left out); a multi-valued attribute's
+    ``values`` are chosen where the node's measurements contradict the prior (:func:`choose_swaps`):
+    without them the flip is a template."""
 
     attribute: str
     householder_attributes: tuple[str, ...] = ()
+    values: tuple[int, int] | None = None
 
+    @property
+    def name(self) -> str:
+        """The attribute (a binary flip) or ``attribute:a:b`` (a swap of two codes)."""
+        return self.attribute if self.values in (None, (0, 1)) else f"{self.attribute}:{self.values[0]}:{self.values[1]}"
+
+    def swapping(self, a: int, b: int) -> Flip:
+        return Flip(self.attribute, self.householder_attributes, (min(a, b), max(a, b)))
+
+    def codes(self, domain: Domain) -> tuple[int, int] | None:
+        """The two codes swapped: ``values``, (0, 1) for a binary attribute, None for a template."""
+        if self.values is not None:
+            return self.values
+        return (0, 1) if domain.person_attribute(self.attribute).size == 2 else None
 
     def check(self, domain: Domain) -> None:
-        """Raise ValueError unless the attribute is a binary person attribute of ``domain`` and
-        its householder attributes binary household attributes of it."""
+        """Raise ValueError unless the attribute is a person attribute of ``domain`` with the two
+        ``values`` among its codes, and its householder attributes household attributes of it coded
+        like it."""
         persons, groups = {a.name: a for a in domain.person}, {a.name: a for a in domain.group}
         if self.attribute not in persons:
             raise ValueError(f"synthesis.prior_flips: {self.attribute!r} is not a person attribute of the domain "
                              f"(expected one of {sorted(persons)})")
-        if persons[self.attribute].size != 2:
-            raise ValueError(f"synthesis.prior_flips: person attribute {self.attribute} has {persons[self.attribute].size} values; "
-                             "only a binary attribute can be flipped")
+        size = persons[self.attribute].size
+        if self.values is not None and (self.values[0] == self.values[1] or not all(0 <= v < size for v in self.values)):
+            raise ValueError(f"synthesis.prior_flips: {self.attribute} swaps two distinct codes of its {size}, got {self.values}")
         for name in self.householder_attributes:
-            if name not in groups or groups[name].size != 2:
+            if name not in groups or groups[name].codes != persons[self.attribute].codes:
                 raise ValueError(f"synthesis.prior_flips: household attribute {name} (derived from {self.attribute}) "
-                                 "must be a binary household attribute of the domain")
+                                 f"must be a household attribute of the domain coded like {self.attribute}")
 
 
 def flipped(data: HierarchicalData, flip: Flip) -> HierarchicalData:
-    """``data`` with ``flip.attribute`` (binary) flipped for every person, and its householder
-    attributes (binary) with it; every other value and the household structure unchanged."""
+    """``data`` with ``flip``'s two codes swapped for every person, and in its householder
+    attributes; every other value and the household structure unchanged."""
     d = data.domain
     flip.check(d)
+    codes = flip.codes(d)
+    if codes is None:
+        raise ValueError(f"the flip of multi-valued {flip.attribute} needs the two values to swap")
+    a, b = codes
     person, group = data.person.copy(), data.group.copy()
+
+    def swap(column: np.ndarray) -> np.ndarray:
+        out = column.copy()
+        out[column == a], out[column == b] = b, a
+        return out
+
     j = d.person_index(flip.attribute)
-    person[:, j] = 1 - person[:, j]
+    person[:, j] = swap(person[:, j])
     for name in flip.householder_attributes:
         k = d.group_index(name)
-        group[:, k] = 1 - group[:, k]
+        group[:, k] = swap(group[:, k])
     return HierarchicalData.from_arrays(d, data.geo, group, person, data.person_offsets)
+
+
+SWAP_Z = 3.0  # a code's one-way residual, in standard errors, beyond which the prior is taken to under- or over-represent it
+# a multi-valued attribute is relabelled whole households at a time only where its households mostly
+# share one value (a household's race, citizenship); where they do not (marital status, education:
+# children and parents differ), swapping two codes for every person makes implausible persons
+SHARED_WITHIN_HOUSEHOLDS = 0.8
+
+
+def shared_within_households(data: HierarchicalData, attribute: str) -> float:
+    """The share of the multi-person households whose persons all hold one value of ``attribute``
+    (1 where there is no multi-person household)."""
+    j = data.domain.person_index(attribute)
+    starts, sizes = data.person_offsets[:-1], np.diff(data.person_offsets)
+    multi = sizes > 1
+    if not multi.any():
+        return 1.0
+    col = data.person[:, j].astype(np.int64)
+    lo, hi = np.minimum.reduceat(col, starts), np.maximum.reduceat(col, starts)
+    return float(np.mean(lo[multi] == hi[multi]))
+
+
+def value_residuals(support: Support, prior: np.ndarray, attribute: str, measurements: Sequence[Measurement], total: float) -> np.ndarray:
+    """Per code of person ``attribute``: how far the node's noisy answers lie above the prior's
+    expected ones, in standard errors — each person-level measurement holding the attribute summed
+    onto its codes, combined by inverse variance (post-processing of answers already charged)."""
+    d = support.data.domain
+    k = d.person_attribute(attribute).size
+    num, den = np.zeros(k), np.zeros(k)
+    q = np.asarray(prior, dtype=np.float64) / max(float(np.sum(prior)), 1e-300)
+    for m in measurements:
+        w = m.workload
+        if w.level != "person" or attribute not in w.person_attrs or m.sigma <= 0:
+            continue
+        axis = len(w.group_attrs) + w.person_attrs.index(attribute)
+        shape = w.shape(d)
+        resid = (np.asarray(m.noisy_answer, dtype=np.float64) - float(total) * support.answer(w, q)).reshape(shape)
+        r = resid.sum(axis=tuple(i for i in range(len(shape)) if i != axis))
+        var = float(np.prod(shape)) / k * m.sigma ** 2  # the cells summed onto one code, each of variance σ²
+        num += r / var
+        den += 1.0 / var
+    return np.where(den > 0, num / np.sqrt(np.maximum(den, 1e-300)), 0.0)
+
+
+def choose_swaps(support: Support, templates: Sequence[Flip], measurements: Sequence[Measurement], total: float,
+                 z: float = SWAP_Z) -> tuple[Flip, ...]:
+    """For each multi-valued template whose values the support's households mostly share
+    (:data:`SHARED_WITHIN_HOUSEHOLDS`), the swap of the code the prior most over-represents with
+    the one it most under-represents (:func:`value_residuals`), where both lie beyond ``z``
+    standard errors; none elsewhere. Which copies then enter the prior, and how much, is the
+    mixture's choice (:func:`choose_mixture`)."""
+    out = []
+    for t in templates:
+        if shared_within_households(support.data, t.attribute) < SHARED_WITHIN_HOUSEHOLDS:
+            continue
+        zs = value_residuals(support, support.weights, t.attribute, measurements, total)
+        over, under = int(np.argmin(zs)), int(np.argmax(zs))
+        if zs[under] >= z and zs[over] <= -z:
+            out.append(t.swapping(over, under))
+    return tuple(out)
+
+
+def named_flips(names: Sequence[str], templates: Sequence[Flip]) -> tuple[Flip, ...]:
+    """The flips of the given names (:attr:`Flip.name`, as a state posterior records them), from the
+    run's ``templates``."""
+    by_attribute = {t.attribute: t for t in templates}
+    out = []
+    for name in names:
+        attribute, *codes = name.split(":")
+        if attribute not in by_attribute:
+            raise ValueError(f"flip {name!r}: {attribute} is not among the run's prior flips {sorted(by_attribute)}")
+        t = by_attribute[attribute]
+        out.append(t.swapping(int(codes[0]), int(codes[1])) if codes else t)
+    return tuple(out)
+
+
+def resolve_flips(templates: Sequence[Flip], support: Support, measurements: Sequence[Measurement], total: float) -> tuple[Flip, ...]:
+    """The flips a node's prior mixture weighs: the binary ones as given, and the swaps
+    :func:`choose_swaps` finds for the multi-valued templates."""
+    d = support.data.domain
+    fixed = tuple(f for f in templates if f.codes(d) is not None)
+    return fixed + choose_swaps(support, [f for f in templates if f.codes(d) is None], measurements, total)
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,9 +231,9 @@ def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndar
     household's there), so that they are built once for both supports."""
     if not flips:
         raise ValueError("widen needs at least one flip")
-    names = [f.attribute for f in flips]
+    names = [f.name for f in flips]
     if len(set(names)) != len(names):
-        raise ValueError(f"prior flips name an attribute twice: {names}")
+        raise ValueError(f"prior flips name a relabelling twice: {names}")
     if public_cache is not None and public_cache.data is not public:
         raise ValueError("public_cache belongs to other households than the public ones")
     data = HierarchicalData.concat([public, *(flipped(public, f) for f in flips)])
@@ -157,7 +270,7 @@ def choose_mixture(widened: WidenedSupport, public_prior: np.ndarray, measuremen
     """λ (module docstring) from the noisy answers of ``measurements`` at the node's household
     ``total`` G: minimise Σ_cells ((y − G·A p_λ) / σ)² over λ ≥ 0, Σ λ ≤ 1."""
     ms = [m for m in measurements if m.noisy_answer.size]
-    names = tuple(f.attribute for f in widened.flips)
+    names = tuple(f.name for f in widened.flips)
     k = len(widened.flips)
     if not ms:
         return MixtureChoice(names, (0.0,) * k, (0.0,) * k, (0.0, 0.0))
@@ -226,4 +339,4 @@ def used_flips(flips: Sequence[Flip], choice: MixtureChoice | None) -> tuple[Fli
     if choice is None or not choice.widened:
         return ()
     weight = dict(zip(choice.attributes, choice.weights))
-    return tuple(f for f in flips if weight.get(f.attribute, 0.0) > 0)
+    return tuple(f for f in flips if weight.get(f.name, 0.0) > 0)

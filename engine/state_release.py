@@ -39,7 +39,7 @@ from engine.hierarchical_data import HierarchicalData
 from engine.household_sampling import household_order, sample_sibling_households
 from engine.level_consistency import children_sum, rake_to_parent, totals_to_parent
 from engine.measurement import Measurement
-from engine.prior_mixture import Flip, MixtureChoice, WidenedSupport, node_prior, used_flips, widen
+from engine.prior_mixture import Flip, MixtureChoice, WidenedSupport, node_prior, resolve_flips, used_flips, widen
 from engine.privacy.budget import BudgetPlan
 from engine.privacy.session import PrivateSession
 from engine.puma_attributes import PumaAttributeChoice, keep_puma_attributes
@@ -197,10 +197,12 @@ def fit_state(session: PrivateSession, state: int, support: Support, widen_by: C
     measure, record = recording_measure(session_measure(session, "state_synthesis", "state", node))
     extra = [*count.size_extra(support), *sums]
     adaptive = settings.adaptive_at("state")
-    # the mixture is chosen from the state's initial measurements (charged once: the fit below reads the stored answers back)
-    widened = widen_by(settings.prior_flips) if settings.prior_flips else None
-    initial = initial_measurements(selection.state, rho_state, measure, adaptive) if widened is not None else []
-    node_support, prior, mixture = node_prior(support, widened, [*extra, *initial], count.households, narrow=widen_by)
+    # the flips are chosen and weighed from the state's initial measurements (charged once: the fit
+    # below reads the stored answers back)
+    initial = initial_measurements(selection.state, rho_state, measure, adaptive) if settings.prior_flips else []
+    flips = resolve_flips(settings.prior_flips, support, [*extra, *initial], count.households) if settings.prior_flips else ()
+    node_support, prior, mixture = node_prior(support, widen_by(flips) if flips else None, [*extra, *initial], count.households,
+                                              narrow=widen_by)
     res = synthesize_node(node_support, prior, selection.state, rho_state, measure, total=count.households,
                           prior_strength=settings.prior_strength, extra=extra, total_sd=count.sd, adaptive=adaptive,
                           select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
@@ -209,7 +211,7 @@ def fit_state(session: PrivateSession, state: int, support: Support, widen_by: C
         res.diagnostics["puma_sums"] = {"pumas": len(pumas), "workloads": [m.workload.id for m in sums]}
     if mixture is not None:
         res.diagnostics["prior_mixture"] = mixture.to_dict()
-    return StateFit(node_support, prior, res, record, sums, mixture, used_flips(settings.prior_flips, mixture))
+    return StateFit(node_support, prior, res, record, sums, mixture, used_flips(flips, mixture))
 
 
 @dataclass

@@ -38,10 +38,11 @@ class SynthesisSettings:
     (:mod:`engine.strength_floor`); ``adaptive``: the state level's adaptive rounds
     (:mod:`engine.adaptive`; ``None``: none); ``puma_attributes`` .. ``puma_attributes_max``: how many
     one-way marginals the PUMA level measures, more than the minimum while the PUMA level's ρ carries
-    them (:mod:`engine.puma_attributes`); ``prior_flips``: the binary person attributes whose
-    flipped public households widen the state prior (:mod:`engine.prior_mixture`; the release
-    config's default is every binary person attribute its domain spec can flip, whatever the
-    domain)."""
+    them (:mod:`engine.puma_attributes`); ``prior_flips``: the person attributes whose relabelled
+    public households may widen the state prior — a binary attribute flipped, a multi-valued one's
+    two codes swapped where the state's measurements contradict the prior
+    (:mod:`engine.prior_mixture`; the release config's default is every person attribute its
+    domain spec can relabel, whatever the domain)."""
 
     prior_strength: float = 0.1
     strength_candidates: tuple[float, ...] = DEFAULT_CANDIDATES
@@ -57,7 +58,7 @@ class SynthesisSettings:
             raise ValueError(f"strength_candidates: at least two, all > 0; got {self.strength_candidates}")
         if not 1 <= self.puma_attributes <= self.puma_attributes_max:
             raise ValueError(f"need 1 <= puma_attributes <= puma_attributes_max, got {self.puma_attributes}, {self.puma_attributes_max}")
-        if len({f.attribute for f in self.prior_flips}) != len(self.prior_flips):
+        if len({f.attribute for f in self.prior_flips}) != len(self.prior_flips):  # one template per attribute
             raise ValueError(f"prior_flips names an attribute twice: {[f.attribute for f in self.prior_flips]}")
         if self.adaptive is not None and not self.adaptive.active:
             object.__setattr__(self, "adaptive", None)

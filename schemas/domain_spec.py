@@ -158,14 +158,17 @@ class DomainSpec(_Strict):
         return next(n for n, h in self.household_attributes.items() if h.derive == "size")
 
     def prior_flips(self, names: list[str] | tuple[str, ...], domain: Domain) -> tuple[Flip, ...]:
-        """``synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip`: each named person
-        attribute with the household attributes this spec derives from its householder's value
-        (those of ``domain``). A household attribute derived from the attribute otherwise
-        (``any_person``) would not stay consistent under the flip, so it is refused, as is an
-        attribute ``domain`` cannot flip."""
+        """``synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip` templates: each named
+        person attribute with the household attributes this spec derives from its householder's
+        value (those of ``domain``). A household attribute derived from the attribute otherwise
+        (``any_person``) would not stay consistent under a relabelling, so it is refused, as is the
+        relationship and an attribute ``domain`` cannot relabel."""
         kept = {a.name for a in domain.group}
         flips = []
         for name in names:
+            if name in self.person_attributes and self.person_attributes[name].source == self.relationship_column:
+                raise DomainSpecError(f"synthesis.prior_flips: {name} is the relationship, which marks the householder and the "
+                                      "household's structure: it cannot be relabelled")
             derived = {n: h for n, h in self.household_attributes.items() if n in kept and h.attribute == name}
             other = sorted(n for n, h in derived.items() if h.derive != "householder")
             if other:
@@ -180,12 +183,19 @@ class DomainSpec(_Strict):
         return tuple(flips)
 
     def flippable(self, domain: Domain) -> tuple[Flip, ...]:
-        """Every binary person attribute of ``domain`` that :meth:`prior_flips` can flip (no kept
-        household attribute derives from it other than by its householder's value), in the
-        domain's order: the prior mixture's default, whatever the domain."""
+        """Every person attribute of ``domain`` that :meth:`prior_flips` can relabel (no kept
+        household attribute derives from it other than by its householder's value, and those that
+        do are coded like it; not the relationship, which marks the householder and the household's
+        structure), in the domain's order: the prior mixture's default, whatever the domain."""
         kept = {a.name for a in domain.group}
         blocked = {h.attribute for n, h in self.household_attributes.items() if n in kept and h.derive != "householder"}
-        return self.prior_flips([a.name for a in domain.person if a.size == 2 and a.name not in blocked], domain)
+        blocked |= {n for n, a in self.person_attributes.items() if a.source == self.relationship_column}
+        out = []
+        for a in domain.person:
+            derived = [n for n, h in self.household_attributes.items() if n in kept and h.attribute == a.name]
+            if a.name not in blocked and all(domain.group_attribute(n).codes == a.codes for n in derived):
+                out.append(a.name)
+        return self.prior_flips(out, domain)
 
     def domain(self, max_size: int) -> Domain:
         person = tuple(a.attribute(n) for n, a in self.person_attributes.items())

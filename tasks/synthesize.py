@@ -32,7 +32,7 @@ from engine.budget_split import choose_state_fraction
 from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.measurement import Measurement
-from engine.prior_mixture import Flip, WidenedSupport, widen
+from engine.prior_mixture import Flip, WidenedSupport, named_flips, widen
 from engine.queries import Workload
 from engine.state_release import (
     NodeCount,
@@ -220,7 +220,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
                     s, pumas=[tuple(n) for n in pumas or []], strength_floor=strength_floor(ctx))
     res = fit.result
     # the flips whose copies the posterior's support holds: its PUMAs live on the same support
-    save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights, flips=np.array([fl.attribute for fl in fit.flips], dtype=str)))
+    save_npz_atomic(out, lambda f: np.savez(f, weights=res.weights, flips=np.array([fl.name for fl in fit.flips], dtype=str)))
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": fit.record.sigmas,
                                                  **answer_sd(fit.support, res, fit.prior, selection.state, fit.record, s.prior_strength,
                                                              count, extra=fit.sums)})
@@ -268,12 +268,12 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     if all(o.exists() for o in outs.values()):
         return [str(outs[job.node]) for job in jobs]
     s = ctx.settings
-    prior, used = None, set()
+    prior, flips = None, ()
     if state_posterior is not None:
         with np.load(state_posterior) as z:
             prior = z["weights"]
-            used = set(z["flips"].tolist()) if "flips" in z.files else set()
-    flips = tuple(f for f in s.prior_flips if f.attribute in used)  # the state's prior took these copies in: its PUMAs live there too
+            # the state's prior took these copies in: its PUMAs live on the same support
+            flips = named_flips(z["flips"].tolist(), s.prior_flips) if "flips" in z.files else ()
     support = cached_widened(ctx.public_npz, flips).support if flips else cached_support(support_npz or ctx.public_npz)
     baseline = prior is None
     released = release_pumas(None if baseline else ctx.session(), support, prior, [Workload.from_id(w) for w in workload_ids],

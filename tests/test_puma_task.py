@@ -135,7 +135,7 @@ def test_a_public_prior_far_from_the_state_takes_the_flipped_households_in_and_t
 
 @pytest.mark.parametrize("flips, message", [
     (["NOT_AN_ATTRIBUTE"], "is not a person attribute"),
-    (["SCHL_GROUP"], "only a binary attribute"),
+    (["RELP_GROUP"], "is the relationship"),
     (["AGEP_BAND"], "R18.*other than by its householder"),
 ])
 def test_a_prior_flip_the_domain_cannot_take_is_refused_by_name(tmp_path, inputs, flips, message):
@@ -147,13 +147,17 @@ def test_a_prior_flip_the_domain_cannot_take_is_refused_by_name(tmp_path, inputs
         ctx.settings  # noqa: B018 (built on first use, checked against the domain)
 
 
-def test_the_default_flips_every_binary_person_attribute_with_its_householder_attribute(tmp_path, inputs):
+def test_the_default_relabels_every_person_attribute_but_the_relationship_and_those_derived_otherwise(tmp_path, inputs):
     from engine.prior_mixture import Flip
     from tasks.context import RunContext
     from tasks.run_context import prepare
 
     ctx = RunContext(make_config(), prepare(tmp_path / "work", tmp_path / "rel"), inputs["private"], inputs["public"])
-    assert ctx.settings.prior_flips == (Flip("SEX", ("HHLDR_SEX",)), Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)))
+    flips = {f.attribute: f for f in ctx.settings.prior_flips}
+    assert flips["SEX"] == Flip("SEX", ("HHLDR_SEX",)) and flips["HISP_ORIGIN"] == Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",))
+    assert flips["RAC1P"] == Flip("RAC1P", ("HHLDR_RAC1P",))  # multi-valued: its swap is chosen from the measurements
+    assert "AGEP_BAND" not in flips  # R18 derives from it whatever the householder's value
+    assert "RELP_GROUP" not in flips  # the relationship marks the householder
     assert RunContext(make_config(prior_flips=[]), ctx.paths, inputs["private"], inputs["public"]).settings.prior_flips == ()
 
 

@@ -311,7 +311,8 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     meas = pq.read_table(rel / "measurements.parquet").to_pandas()
     assert "discrete_laplace" in set(meas.mechanism) and "discrete_gaussian" in set(meas.mechanism)
     selections = meas[meas.mechanism == "exponential_mechanism"]
-    assert set(selections.level) == {"state", "puma"} and selections.node.nunique() == len(set(meas.node[meas.level != "nation"]))
+    # adaptive rounds at the state level only: a PUMA's noise drowns what they would find
+    assert set(selections.level) == {"state"} and selections.node.nunique() == len(set(meas.node[meas.level == "state"]))
     assert not any(";first=" in w for w in manifest["workload"]["state"] + manifest["workload"]["puma"])
     # an error estimate beside every workload a node's fit used, the adaptively chosen ones included
     iv = pq.read_table(rel / "intervals.parquet").to_pandas()
@@ -323,7 +324,7 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
         size = {(n, "group:NP|") for n in at_level.node}
         assert set(zip(used.node, used.workload_id)) - size == set(zip(at_level.node, at_level.marginal)) - size
         assert level == "state" or size <= set(zip(at_level.node, at_level.marginal))
-        assert len(set(used.workload_id)) > len(manifest["workload"][level])  # the rounds' workloads are among them
+        assert level == "puma" or len(set(used.workload_id)) > len(manifest["workload"][level])  # the rounds' workloads are among them
     from tasks.publish import read_release, sha256_file
 
     households, persons = read_release(rel)

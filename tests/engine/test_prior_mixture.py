@@ -56,9 +56,10 @@ def test_a_flip_changes_the_attribute_and_its_householder_attributes_only():
 
 
 @pytest.mark.parametrize("flip, message", [
-    (Flip("AGE"), "only a binary attribute"),
+    (Flip("AGE"), "needs the two values to swap"),
+    (Flip("AGE", (), (1, 1)), "two distinct codes"),
     (Flip("TENURE"), "is not a person attribute"),
-    (Flip("SEX", ("TEN",)), "must be a binary household attribute"),
+    (Flip("SEX", ("TEN",)), "coded like SEX"),
 ])
 def test_a_flip_the_domain_cannot_take_is_refused(flip, message):
     data = with_householder_sex(random_data(BASE, 20, seed=1))
@@ -169,3 +170,95 @@ def test_the_node_support_holds_only_the_copies_the_mixture_weighs_in():
     assert np.allclose(prior, full.prior(support.weights, choice.weights)[:6000]) and np.isclose(prior.sum(), 1.0)
     # nothing weighed in: the public support itself
     assert used_flips(flips, None) == ()
+
+
+# -- swaps of a multi-valued attribute's codes ---------------------------------------------------
+def race_public(n: int, seed: int, dependence: float = 1.0) -> HierarchicalData:
+    """Households whose persons share RAC (with probability ``dependence`` each), RAC 0 common,
+    RAC 2 rare."""
+    data = random_data(BASE, n, seed=seed, dependence=dependence)
+    rng = np.random.default_rng(seed)
+    hh_rac = rng.choice(3, size=n, p=[0.8, 0.15, 0.05])
+    person = data.person.copy()
+    keep = rng.random(data.n_persons) < dependence
+    person[:, 2] = np.where(keep, np.repeat(hh_rac, np.diff(data.person_offsets)), rng.integers(0, 3, data.n_persons))
+    return HierarchicalData.from_arrays(BASE, data.geo, data.group, person, data.person_offsets)
+
+
+RACE_WORKLOADS = [Workload("person", (), ("RAC",)), Workload("person", (), ("SEX", "RAC")), Workload("person", ("TEN",), ("RAC",)),
+                  Workload("group", ("NP",))]
+
+
+def test_a_swap_exchanges_two_codes_for_every_person_and_nothing_else():
+    data = race_public(300, seed=1)
+    out = flipped(data, Flip("RAC", (), (0, 2)))
+    rac, new = data.person[:, 2], out.person[:, 2]
+    assert np.array_equal(new, np.choose(rac, [2, 1, 0]))  # 0 -> 2, 2 -> 0, 1 stays
+    assert np.array_equal(out.person[:, :2], data.person[:, :2]) and np.array_equal(out.group, data.group)
+    assert Flip("RAC", (), (0, 2)).name == "RAC:0:2" and FLIP.name == "SEX"
+    from engine.prior_mixture import named_flips
+
+    templates = (Flip("RAC"), FLIP)
+    assert named_flips(["SEX", "RAC:0:2"], templates) == (FLIP, Flip("RAC", (), (0, 2)))
+    with pytest.raises(ValueError, match="not among the run's prior flips"):
+        named_flips(["AGE:0:1"], templates)
+
+
+def test_value_residuals_match_a_brute_force_sum_and_find_the_under_represented_code():
+    """The residual z-score of each code against a by-hand computation; on a private population
+    with RAC 2 common (the prior's rarest) the swap chosen exchanges the prior's most common code
+    with it."""
+    from engine.prior_mixture import choose_swaps, value_residuals
+    from engine.queries import answer
+
+    public = race_public(3000, seed=2)
+    support = Support.from_data(public)
+    rng = np.random.default_rng(3)
+    private = flipped(public, Flip("RAC", (), (0, 2))).take(rng.integers(0, 3000, 2000))
+    sigma = 4.0
+    ms = [Measurement(w, answer(private, w) + rng.normal(0, sigma, w.n_cells(BASE)), sigma) for w in RACE_WORKLOADS]
+    z = value_residuals(support, support.weights, "RAC", ms, 2000)
+    num, den = np.zeros(3), np.zeros(3)
+    for m in ms[:3]:  # the person-level ones holding RAC
+        shape = m.workload.shape(BASE)
+        r = (m.noisy_answer - 2000 * support.answer(m.workload, support.weights / support.weights.sum())).reshape(shape)
+        per_code = r.sum(axis=tuple(range(len(shape) - 1)))  # RAC is the last axis of each
+        var = np.prod(shape) / 3 * sigma ** 2
+        num, den = num + per_code / var, den + 1 / var
+    assert np.allclose(z, num / np.sqrt(den))
+    assert z[2] > 3 and z[0] < -3
+    assert choose_swaps(support, [Flip("RAC")], ms, 2000) == (Flip("RAC", (), (0, 2)),)
+    # measurements whose expectation is the prior's: no swap
+    q = support.weights / support.weights.sum()
+    agree = [Measurement(w, 2000 * support.answer(w, q) + rng.normal(0, sigma, w.n_cells(BASE)), sigma) for w in RACE_WORKLOADS]
+    assert choose_swaps(support, [Flip("RAC")], agree, 2000) == ()
+
+
+def test_no_swap_of_an_attribute_households_do_not_share():
+    """Where persons of one household mostly differ in the attribute, swapping two codes for every
+    person would make implausible persons: no swap, however far the measurements lie."""
+    from engine.prior_mixture import choose_swaps, shared_within_households
+    from engine.queries import answer
+
+    public = race_public(3000, seed=4, dependence=0.0)
+    assert shared_within_households(public, "RAC") < 0.5 < shared_within_households(race_public(3000, seed=4), "RAC")
+    support = Support.from_data(public)
+    rng = np.random.default_rng(5)
+    private = flipped(public, Flip("RAC", (), (0, 2))).take(rng.integers(0, 3000, 2000))
+    ms = [Measurement(w, answer(private, w) + rng.normal(0, 4.0, w.n_cells(BASE)), 4.0) for w in RACE_WORKLOADS]
+    assert choose_swaps(support, [Flip("RAC")], ms, 2000) == ()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_mixture_weight_of_a_swap_recovers_the_share_of_relabelled_households(seed):
+    rng = np.random.default_rng(seed)
+    public = race_public(3000, seed=10 + seed)
+    swap = Flip("RAC", (), (0, 2))
+    w = widen(public, [swap])
+    G = 2000
+    private = w.support.data.take(np.where(rng.random(G) < 0.4, rng.integers(0, 3000, G) + 3000, rng.integers(0, 3000, G)))
+    from engine.queries import answer
+
+    ms = [Measurement(wl, answer(private, wl) + rng.normal(0, 4.0, wl.n_cells(BASE)), 4.0) for wl in RACE_WORKLOADS]
+    choice = choose_mixture(w, w.support.weights[:3000], ms, G)
+    assert choice.attributes == ("RAC:0:2",) and abs(choice.weights[0] - 0.4) < 0.05
