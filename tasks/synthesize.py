@@ -268,7 +268,8 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     if all(o.exists() for o in outs.values()):
         return [str(outs[job.node]) for job in jobs]
     s = ctx.settings
-    prior, flips = None, ()
+    prior: np.ndarray | None = None
+    flips: tuple[Flip, ...] = ()
     if state_posterior is not None:
         with np.load(state_posterior) as z:
             prior = z["weights"]
