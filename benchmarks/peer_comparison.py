@@ -3,6 +3,8 @@ dprelease pipeline — count-of-counts included — and its public-only baseline
 private/public split, workload and δ, in one run.
 
 Split: one 2018 state private (``--private``, default New Hampshire), the other eleven public.
+``--private-file PATH`` puts another person file of that state in its place (a shifted copy of its
+shared file, ``benchmarks/shift_inputs.py``); the public states stay the other eleven.
 δ = 1/n² with n = the private state's persons; ρ = eps_delta_to_rho(ε, δ, "cks") (the pipeline's
 own conversion, the same ρ for every method).
 
@@ -55,10 +57,11 @@ Methods (``--methods``):
     python benchmarks/peer_comparison.py --epsilons 0.25,1 --runs 1    # what the issue quotes
     python benchmarks/peer_comparison.py --private nm --epsilons 1     # New Mexico private
     python benchmarks/peer_comparison.py --epsilons 2 --resume         # add ε = 2 to an existing table
+    python benchmarks/peer_comparison.py --private nh --private-file /tmp/shifts/csv_pnh_race60.zip  # a shifted NH
 
-Results: benchmarks/results/peer_comparison_<tag>.{json,txt} (tag: the private state, or
-``--tag``); the JSON is rewritten after every method run, so a long run loses nothing and
-``--resume`` skips the (method, ε, run) cells it already holds. Progress lines go to stderr.
+Results: benchmarks/results/peer_comparison_<tag>.{json,txt} (tag: the private state, the private
+file's name after ``csv_p`` with ``--private-file``, or ``--tag``); the JSON is rewritten after
+every method run, so a long run loses nothing and ``--resume`` skips the (method, ε, run) cells it already holds. Progress lines go to stderr.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ SPEC_PATH = ROOT / "schemas" / "domains" / "acs_pums_aim.yaml"
 DEFAULT_CONFIG = ROOT / "deploy" / "releases" / "acs2018_default.yaml"
 OUT = ROOT / "benchmarks" / "results"
 STATES = ("de", "id", "me", "mt", "nd", "ne", "nh", "nm", "ri", "sd", "vt", "wy")
+FIPS = dict(zip(STATES, (10, 16, 23, 30, 38, 31, 33, 35, 44, 46, 50, 56)))  # a --private-file must cover its --private state
 PERSON_ATTRS = ("AGEP_BAND", "SEX", "RAC1P", "HISP_ORIGIN", "SCHL_GROUP", "MAR", "ESR_GROUP", "RELP_GROUP", "CIT")
 ATTRS = PERSON_ATTRS + ("NP", "PUMA")
 NP_TOP = 7  # NP is scored as 1..6, 7+
@@ -123,11 +127,12 @@ def state_zip(state: str) -> str:
 class Bench:
     """The private state's persons as benchmark codes (n × 11) and its households."""
 
-    def __init__(self, private: str, max_size: int):
+    def __init__(self, private: str, max_size: int, path: Path | None = None):
         self.spec: DomainSpec = load_domain_spec(SPEC_PATH)
         self.private = private
+        self.path = path or Path(state_zip(private))  # relative to DATA (the pipeline's data_root) or absolute
         self.M = max_size
-        full, report = load_person_file(DATA / state_zip(private), self.spec, HouseholdRules(20, "single_person_households", "clip"))
+        full, report = load_person_file(DATA / self.path, self.spec, HouseholdRules(20, "single_person_households", "clip"))
         if report["oversize_persons_removed"]:
             log(f"warning: {report['oversize_persons_removed']} persons in households above 20 persons are not in the truth")
         self.report = report
@@ -137,7 +142,7 @@ class Bench:
         self.shape = tuple(len(self.person_codes[a]) for a in PERSON_ATTRS) + (NP_TOP, len(self.pumas))
         self.truth = self.records(full)
         self.truth_hh = self.households(full)
-        clipped, rep = load_person_file(DATA / state_zip(private), self.spec, HouseholdRules(max_size, "single_person_households", "clip"))
+        clipped, rep = load_person_file(DATA / self.path, self.spec, HouseholdRules(max_size, "single_person_households", "clip"))
         self.clipped = self.records(clipped)
         self.clip_removed = rep["oversize_persons_removed"]
         self.n = len(self.truth)
@@ -293,7 +298,7 @@ def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, ep
         name="peer-comparison",
         description=f"peer benchmark: {bench.private} private, {len(public)} states public",
         data_root=str(DATA),
-        private=[{"path": state_zip(bench.private)}],
+        private=[{"path": str(bench.path)}],
         public=[{"path": state_zip(s)} for s in public],
         domain=str(SPEC_PATH),
         privacy_unit="person" if method == "dprelease_person" else "household",
@@ -434,7 +439,8 @@ def render(res: dict) -> str:
                 seen.append(cfg)
         return seen
     lines = [
-        f"Peer comparison: {st['private'].upper()} 2018 private ({st['private_persons']} persons, "
+        f"Peer comparison: {st['private'].upper()} 2018 private"
+        + (f" as {Path(st['private_file']).name}" if st.get("private_file") else "") + f" ({st['private_persons']} persons, "
         f"{st['private_households']} units incl. group-quarters persons), public = {', '.join(s.upper() for s in st['public'])}.",
         f"δ = 1/n² = {st['delta']:.3g}; ρ from (ε, δ) by the CKS conversion, the same ρ for every method. "
         f"Workload: all 165 3-way marginals of {', '.join(ATTRS)} on person records.",
@@ -520,6 +526,8 @@ def code_info() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--private", default="nh", help="private state (two-letter code of the shared 2018 files)")
+    ap.add_argument("--private-file", default=None, help="a person file of the --private state in place of its shared "
+                    "file (e.g. a shifted copy from benchmarks/shift_inputs.py)")
     ap.add_argument("--public", default=None, help="comma-separated public states (default: the other eleven)")
     ap.add_argument("--epsilons", default="0.1,0.25,0.5,1,2")
     ap.add_argument("--runs", type=int, default=3)
@@ -554,7 +562,10 @@ def main(argv=None) -> int:
     if private in public:
         ap.error("the private state cannot also be public")
     epsilons = [float(e) for e in args.epsilons.split(",")]
-    tag = args.tag or (private + ("_quick" if args.quick else ""))
+    private_file = Path(args.private_file).resolve() if args.private_file else None
+    private_file_name = str(private_file) if private_file else None
+    name = private_file.stem.removeprefix("csv_p") if private_file else private
+    tag = args.tag or (name + ("_quick" if args.quick else ""))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, txt_path = out_dir / f"peer_comparison_{tag}.json", out_dir / f"peer_comparison_{tag}.txt"
@@ -575,7 +586,9 @@ def main(argv=None) -> int:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])
 
     log(f"loading {private.upper()} (private) with {SPEC_PATH.name}")
-    bench = Bench(private, args.max_household_size)
+    bench = Bench(private, args.max_household_size, private_file)
+    if bench.st != FIPS[private]:
+        ap.error(f"--private-file {private_file} holds state {bench.st}, not {private.upper()} ({FIPS[private]}): set --private")
     n = bench.n
     delta = 1.0 / n**2
     log(f"{n} persons, {bench.truth_hh['n_households']} units, {len(bench.pumas)} PUMAs; δ = 1/n² = {delta:.3g}; "
@@ -583,7 +596,7 @@ def main(argv=None) -> int:
 
     records: list[dict] = []
     if old is not None:
-        if old["settings"]["private"] != private or old["settings"]["max_household_size"] != bench.M:
+        if (old["settings"]["private"], old["settings"].get("private_file"), old["settings"]["max_household_size"]) != (private, private_file_name, bench.M):
             ap.error(f"{json_path} holds another set-up; use another --tag")
         records = [r for r in old["records"] if "error" not in r]
         if old["settings"].get("dprelease", {}).get("allocation") != base_config.get("allocation"):
@@ -600,7 +613,7 @@ def main(argv=None) -> int:
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs (shared), Python {platform.python_version()}",
         "code": code_info(),
         "settings": {
-            "private": private, "public": public, "private_persons": n, "private_households": int(bench.truth_hh["n_households"]),
+            "private": private, "private_file": private_file_name, "public": public, "private_persons": n, "private_households": int(bench.truth_hh["n_households"]),
             "delta": delta, "epsilons": epsilons, "runs": args.runs, "methods": methods, "quick": args.quick,
             "max_household_size": bench.M, "clip_removed_persons": int(bench.clip_removed),
             "aim": {"max_model_size": args.max_model_size, "max_iters": args.max_iters, "rounds": args.rounds},

@@ -22,12 +22,16 @@ def test_households_are_clipped_at_the_base_configs_size(pc):
 
 def test_the_pipeline_config_carries_the_benchmarks_size(pc, tmp_path):
     class Bench:
-        private, M = "nm", 9
+        private, M, path = "nm", 9, pc.Path(pc.state_zip("nm"))
 
     base = yaml.safe_load(pc.DEFAULT_CONFIG.read_text())
     cfg = yaml.safe_load(pc.pipeline_config(base, Bench(), ["nh"], "dprelease", 2.0, 1e-9, tmp_path).read_text())
     assert cfg["household_rules"] == {"max_household_size": 9, "group_quarters": "single_person_households", "oversize": "clip"}
     assert cfg["privacy_unit"] == "household" and cfg["synthesizer"] == "prior_update"
+    assert cfg["private"] == [{"path": "acs2018_1yr/csv_pnm.zip"}]
+    Bench.path = tmp_path / "csv_pnm_race60.zip"  # --private-file: that file in place of the shared one
+    cfg = yaml.safe_load(pc.pipeline_config(base, Bench(), ["nh"], "dprelease", 2.0, 1e-9, tmp_path).read_text())
+    assert cfg["private"] == [{"path": str(tmp_path / "csv_pnm_race60.zip")}]
 
 
 def test_a_size_below_the_scored_top_code_is_refused(pc, capsys):
