@@ -48,8 +48,8 @@ spent, the charges still missing are checked against the node's remaining budget
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -58,7 +58,7 @@ import torch
 
 from engine.domain import Domain
 from engine.geography import Node, node_key
-from engine.hgem.config import HGEMConfig, HGEMResult, InitialMeasurement, RoundRecord, make_generator
+from engine.hgem.config import HGEMResult, InitialMeasurement, RoundRecord, make_generator
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import resolve_device
 from engine.hgem.pretrain import pretrain_public
@@ -75,7 +75,7 @@ from engine.queries import PrivacyUnit, Workload, answer
 from engine.synthesis import MeasureFn, local_measure
 
 __all__ = [
-    "INITIAL_TAG", "Normalisers", "SelectAt", "StateFit", "StateOracles", "fit_state", "hgem_config", "local_oracles",
+    "INITIAL_TAG", "Normalisers", "SelectAt", "StateFit", "StateOracles", "fit_state", "local_oracles",
     "outstanding_rho", "pretrained_generator", "round_tag", "run_state", "session_oracles", "state_seeds",
 ]
 
@@ -193,23 +193,14 @@ def state_seeds(base: int, state: int) -> tuple[int, int]:
     return int(s[0] >> 1), int(s[1] >> 1)
 
 
-def hgem_config(settings: HGEMSettings, seed: int = 0, prior_households: float = 300.0) -> HGEMConfig:
-    """The trainer's configuration from ``settings``; ``prior_households``: strength α of the
-    relative-entropy prior to the public fit, in households (``prior_strength`` × N_G)."""
-    return HGEMConfig(
-        rounds=settings.rounds, max_update_steps=settings.max_update_steps, initial_update_steps=settings.initial_update_steps,
-        lr=settings.lr, batch_size=settings.batch_size, z_dim=settings.z_dim, hidden=tuple(settings.hidden), seed=int(seed),
-        prior_households=float(prior_households),
-    )
-
-
-def pretrained_generator(public: HierarchicalData, candidates: Sequence[Workload], config: HGEMConfig, pretrain_steps: int,
+def pretrained_generator(public: HierarchicalData, candidates: Sequence[Workload], settings: HGEMSettings, seed: int,
                          device: str | torch.device | None = None) -> HGEMGenerator:
-    """A generator from ``config`` fitted to the public answers of ``candidates`` (GEM^Pub, no
-    privacy cost; ``pretrain_steps`` = 0: none). A function of public data and settings only."""
-    G = make_generator(public.domain, config, device)
-    if pretrain_steps > 0:
-        pretrain_public(G, public, candidates, steps=int(pretrain_steps), lr=config.lr)
+    """A generator of ``settings``' size from ``seed``, fitted to the public answers of
+    ``candidates`` (GEM^Pub, no privacy cost; ``settings.pretrain_steps`` = 0: none). A function
+    of public data, settings and seed only."""
+    G = make_generator(public.domain, settings, seed, device)
+    if settings.pretrain_steps > 0:
+        pretrain_public(G, public, candidates, steps=settings.pretrain_steps, lr=settings.lr)
     return G
 
 
@@ -224,15 +215,16 @@ class StateFit:
     budget: StateBudget
     normalisers: Normalisers
     score_sensitivity: float
-    config: HGEMConfig
     settings: HGEMSettings
+    seed: int  # the generator's
+    prior_households: float  # n₀ of the trainer's prior to the public fit
     device: str
 
     def diagnostics(self) -> dict[str, Any]:
         """JSON-ready: settings, budget split, per-round history."""
         return {
             "candidates": len(self.candidates),
-            "settings": {"hgem": self.settings.to_dict(), "train": {**self.config.__dict__, "hidden": list(self.config.hidden)},
+            "settings": {"hgem": self.settings.to_dict(), "seed": self.seed, "prior_households": self.prior_households,
                          "device": self.device},
             "initial_workloads": [w.id for w in self.initial_workloads],
             "budget": {**self.budget.to_dict(), "score_sensitivity": self.score_sensitivity,
@@ -256,7 +248,6 @@ def fit_state(
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
     public_fit: dict[str, Any] | None = None,
-    overrides: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> StateFit:
     """Train one state's H-GEM (module docstring, steps 1-4).
@@ -271,8 +262,6 @@ def fit_state(
     seed               the generator's seed (post-processing: :func:`state_seeds`)
     public_fit         a ``state_dict`` of :func:`pretrained_generator`'s result for these settings
                        and seed (a cache of public-only work); None: pretrain here
-    overrides          fields of the trainer's configuration (:func:`hgem_config`) to replace:
-                       the benchmarks' ablations only (the pipeline passes none)
     log                progress lines (no private values)
     """
     say = log or (lambda _msg: None)
@@ -297,16 +286,16 @@ def fit_state(
         return InitialMeasurement(w, np.asarray(counts, dtype=np.float64) / norm(w), float(sigma) / norm(w))
 
     initial = [measured(INITIAL_TAG, w, budget.rho_initial) for w in initial_ws]
-    cfg = replace(hgem_config(settings, seed, prior_households=prior_strength * norm.households), **(overrides or {}))
+    prior_households = prior_strength * norm.households
     dev = resolve_device(device)
     say(f"{len(initial)} initial workloads (rho {float(budget.rho_initial):.4g} each), {len(candidates)} candidate workloads, "
         f"{budget.rounds} rounds, rho={float(budget.rho_node):.6g} (eps0={budget.epsilon0:.4g}, "
         f"rho_meas/round={float(budget.rho_measure):.4g}), device {dev}")
     if public_fit is not None:
-        G = make_generator(domain, cfg, dev)
+        G = make_generator(domain, settings, seed, dev)
         G.load_state_dict(public_fit)
     else:
-        G = pretrained_generator(public, candidates, cfg, settings.pretrain_steps, dev)
+        G = pretrained_generator(public, candidates, settings, seed, dev)
         say(f"public pretraining done (at most {settings.pretrain_steps} steps)")
 
     normalisers = [norm(w) for w in candidates]
@@ -326,9 +315,9 @@ def fit_state(
         say(f"round {rec.round}/{budget.rounds} measured {rec.workload} ({rec.steps} update steps, {rec.seconds:.1f}s)")
 
     # the σ of the measurement just taken (train_hgem asks right after measuring the workload)
-    res = train_hgem(domain, candidates, select, measure, cfg, generator=G, callback=progress,
-                     measurement_sigma=lambda w: last["sigma"], initial=initial)
-    return StateFit(res, candidates, initial_ws, budget, norm, delta_score, cfg, settings, str(dev))
+    res = train_hgem(domain, candidates, select, measure, settings, prior_households=prior_households, generator=G,
+                     callback=progress, measurement_sigma=lambda w: last["sigma"], initial=initial)
+    return StateFit(res, candidates, initial_ws, budget, norm, delta_score, settings, int(seed), prior_households, str(dev))
 
 
 def run_state(
@@ -346,19 +335,17 @@ def run_state(
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
     public_fit: dict[str, Any] | None = None,
-    overrides: Mapping[str, Any] | None = None,
     structure: HouseholdStructure | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[HierarchicalData, StateFit]:
     """One state's H-GEM end to end (module docstring): :func:`fit_state` with the generator seed
     of :func:`state_seeds` (``seed``, ``state``), then ``n_samples`` households drawn with its
     sampling seed, geography (state, 0, ...). ``public_fit``: as :func:`fit_state`, for the
-    generator seed ``state_seeds(seed, state)[0]``; ``overrides``: as :func:`fit_state`; ``structure``:
+    generator seed ``state_seeds(seed, state)[0]``; ``structure``:
     the household rules the sampling keeps (:class:`engine.hgem.sampling.HouseholdStructure`)."""
     gen_seed, sample_seed = state_seeds(seed, state)
     fit = fit_state(public, settings, rho_node, households, oracles, unit=unit, initial_workloads=initial_workloads,
-                    seed=gen_seed, prior_strength=prior_strength, device=device, public_fit=public_fit, overrides=overrides,
-                    log=log)
+                    seed=gen_seed, prior_strength=prior_strength, device=device, public_fit=public_fit, log=log)
     synth = sample_households(fit.result.mixture(), int(n_samples), seed=sample_seed,
                               geo=(int(state),) + (0,) * (len(public.domain.geography) - 1), structure=structure)
     return synth, fit
