@@ -114,7 +114,7 @@ def mwem_run(private: HierarchicalData, public: HierarchicalData, workloads: Seq
 
     def measure(w: Workload) -> np.ndarray:
         noisy, _ = discrete_gaussian(np.rint(answer(private, w)).astype(np.int64), w.sensitivity(private.domain, unit)[1],
-                                     budget.rho_measure)
+                                     budget.measure)
         return np.asarray(noisy, dtype=float) / norm(w)
 
     # MWEM scores its own histogram against the normalised private answers (``true``)

@@ -56,13 +56,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.adaptive import RoundBudget
 from engine.domain import Domain
 from engine.geography import Node, node_key
 from engine.hgem.config import HGEMResult, InitialMeasurement, RoundRecord, make_generator
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import resolve_device
 from engine.hgem.pretrain import pretrain_public
-from engine.hgem.privacy import StateBudget, score_sensitivity, state_budget
+from engine.hgem.privacy import score_sensitivity, state_budget
 from engine.hgem.sampling import HouseholdStructure, sample_households
 from engine.hgem.settings import HGEMSettings
 from engine.hgem.train import train_hgem
@@ -160,13 +161,14 @@ def local_oracles(private: HierarchicalData, unit: PrivacyUnit,
     return StateOracles(lambda tag: measure, select)
 
 
-def outstanding_rho(budget: StateBudget, initial_ids: Sequence[str], paid: Collection[tuple[str, str]]) -> Fraction:
+def outstanding_rho(budget: RoundBudget, initial_ids: Sequence[str], paid: Collection[tuple[str, str]]) -> Fraction:
     """What a run still has to charge, given the ``(tag, name)`` charges already made."""
-    missing = sum((budget.rho_initial for i in initial_ids if (INITIAL_TAG, i) not in paid), Fraction(0))
+    each = budget.initial_each(len(initial_ids))
+    missing = sum((each for i in initial_ids if (INITIAL_TAG, i) not in paid), Fraction(0))
     for r in range(1, budget.rounds + 1):
         tag = round_tag(r)
-        missing += 0 if (tag, "select") in paid else budget.rho_select
-        missing += 0 if any(t == tag and name != "select" for t, name in paid) else budget.rho_measure
+        missing += 0 if (tag, "select") in paid else budget.select
+        missing += 0 if any(t == tag and name != "select" for t, name in paid) else budget.measure
     return missing
 
 
@@ -212,7 +214,7 @@ class StateFit:
     result: HGEMResult
     candidates: list[Workload]
     initial_workloads: list[Workload]
-    budget: StateBudget
+    budget: RoundBudget
     normalisers: Normalisers
     score_sensitivity: float
     settings: HGEMSettings
@@ -277,7 +279,7 @@ def fit_state(
         if missing > oracles.remaining:
             raise BudgetExceededError(
                 f"{oracles.name}: {len(initial_ws)} initial workloads and {budget.rounds} rounds still need rho={missing} "
-                f"(≈{float(missing):.6g}) but the node has {oracles.remaining} left of its allocation {budget.rho_node}")
+                f"(≈{float(missing):.6g}) but the node has {oracles.remaining} left of its allocation {rho_node}")
 
     def measured(tag: str, w: Workload, rho: Fraction) -> InitialMeasurement:
         """``w``'s noisy counts at ``rho`` in the normalised units train_hgem sees (answers and σ
@@ -285,12 +287,13 @@ def fit_state(
         counts, sigma = oracles.measure(tag)(w, rho)
         return InitialMeasurement(w, np.asarray(counts, dtype=np.float64) / norm(w), float(sigma) / norm(w))
 
-    initial = [measured(INITIAL_TAG, w, budget.rho_initial) for w in initial_ws]
+    rho_initial = budget.initial_each(len(initial_ws))
+    initial = [measured(INITIAL_TAG, w, rho_initial) for w in initial_ws]
     prior_households = prior_strength * norm.households
     dev = resolve_device(device)
-    say(f"{len(initial)} initial workloads (rho {float(budget.rho_initial):.4g} each), {len(candidates)} candidate workloads, "
-        f"{budget.rounds} rounds, rho={float(budget.rho_node):.6g} (eps0={budget.epsilon0:.4g}, "
-        f"rho_meas/round={float(budget.rho_measure):.4g}), device {dev}")
+    say(f"{len(initial)} initial workloads (rho {float(rho_initial):.4g} each), {len(candidates)} candidate workloads, "
+        f"{budget.rounds} rounds, rho={float(rho_node):.6g} (eps0={budget.epsilon0:.4g}, "
+        f"rho_meas/round={float(budget.measure):.4g}), device {dev}")
     if public_fit is not None:
         G = make_generator(domain, settings, seed, dev)
         G.load_state_dict(public_fit)
@@ -307,7 +310,7 @@ def fit_state(
         return oracles.select(round_tag(current["round"]), candidates, normalisers, model_answers, budget.epsilon0, delta_score)
 
     def measure(w: Workload) -> np.ndarray:
-        m = measured(round_tag(current["round"]), w, budget.rho_measure)
+        m = measured(round_tag(current["round"]), w, budget.measure)
         last["sigma"] = m.sigma
         return m.answers
 

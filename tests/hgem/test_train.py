@@ -1,4 +1,4 @@
-"""Adaptive-measurement training, EMA output, public pretraining and the budget helper."""
+"""Adaptive-measurement training, EMA output, public pretraining and the sensitivities."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from engine.hgem.config import InitialMeasurement, make_generator
 from engine.hgem.pretrain import pretrain_public
 from engine.hgem.privacy import (
     cell_sensitivity,
-    gem_budget,
     measurement_l2_sensitivity,
     score_sensitivity,
 )
@@ -114,20 +113,6 @@ def test_fit_hgem_with_public_start_beats_public_only(domain, data):
     res = fit_hgem(data, ws, lambda s, e: int(np.argmax(s)), lambda w: true[ws.index(w)], 1e-3, replace(cfg, pretrain_steps=150),
                    prior_households=0.0, public=public, device="cpu")
     assert _errors(res.generator, plan, tgt)[1] < _errors(pub_only, plan, tgt)[1]
-
-
-def test_gem_budget_split():
-    b = gem_budget(0.5, 10, alpha=0.25)
-    assert b.rounds * (b.rho_select + b.rho_measure) == pytest.approx(0.5)
-    assert b.epsilon0**2 / 8 == pytest.approx(b.rho_select) and b.rho_select == pytest.approx(0.0125)
-    sigma = b.sigma(math.sqrt(2))
-    assert 2 / (2 * sigma**2) == pytest.approx(b.rho_measure)
-    pf = gem_budget(0.5, 10, alpha=0.25, selection="permute_and_flip")
-    assert pf.epsilon0**2 / 2 == pytest.approx(pf.rho_select) and pf.sigma(1.0) == pytest.approx(b.sigma(1.0))
-    with pytest.raises(ValueError):
-        gem_budget(0.5, 0)
-    with pytest.raises(ValueError):
-        gem_budget(0.5, 3, selection="laplace")
 
 
 def test_sensitivities(domain):
