@@ -1,11 +1,14 @@
 """H-GEM's measurement and result types (shared by pretraining, the update rules
 and the round loop of ``engine.hgem.train``).
 
-``SelectFn`` and ``NormalisedMeasureFn`` are the callables the round loop is given: both in the
-*normalised* units of ``engine.hgem.answers`` (group level: fraction of households; person level:
-fraction of persons). The privacy boundary itself speaks the canonical count-level
-:data:`engine.synthesis.MeasureFn` (noisy counts and σ at a given ρ); ``engine.hgem.state`` binds it
-to a round's ρ and divides by the workload's public normaliser to give a ``NormalisedMeasureFn``.
+``NormalisedSelectFn`` and ``NormalisedMeasureFn`` are the callables the round loop is given, and
+:class:`NormalisedMeasurement` what it is given before the rounds: all in the *normalised* units
+of ``engine.hgem.answers`` (group level: fraction of households; person level: fraction of
+persons), which is what sets them apart from the count-level types of the rest of the engine
+(:class:`engine.measurement.Measurement`, :data:`engine.synthesis.MeasureFn`,
+:data:`engine.adaptive.SelectFn`). The privacy boundary itself speaks counts; ``engine.hgem.state``
+binds the canonical :data:`engine.synthesis.MeasureFn` to a round's ρ and divides by the
+workload's public normaliser to give a ``NormalisedMeasureFn``.
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ from engine.hgem.mixture import ProductMixture, resolve_device
 from engine.hgem.settings import HGEMSettings
 from engine.queries import Workload
 
-SelectFn = Callable[[np.ndarray], int]  # the model's answers of all candidates, concatenated -> index
+NormalisedSelectFn = Callable[[np.ndarray], int]  # the model's normalised answers of all candidates, concatenated -> index
 NormalisedMeasureFn = Callable[[Workload], np.ndarray]  # workload -> its noisy normalised answers
 
 
 @dataclass(frozen=True)
-class InitialMeasurement:
-    """A measurement taken before the adaptive rounds, of a workload chosen without looking at the
-    private data (e.g. from public data: ``engine.workload_selection``), so it costs no selection.
+class NormalisedMeasurement:
+    """A measurement in H-GEM's normalised units (:class:`engine.measurement.Measurement` divided
+    by the workload's public normaliser). The trainer is given them for the workloads measured
+    before the adaptive rounds, chosen without looking at the private data (e.g. from public data:
+    ``engine.workload_selection``), so they cost no selection.
 
     answers  the noisy normalised answers (the units of ``engine.hgem.answers``), cells in
              ``engine.queries`` order

@@ -59,7 +59,7 @@ import torch
 from engine.adaptive import RoundBudget
 from engine.domain import Domain
 from engine.geography import Node, node_key
-from engine.hgem.config import HGEMResult, InitialMeasurement, RoundRecord, make_generator
+from engine.hgem.config import HGEMResult, NormalisedMeasurement, RoundRecord, make_generator
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import resolve_device
 from engine.hgem.pretrain import pretrain_public
@@ -281,11 +281,11 @@ def fit_state(
                 f"{oracles.name}: {len(initial_ws)} initial workloads and {budget.rounds} rounds still need rho={missing} "
                 f"(≈{float(missing):.6g}) but the node has {oracles.remaining} left of its allocation {rho_node}")
 
-    def measured(tag: str, w: Workload, rho: Fraction) -> InitialMeasurement:
+    def measured(tag: str, w: Workload, rho: Fraction) -> NormalisedMeasurement:
         """``w``'s noisy counts at ``rho`` in the normalised units train_hgem sees (answers and σ
         divided by the workload's normaliser)."""
         counts, sigma = oracles.measure(tag)(w, rho)
-        return InitialMeasurement(w, np.asarray(counts, dtype=np.float64) / norm(w), float(sigma) / norm(w))
+        return NormalisedMeasurement(w, np.asarray(counts, dtype=np.float64) / norm(w), float(sigma) / norm(w))
 
     rho_initial = budget.initial_each(len(initial_ws))
     initial = [measured(INITIAL_TAG, w, rho_initial) for w in initial_ws]

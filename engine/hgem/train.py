@@ -53,7 +53,7 @@ normalised steps can overshoot on saturated softmax heads, which is how househol
 with a free network failed). The output is the last round's result (the MAP estimate given all
 measurements), ``output="ema"`` restores GEM's EMA.
 
-Initial measurements (``initial``: :class:`InitialMeasurement`): workloads chosen from public data
+Initial measurements (``initial``: :class:`NormalisedMeasurement`): workloads chosen from public data
 (the prior update's state workloads, ``engine.workload_selection``) measured before the rounds
 with a share of ρ and no selection cost (``engine.hgem.privacy.state_budget``). Round 0 fits them
 all at once (at most ``initial_update_steps``); the adaptive rounds, if any, spend the rest and
@@ -89,7 +89,7 @@ from numpy.typing import ArrayLike
 
 from engine.domain import Domain
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
-from engine.hgem.config import HGEMResult, InitialMeasurement, NormalisedMeasureFn, RoundRecord, SelectFn, make_generator
+from engine.hgem.config import HGEMResult, NormalisedMeasureFn, NormalisedMeasurement, NormalisedSelectFn, RoundRecord, make_generator
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.pretrain import pretrain_public
 from engine.hgem.settings import HGEMSettings
@@ -103,7 +103,7 @@ from engine.queries import Workload
 def train_hgem(
     domain: Domain,
     workloads: Sequence[Workload],
-    select: SelectFn,
+    select: NormalisedSelectFn,
     measure: NormalisedMeasureFn,
     settings: HGEMSettings,
     *,
@@ -113,7 +113,7 @@ def train_hgem(
     device: str | torch.device | None = None,
     callback: Callable[[RoundRecord, HGEMGenerator], None] | None = None,
     measurement_sigma: Callable[[Workload], float] | None = None,
-    initial: Sequence[InitialMeasurement] = (),
+    initial: Sequence[NormalisedMeasurement] = (),
 ) -> HGEMResult:
     """Run T adaptive-measurement rounds (H-GEM Algorithm 3) and return the output generator: the
     last round's fit by default (the MAP estimate given all measurements), GEM's EMA of the
@@ -132,7 +132,7 @@ def train_hgem(
     callback           called after every round with (record, current generator).
     measurement_sigma  ``measurement_sigma(workload)``: std of the measurement noise per cell in
                        normalised units (``update="map"``); None → estimated (module doc).
-    initial            measurements taken before the rounds (``InitialMeasurement``: workloads
+    initial            measurements taken before the rounds (``NormalisedMeasurement``: workloads
                        chosen from public data, no selection cost). They join the past
                        measurements from the start, and round 0 updates F on them alone before the
                        first selection, so the first score already reflects them. ``settings.rounds``
@@ -262,8 +262,8 @@ def fit_hgem(
     )
 
 
-def score_select(true_answers: Sequence[np.ndarray], choose: Callable[[np.ndarray, float], int], sensitivity: float) -> SelectFn:
-    """A :data:`SelectFn` over in-memory answers: scores each candidate by its max abs error
+def score_select(true_answers: Sequence[np.ndarray], choose: Callable[[np.ndarray, float], int], sensitivity: float) -> NormalisedSelectFn:
+    """A :data:`NormalisedSelectFn` over in-memory answers: scores each candidate by its max abs error
     (``engine.privacy.session.max_abs_error_scores``) and lets ``choose(scores, sensitivity)``
     pick (e.g. ``engine.privacy.mechanisms.exponential_mechanism`` with ε bound in)."""
     target = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in true_answers])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
-from engine.hgem.config import InitialMeasurement, make_generator
+from engine.hgem.config import NormalisedMeasurement, make_generator
 from engine.hgem.pretrain import pretrain_public
 from engine.hgem.privacy import (
     cell_sensitivity,
@@ -205,7 +205,7 @@ def test_initial_measurements_alone_fit_their_workloads(domain, data):
     plan_i = AnswerPlan(domain, init_ws, device="cpu")
     tgt_i = plan_i.concat_targets(init_true)
     start = _errors(G, plan_i, tgt_i)
-    initial = [InitialMeasurement(w, a, 1e-3) for w, a in zip(init_ws, init_true)]
+    initial = [NormalisedMeasurement(w, a, 1e-3) for w, a in zip(init_ws, init_true)]
     res = train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, prior_households=100.0, generator=G,
                      initial=initial)
     assert res.measured == init_ws and len(res.measurements) == 3
@@ -234,7 +234,7 @@ def test_first_selection_sees_the_initial_update(domain, data):
         return int(np.argmax(scores))
 
     res = train_hgem(domain, ws, score_select(true, select, 1e-3), lambda w: true[ws.index(w)], cfg,
-                     prior_households=100.0, generator=G, measurement_sigma=lambda w: 1e-3, initial=[InitialMeasurement(ws[k], true[k], 1e-3)])
+                     prior_households=100.0, generator=G, measurement_sigma=lambda w: 1e-3, initial=[NormalisedMeasurement(ws[k], true[k], 1e-3)])
     assert len(seen) == 2 and [r.round for r in res.history] == [0, 1, 2]
     assert seen[0][k] < 0.5 * start_scores[k]
     assert res.measured[0] == ws[k] and len(res.measured) == 3
@@ -248,10 +248,10 @@ def test_initial_measurements_are_checked(domain, data):
         train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, prior_households=0.0, device="cpu")
     with pytest.raises(ValueError, match="cells"):
         train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, prior_households=0.0, device="cpu",
-                   initial=[InitialMeasurement(ws[0], np.zeros(len(true[0]) + 1), 1e-3)])
+                   initial=[NormalisedMeasurement(ws[0], np.zeros(len(true[0]) + 1), 1e-3)])
     with pytest.raises(ValueError, match="sigma"):
         train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, prior_households=0.0, device="cpu",
-                   initial=[InitialMeasurement(ws[0], true[0], 0.0)])
+                   initial=[NormalisedMeasurement(ws[0], true[0], 0.0)])
 
 
 def test_map_round_keeps_its_best_iterate(domain, data):
