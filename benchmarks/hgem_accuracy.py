@@ -53,7 +53,7 @@ from engine.hgem.mixture import default_device  # noqa: E402
 from engine.hgem.pretrain import pretrain_households  # noqa: E402
 from engine.hgem.privacy import score_sensitivity, state_budget  # noqa: E402
 from engine.hgem.settings import HGEMSettings  # noqa: E402
-from engine.hgem.state import Normalisers, fit_state, hgem_config, local_oracles, pretrained_generator, run_state  # noqa: E402
+from engine.hgem.state import Normalisers, fit_state, local_oracles, pretrained_generator, run_state  # noqa: E402
 from engine.hgem.workloads import candidate_workloads  # noqa: E402
 from engine.hierarchical_data import HierarchicalData  # noqa: E402
 from engine.privacy.accountant import eps_delta_to_rho  # noqa: E402
@@ -97,8 +97,7 @@ def _hgem_answers(G, plan) -> list[np.ndarray]:
 
 def _public_fit(public: HierarchicalData, settings: HGEMSettings, seed: int, device) -> dict:
     """GEM^Pub on the settings' candidates (public only): the generator's state_dict."""
-    G = pretrained_generator(public, candidate_workloads(public.domain, settings), hgem_config(settings, seed),
-                             settings.pretrain_steps, device)
+    G = pretrained_generator(public, candidate_workloads(public.domain, settings), settings, seed, device)
     return {k: v.clone() for k, v in G.state_dict().items()}
 
 
@@ -115,7 +114,7 @@ def mwem_run(private: HierarchicalData, public: HierarchicalData, workloads: Seq
 
     def measure(w: Workload) -> np.ndarray:
         noisy, _ = discrete_gaussian(np.rint(answer(private, w)).astype(np.int64), w.sensitivity(private.domain, unit)[1],
-                                     budget.rho_measure)
+                                     budget.measure)
         return np.asarray(noisy, dtype=float) / norm(w)
 
     # MWEM scores its own histogram against the normalised private answers (``true``)
@@ -174,7 +173,7 @@ def run_accuracy(
             t0 = time.perf_counter()
             pub_fits[run] = _public_fit(pub, st, run, device)
             if name == "full" and "public" in methods:
-                G = make_generator(priv.domain, hgem_config(st, run), device)
+                G = make_generator(priv.domain, st, run, device)
                 G.load_state_dict(pub_fits[run])
                 add("public", "-", run, level_errors(ws, _hgem_answers(G, plan), true), time.perf_counter() - t0)
         for eps in epsilons:
@@ -206,7 +205,6 @@ def run_real(
     pretrained_cache: Path | None = None,
     device: str | None = None,
     public_fit: str = "answers",
-    overrides: dict | None = None,
     log=_log,
 ) -> list[dict]:
     """Released-data comparison per private state: every method outputs N_G synthetic households
@@ -224,8 +222,8 @@ def run_real(
     device: where H-GEM trains and samples (None → cuda when visible, else cpu).
     public_fit: "answers" — GEM^Pub, the pipeline's (``settings.pretrain_steps``); "households" —
     an ablation: one component per public household, fitted to it (``pretrain_households``,
-    B = the public household count). overrides: trainer fields for ablations
-    (``engine.hgem.state.fit_state``), e.g. ``{"network_lr_scale": 0.0}``.
+    B = the public household count). Ablations of the trainer's fields (e.g. ``network_lr_scale``)
+    are fields of ``settings``.
     """
     from engine.household_sampling import sample_households as support_sample
     from engine.metrics import query_errors
@@ -281,7 +279,7 @@ def run_real(
         elif "hgem" in methods:
             t0 = time.perf_counter()
             if public_fit == "households":
-                G = make_generator(dom, hgem_config(settings), device)
+                G = make_generator(dom, settings, 0, device)
                 pretrain_households(G, public, steps=settings.pretrain_steps, lr=settings.lr)
                 pub_state = {k: v.clone() for k, v in G.state_dict().items()}
             else:
@@ -309,7 +307,7 @@ def run_real(
                     synth, fit = run_state(public, settings, rho, n_g, local_oracles(priv, unit), n_g, unit=unit,
                                            state=int(st[0]), initial_workloads=sel.state, seed=run,
                                            prior_strength=prior_strength, device=device, public_fit=pub_state,
-                                           overrides=overrides, structure=structure)
+                                           structure=structure)
                     model = level_errors(ws, _hgem_answers(fit.result.generator, plan), true)
                     score(synth, "hgem", eps, run, time.perf_counter() - t0,
                           {"model": model, "initial_share": str(settings.initial_share), "rounds": settings.rounds})
@@ -387,7 +385,7 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="hgem_accuracy_real", help="--real: file name stem of the results")
     ap.add_argument("--public-fit", choices=("answers", "households"), default="answers",
                     help="--real: H-GEM's public pretraining (run_real's public_fit)")
-    ap.add_argument("--network-lr-scale", type=float, default=None,
+    ap.add_argument("--network-lr-scale", type=float, default=HGEMSettings.network_lr_scale,
                     help="--real ablation: private rounds' network learning rate = lr × this (0: only component weights move)")
     ap.add_argument("--pretrained-cache", default=None,
                     help="--real: directory for the public fits (reused across invocations; public data only)")
@@ -396,17 +394,17 @@ def main(argv=None) -> int:
     settings = HGEMSettings(rounds=args.rounds, max_update_steps=args.tmax, batch_size=args.batch_size, lr=args.lr,
                             hidden=tuple(int(h) for h in args.hidden.split(",")), z_dim=args.z_dim,
                             pretrain_steps=args.pretrain_steps, kway_per_group_count=args.per_group_count,
+                            network_lr_scale=args.network_lr_scale,
                             initial_share=share if args.real else HGEMSettings.initial_share)
     epsilons = [float(e) for e in args.epsilons.split(",")]
     if args.real:
         private = HierarchicalData.concat([load_state(f) for f in args.private.split(",")])
         public = HierarchicalData.concat([load_state(f) for f in args.public.split(",")])
         torch.manual_seed(0)
-        overrides = {} if args.network_lr_scale is None else {"network_lr_scale": args.network_lr_scale}
         rows = run_real(private, public, epsilons, args.runs, settings,
                         [m for m in args.methods.split(",") if m in ("hgem", "prior_update", "public")],
                         pretrained_cache=Path(args.pretrained_cache) if args.pretrained_cache else None,
-                        device=args.device, public_fit=args.public_fit, overrides=overrides)
+                        device=args.device, public_fit=args.public_fit)
         print(summarise(rows))
         save_results(rows, Path(args.results_dir), args.name)
         return 0

@@ -1,7 +1,7 @@
 """H-GEM speed: seconds per adaptive-measurement round on GPU vs CPU, same configuration.
 
 It times the round the pipeline ships: ``engine.hgem.train.train_hgem`` with the trainer
-configuration of ``engine.hgem.state.hgem_config`` — the ``map`` update (weighted likelihood of
+settings the pipeline runs — the ``map`` update (weighted likelihood of
 every measurement plus the relative-entropy prior to the start, at the pipeline's strength
 0.1 × N_G households) — from an :class:`engine.hgem.settings.HGEMSettings` whose size is the
 H-GEM paper's (A.1.2 / A.2.2): B = 1000 mixture components, a residual MLP with hidden layers
@@ -24,7 +24,6 @@ import math
 import platform
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.hgem.answers import exact_normalised_answers  # noqa: E402
 from engine.hgem.config import make_generator  # noqa: E402
 from engine.hgem.settings import HGEMSettings  # noqa: E402
-from engine.hgem.state import hgem_config  # noqa: E402
 from engine.hgem.train import score_select, train_hgem  # noqa: E402
 from engine.hgem.workloads import kway_workloads  # noqa: E402
 
@@ -73,10 +71,9 @@ def time_rounds(domain, workloads, true, device: str, rounds: int, tmax: int, ba
     cuBLAS handles, the first graph captures; reported as ``first_round_seconds``). ``true``: the
     exact answers of ``workloads`` (the noise-free oracles); ``households``: N_G (the prior's
     strength is 0.1 × N_G, as the pipeline's default ``synthesis.prior_strength``)."""
-    settings = HGEMSettings(rounds=rounds + 1, max_update_steps=tmax, batch_size=batch_size, hidden=hidden, z_dim=z_dim)
-    cfg = replace(hgem_config(settings, seed=0, prior_households=0.1 * households),
-                  update_tol=-math.inf, cuda_graphs=cuda_graphs)  # no plateau stop: every round runs T_max steps
-    G = make_generator(domain, cfg, device)
+    settings = HGEMSettings(rounds=rounds + 1, max_update_steps=tmax, batch_size=batch_size, hidden=hidden, z_dim=z_dim,
+                            update_tol=-math.inf, cuda_graphs=cuda_graphs)  # no plateau stop: every round runs T_max steps
+    G = make_generator(domain, settings, 0, device)
     times: list[float] = []
 
     def cb(rec, _G):
@@ -87,7 +84,8 @@ def time_rounds(domain, workloads, true, device: str, rounds: int, tmax: int, ba
     sel = lambda s, e: int(np.argmax(s))  # noqa: E731
     meas = lambda w: true[workloads.index(w)]  # noqa: E731
     t0 = time.perf_counter()
-    res = train_hgem(domain, workloads, score_select(true, sel, 1.0), meas, cfg, generator=G, callback=cb,
+    res = train_hgem(domain, workloads, score_select(true, sel, 1.0), meas, settings, prior_households=0.1 * households,
+                     generator=G, callback=cb,
                      measurement_sigma=lambda w: 1e-3)
     per = np.diff([t0] + times)
     timed_steps = int(sum(r.steps for r in res.history[1:]))
@@ -95,7 +93,7 @@ def time_rounds(domain, workloads, true, device: str, rounds: int, tmax: int, ba
     return {
         "device": device,
         "device_name": name,
-        "update": cfg.update,
+        "update": settings.update,
         "settings": settings.to_dict(),
         "cuda_graphs": bool(cuda_graphs and device.startswith("cuda")),
         "threads": torch.get_num_threads(),

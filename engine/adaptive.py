@@ -11,7 +11,8 @@ the exponential mechanism, measure by the Gaussian mechanism, re-estimate; PMW-P
     ρ_measure               (Gaussian mechanism, ρ = Δ₂²/(2σ²): Bun & Steinke 2016, Prop. 1.6)
 
 charged to the ledger by the private session before the draw and persisted, so a rerun reuses
-the draw. The split of the node's ρ (:func:`round_budget`) is exact in fractions.
+the draw. The split of the node's ρ (:class:`RoundBudget`, :func:`split_rounds`) is exact in
+fractions; H-GEM's rounds (``engine.hgem.privacy.state_budget``) are split by the same function.
 
 The score of a candidate workload w is AIM's quality: ‖y_w(D) − G·A_w q‖₁ − √(2/π)·σ_w·cells_w —
 the L1 distance between the private counts and the model's expected counts (G the node's DP
@@ -44,19 +45,21 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
 from engine.domain import Domain
 from engine.errors import DPReleaseError
 from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
+from engine.privacy.ledger import BudgetExceededError
 from engine.queries import PrivacyUnit, Workload
 
 # select(candidates, model counts (concatenated), penalty per candidate, ε₀, round tag) -> index
 SelectFn = Callable[[Sequence[Workload], np.ndarray, np.ndarray, float, str], int]
 
 __all__ = ["SELECT_FIRST", "AdaptiveRounds", "RoundBudget", "SelectFn", "candidate_workloads",
-           "expected_measurement_l1", "initial_rho", "measured_form", "round_budget", "selection_first"]
+           "expected_measurement_l1", "initial_rho", "measured_form", "round_budget", "selection_first", "split_rounds"]
 
 SELECT_FIRST = 2  # normalised nodes: candidates scored on the plain counts of each household's first two persons (default)
 
@@ -95,8 +98,9 @@ class AdaptiveRounds:
 
 @dataclass(frozen=True)
 class RoundBudget:
-    """The exact split of a node's ρ: ``initial`` for the public-chosen workloads (to be split
-    evenly over them), then per round ``select`` (= ε₀²/8) and ``measure``."""
+    """The exact split of a node's ρ (:func:`split_rounds`): ``initial`` for the public-chosen
+    workloads (split evenly over them: :meth:`initial_each`), then per round ``select`` (= ε₀²/8,
+    the exponential mechanism at ``epsilon0``) and ``measure``."""
 
     initial: Fraction
     select: Fraction
@@ -105,7 +109,38 @@ class RoundBudget:
     rounds: int
 
     def total(self) -> Fraction:
+        """What the whole run charges (sequential composition): never above the node's ρ."""
         return self.initial + self.rounds * (self.select + self.measure)
+
+    def initial_each(self, n: int) -> Fraction:
+        """Each of ``n`` public-chosen workloads' share of ``initial`` (none: 0)."""
+        return self.initial / n if n > 0 else Fraction(0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (fractions as exact strings)."""
+        return {"initial": str(self.initial), "select": str(self.select), "measure": str(self.measure),
+                "epsilon0": self.epsilon0, "rounds": self.rounds}
+
+
+def split_rounds(rho: Fraction, rounds: int, rounds_share: Fraction, select_share: Fraction) -> RoundBudget:
+    """Split a node's ``rho``: ``rounds_share`` of it evenly over ``rounds`` rounds, the rest
+    ``initial``. A round's ρ is planned ``select_share`` to the selection, whose ε₀ is the largest
+    float with ε₀²/8 within that plan (so the selection costs at most its plan), and the rest of
+    the round to the measurement. ``rounds`` = 0 needs ``rounds_share`` = 0 (all initial). Never
+    spends more than ``rho``: raised, not asserted."""
+    rho, rounds_share, select_share = Fraction(rho), Fraction(rounds_share), Fraction(select_share)
+    if rounds < 0 or not 0 <= rounds_share <= 1 or (rounds == 0) != (rounds_share == 0) or not 0 < select_share < 1:
+        raise DPReleaseError(f"adaptive rounds: cannot split rho over {rounds} rounds with share {rounds_share} "
+                             f"and selection share {select_share}")
+    if rounds == 0:
+        return RoundBudget(rho, Fraction(0), Fraction(0), 0.0, 0)
+    rounds_rho = rounds_share * rho
+    per_round = rounds_rho / rounds
+    eps0 = epsilon_for_exponential_rho(select_share * per_round)
+    out = RoundBudget(rho - rounds_rho, exponential_mechanism_rho(eps0), per_round - select_share * per_round, eps0, int(rounds))
+    if out.total() > rho or out.measure <= 0 or eps0 <= 0:
+        raise BudgetExceededError(f"adaptive rounds: the split {out} does not fit the node's ρ = {rho}")
+    return out
 
 
 def initial_rho(rho: Fraction, plan: AdaptiveRounds | None) -> Fraction:
@@ -116,18 +151,8 @@ def initial_rho(rho: Fraction, plan: AdaptiveRounds | None) -> Fraction:
 
 
 def round_budget(rho: Fraction, plan: AdaptiveRounds) -> RoundBudget:
-    """Split the node's ``rho`` (module docstring). Never spends more than ``rho``: raised, not
-    asserted."""
-    rho = Fraction(rho)
-    if not plan.active:
-        return RoundBudget(rho, Fraction(0), Fraction(0), 0.0, 0)
-    rounds_rho = plan.share * rho
-    per_round = rounds_rho / plan.rounds
-    eps0 = epsilon_for_exponential_rho(plan.select_share * per_round)
-    out = RoundBudget(rho - rounds_rho, exponential_mechanism_rho(eps0), per_round - plan.select_share * per_round, eps0, plan.rounds)
-    if out.total() > rho or out.measure <= 0 or eps0 <= 0:
-        raise DPReleaseError(f"adaptive rounds: the split {out} does not fit the node's ρ = {rho}")
-    return out
+    """Split the node's ``rho`` by ``plan`` (:func:`split_rounds`)."""
+    return split_rounds(rho, plan.rounds, plan.share, plan.select_share)
 
 
 def measured_form(chosen: Workload, like: Sequence[Workload]) -> Workload:

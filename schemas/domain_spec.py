@@ -157,24 +157,37 @@ class DomainSpec(_Strict):
     def size_attribute(self) -> str:
         return next(n for n, h in self.household_attributes.items() if h.derive == "size")
 
+    def derived(self, domain: Domain) -> dict[str, dict[str, HouseholdAttributeSpec]]:
+        """The household attributes ``domain`` keeps that derive from one of its person
+        attributes, by how: ``"householder"`` (the householder's value) and ``"any_person"``
+        (whether any member has one of ``values``), each name → its spec, in the spec's order.
+        The one statement of which household attributes follow a person attribute: the sampler
+        keeps them (``schemas.household_structure``), and a prior flip of a person attribute
+        carries the householder-derived ones and cannot carry the others (:meth:`prior_flips`)."""
+        groups, persons = {a.name for a in domain.group}, {a.name for a in domain.person}
+        out: dict[str, dict[str, HouseholdAttributeSpec]] = {"householder": {}, "any_person": {}}
+        for n, h in self.household_attributes.items():
+            if h.derive in out and n in groups and h.attribute in persons:
+                out[h.derive][n] = h
+        return out
+
     def prior_flips(self, names: list[str] | tuple[str, ...], domain: Domain) -> tuple[Flip, ...]:
         """``synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip` templates: each named
         person attribute with the household attributes this spec derives from its householder's
         value (those of ``domain``). A household attribute derived from the attribute otherwise
         (``any_person``) would not stay consistent under a relabelling, so it is refused, as is the
         relationship and an attribute ``domain`` cannot relabel."""
-        kept = {a.name for a in domain.group}
+        derived = self.derived(domain)
         flips = []
         for name in names:
             if name in self.person_attributes and self.person_attributes[name].source == self.relationship_column:
                 raise DomainSpecError(f"synthesis.prior_flips: {name} is the relationship, which marks the householder and the "
                                       "household's structure: it cannot be relabelled")
-            derived = {n: h for n, h in self.household_attributes.items() if n in kept and h.attribute == name}
-            other = sorted(n for n, h in derived.items() if h.derive != "householder")
+            other = sorted(n for n, h in derived["any_person"].items() if h.attribute == name)
             if other:
                 raise DomainSpecError(f"synthesis.prior_flips: household attributes {other} derive from {name} other than by its "
                                       "householder's value and would not follow the flip")
-            flip = Flip(name, tuple(sorted(n for n, h in derived.items() if h.derive == "householder")))
+            flip = Flip(name, tuple(sorted(n for n, h in derived["householder"].items() if h.attribute == name)))
             try:
                 flip.check(domain)
             except ValueError as e:
@@ -187,13 +200,13 @@ class DomainSpec(_Strict):
         household attribute derives from it other than by its householder's value, and those that
         do are coded like it; not the relationship, which marks the householder and the household's
         structure), in the domain's order: the prior mixture's default, whatever the domain."""
-        kept = {a.name for a in domain.group}
-        blocked = {h.attribute for n, h in self.household_attributes.items() if n in kept and h.derive != "householder"}
+        derived = self.derived(domain)
+        blocked = {h.attribute for h in derived["any_person"].values()}
         blocked |= {n for n, a in self.person_attributes.items() if a.source == self.relationship_column}
         out = []
         for a in domain.person:
-            derived = [n for n, h in self.household_attributes.items() if n in kept and h.attribute == a.name]
-            if a.name not in blocked and all(domain.group_attribute(n).codes == a.codes for n in derived):
+            by_householder = [n for n, h in derived["householder"].items() if h.attribute == a.name]
+            if a.name not in blocked and all(domain.group_attribute(n).codes == a.codes for n in by_householder):
                 out.append(a.name)
         return self.prior_flips(out, domain)
 

@@ -273,7 +273,7 @@ def test_initial_workloads_are_measured_first_and_paid_from_the_node(tmp_path, i
     T = tiny.rounds
     assert len(charges) == 3 + 2 * T
     rb = state_budget(alloc, T, tiny.alpha, tiny.initial_share, n_initial=3)
-    assert sum((c.rho for c in charges if "/round-" in c.key), Fraction(0)) == T * (rb.rho_select + rb.rho_measure)
+    assert sum((c.rho for c in charges if "/round-" in c.key), Fraction(0)) == T * (rb.select + rb.measure)
     assert float(sum((c.rho for c in charges), Fraction(0))) == pytest.approx(float(alloc), rel=1e-9)
     meta = json.loads(paths.node_path("hgem_support", node_key((STATE,))).with_suffix(".json").read_text())
     assert meta["initial_workloads"] == INITIAL_IDS

@@ -194,3 +194,24 @@ def test_the_survey_year_of_every_input_reaches_its_manifest_entry(data_root, tm
     assert new["survey_years"] == [2018] and old["survey_years"] == [2013]
     entry = input_identity({"role": "public", "path": str(data_root / "acs2018_1yr" / "csv_pvt.zip"), **new}, tmp_path)
     assert entry["survey_years"] == [2018] and entry["role"] == "public" and len(entry["sha256"]) == 64
+
+
+def test_derived_household_attributes_are_those_whose_person_attribute_is_kept(domain_spec):
+    """DomainSpec.derived: the one rule of which household attributes follow a person attribute;
+    the sampler's structure and the prior's flips read it, so dropping the person attribute drops
+    the household attributes derived from it everywhere."""
+    from engine.domain import Domain
+    from schemas.household_structure import household_structure
+
+    full = domain_spec.domain(7)
+    derived = domain_spec.derived(full)
+    heads = {n: h.attribute for n, h in domain_spec.household_attributes.items() if h.derive == "householder"}
+    assert {n: h.attribute for n, h in derived["householder"].items()} == heads
+    assert {n for n, h in domain_spec.household_attributes.items() if h.derive == "any_person"} == set(derived["any_person"])
+    sex = [n for n, a in heads.items() if a == "SEX"]
+    assert sex and domain_spec.prior_flips(["SEX"], full)[0].householder_attributes == tuple(sex)
+    no_sex = Domain(full.group, tuple(a for a in full.person if a.name != "SEX"), full.geography, full.max_size,
+                    full.size_attribute)
+    assert not set(sex) & set(domain_spec.derived(no_sex)["householder"])
+    assert not set(sex) & {n for n, _ in household_structure(domain_spec, no_sex).householder_attributes}
+    assert "SEX" not in {f.attribute for f in domain_spec.flippable(no_sex)}

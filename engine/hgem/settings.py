@@ -1,9 +1,11 @@
-"""H-GEM's settings as the pipeline runs it: one typed, frozen value (no torch needed to read it).
+"""H-GEM's settings: every parameter of H-GEM in one typed, frozen value (no torch needed to read it).
 
 The release config's ``hgem:`` section (``schemas.release_config.HGEMSpec``) builds an
-:class:`HGEMSettings`; the manifest records it; ``engine.hgem.state`` runs one state with it; the
-benchmarks run the same procedure with the same object. The defaults are small enough for a CPU
-(about a minute per state).
+:class:`HGEMSettings`; the manifest records it; ``engine.hgem.state`` runs one state with it and
+the trainer (``engine.hgem.train``) reads its hyper-parameters from the same object; the
+benchmarks run the same procedure with the same object. Each parameter has one default, the one
+the pipeline runs; they are small enough for a CPU (about a minute per state). What differs per
+state (the generator's seed, the prior's strength in households) is passed beside it.
 
 Budget (``engine.hgem.privacy.state_budget``, exact fractions): ``initial_share`` × ρ_node measures
 the public-selected state workloads evenly before the rounds (no selection); the rest is split
@@ -47,6 +49,18 @@ class HGEMSettings:
     pretrain_steps         GEM^Pub steps at most on the public answers (0: no pretraining)
     support_per_household  households sampled per DP household of the state (the PUMA support)
     torch_threads          CPU intra-op threads of one state's task (None: torch's default)
+    update                 the round's update rule: ``"map"`` (weighted likelihood + relative
+                           entropy to the public fit) or ``"gem"`` (H-GEM-Update, γ-masked ℓ2)
+    update_tol             ``"map"``: a round stops when its loss improves by less than this
+                           (relative) over 10 steps; −∞: never early
+    output                 the output generator: ``"last"``, ``"ema"`` or ``"auto"`` (``"last"``
+                           under ``"map"``, ``"ema"`` under ``"gem"``)
+    ema_beta               weight of the EMA over the second half's rounds (``"ema"`` output)
+    gamma_beta, gamma_scale  ``"gem"``: γ = gamma_scale × EMA_{gamma_beta}(max error) (GEM B.2)
+    network_lr_scale       rounds: the network's learning rate is lr × this (the component
+                           weights keep lr); 0 freezes the network
+    max_elements           cap on the answer intermediates' elements (chunking; memory only)
+    cuda_graphs            on a GPU, replay each step as one CUDA graph (speed only)
     """
 
     rounds: int = 4
@@ -64,6 +78,15 @@ class HGEMSettings:
     pretrain_steps: int = 3000
     support_per_household: int = 2
     torch_threads: int | None = 1
+    update: str = "map"
+    update_tol: float = 1e-3
+    output: str = "auto"
+    ema_beta: float = 0.9
+    gamma_beta: float = 0.5
+    gamma_scale: float = 0.5
+    network_lr_scale: float = 1.0
+    max_elements: int = 1 << 24
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "alpha", Fraction(self.alpha))
@@ -93,6 +116,18 @@ class HGEMSettings:
         problems += [f"{k} must be >= 0, got {v}" for k, v in steps.items() if v < 0]
         if self.torch_threads is not None and self.torch_threads < 1:
             problems.append(f"torch_threads must be >= 1 or None, got {self.torch_threads}")
+        if self.update not in ("map", "gem"):
+            problems.append(f"update must be 'map' or 'gem', got {self.update!r}")
+        if self.output not in ("auto", "last", "ema"):
+            problems.append(f"output must be 'auto', 'last' or 'ema', got {self.output!r}")
+        shares = {"ema_beta": self.ema_beta, "gamma_beta": self.gamma_beta}
+        problems += [f"{k} must be in [0, 1), got {v}" for k, v in shares.items() if not 0 <= v < 1]
+        if not self.gamma_scale > 0:
+            problems.append(f"gamma_scale must be > 0, got {self.gamma_scale}")
+        if not self.network_lr_scale >= 0:
+            problems.append(f"network_lr_scale must be >= 0, got {self.network_lr_scale}")
+        if self.max_elements < 1:
+            problems.append(f"max_elements must be >= 1, got {self.max_elements}")
         if problems:
             raise HGEMSettingsError("H-GEM settings: " + "; ".join(problems))
 

@@ -48,21 +48,22 @@ spent, the charges still missing are checked against the node's remaining budget
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import torch
 
+from engine.adaptive import RoundBudget
 from engine.domain import Domain
 from engine.geography import Node, node_key
-from engine.hgem.config import HGEMConfig, HGEMResult, InitialMeasurement, RoundRecord, make_generator
+from engine.hgem.config import HGEMResult, NormalisedMeasurement, RoundRecord, make_generator
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import resolve_device
 from engine.hgem.pretrain import pretrain_public
-from engine.hgem.privacy import StateBudget, score_sensitivity, state_budget
+from engine.hgem.privacy import score_sensitivity, state_budget
 from engine.hgem.sampling import HouseholdStructure, sample_households
 from engine.hgem.settings import HGEMSettings
 from engine.hgem.train import train_hgem
@@ -75,7 +76,7 @@ from engine.queries import PrivacyUnit, Workload, answer
 from engine.synthesis import MeasureFn, local_measure
 
 __all__ = [
-    "INITIAL_TAG", "Normalisers", "SelectAt", "StateFit", "StateOracles", "fit_state", "hgem_config", "local_oracles",
+    "INITIAL_TAG", "Normalisers", "SelectAt", "StateFit", "StateOracles", "fit_state", "local_oracles",
     "outstanding_rho", "pretrained_generator", "round_tag", "run_state", "session_oracles", "state_seeds",
 ]
 
@@ -160,13 +161,14 @@ def local_oracles(private: HierarchicalData, unit: PrivacyUnit,
     return StateOracles(lambda tag: measure, select)
 
 
-def outstanding_rho(budget: StateBudget, initial_ids: Sequence[str], paid: Collection[tuple[str, str]]) -> Fraction:
+def outstanding_rho(budget: RoundBudget, initial_ids: Sequence[str], paid: Collection[tuple[str, str]]) -> Fraction:
     """What a run still has to charge, given the ``(tag, name)`` charges already made."""
-    missing = sum((budget.rho_initial for i in initial_ids if (INITIAL_TAG, i) not in paid), Fraction(0))
+    each = budget.initial_each(len(initial_ids))
+    missing = sum((each for i in initial_ids if (INITIAL_TAG, i) not in paid), Fraction(0))
     for r in range(1, budget.rounds + 1):
         tag = round_tag(r)
-        missing += 0 if (tag, "select") in paid else budget.rho_select
-        missing += 0 if any(t == tag and name != "select" for t, name in paid) else budget.rho_measure
+        missing += 0 if (tag, "select") in paid else budget.select
+        missing += 0 if any(t == tag and name != "select" for t, name in paid) else budget.measure
     return missing
 
 
@@ -193,23 +195,14 @@ def state_seeds(base: int, state: int) -> tuple[int, int]:
     return int(s[0] >> 1), int(s[1] >> 1)
 
 
-def hgem_config(settings: HGEMSettings, seed: int = 0, prior_households: float = 300.0) -> HGEMConfig:
-    """The trainer's configuration from ``settings``; ``prior_households``: strength α of the
-    relative-entropy prior to the public fit, in households (``prior_strength`` × N_G)."""
-    return HGEMConfig(
-        rounds=settings.rounds, max_update_steps=settings.max_update_steps, initial_update_steps=settings.initial_update_steps,
-        lr=settings.lr, batch_size=settings.batch_size, z_dim=settings.z_dim, hidden=tuple(settings.hidden), seed=int(seed),
-        prior_households=float(prior_households),
-    )
-
-
-def pretrained_generator(public: HierarchicalData, candidates: Sequence[Workload], config: HGEMConfig, pretrain_steps: int,
+def pretrained_generator(public: HierarchicalData, candidates: Sequence[Workload], settings: HGEMSettings, seed: int,
                          device: str | torch.device | None = None) -> HGEMGenerator:
-    """A generator from ``config`` fitted to the public answers of ``candidates`` (GEM^Pub, no
-    privacy cost; ``pretrain_steps`` = 0: none). A function of public data and settings only."""
-    G = make_generator(public.domain, config, device)
-    if pretrain_steps > 0:
-        pretrain_public(G, public, candidates, steps=int(pretrain_steps), lr=config.lr)
+    """A generator of ``settings``' size from ``seed``, fitted to the public answers of
+    ``candidates`` (GEM^Pub, no privacy cost; ``settings.pretrain_steps`` = 0: none). A function
+    of public data, settings and seed only."""
+    G = make_generator(public.domain, settings, seed, device)
+    if settings.pretrain_steps > 0:
+        pretrain_public(G, public, candidates, steps=settings.pretrain_steps, lr=settings.lr)
     return G
 
 
@@ -221,18 +214,19 @@ class StateFit:
     result: HGEMResult
     candidates: list[Workload]
     initial_workloads: list[Workload]
-    budget: StateBudget
+    budget: RoundBudget
     normalisers: Normalisers
     score_sensitivity: float
-    config: HGEMConfig
     settings: HGEMSettings
+    seed: int  # the generator's
+    prior_households: float  # n₀ of the trainer's prior to the public fit
     device: str
 
     def diagnostics(self) -> dict[str, Any]:
         """JSON-ready: settings, budget split, per-round history."""
         return {
             "candidates": len(self.candidates),
-            "settings": {"hgem": self.settings.to_dict(), "train": {**self.config.__dict__, "hidden": list(self.config.hidden)},
+            "settings": {"hgem": self.settings.to_dict(), "seed": self.seed, "prior_households": self.prior_households,
                          "device": self.device},
             "initial_workloads": [w.id for w in self.initial_workloads],
             "budget": {**self.budget.to_dict(), "score_sensitivity": self.score_sensitivity,
@@ -256,7 +250,6 @@ def fit_state(
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
     public_fit: dict[str, Any] | None = None,
-    overrides: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> StateFit:
     """Train one state's H-GEM (module docstring, steps 1-4).
@@ -271,8 +264,6 @@ def fit_state(
     seed               the generator's seed (post-processing: :func:`state_seeds`)
     public_fit         a ``state_dict`` of :func:`pretrained_generator`'s result for these settings
                        and seed (a cache of public-only work); None: pretrain here
-    overrides          fields of the trainer's configuration (:func:`hgem_config`) to replace:
-                       the benchmarks' ablations only (the pipeline passes none)
     log                progress lines (no private values)
     """
     say = log or (lambda _msg: None)
@@ -288,25 +279,26 @@ def fit_state(
         if missing > oracles.remaining:
             raise BudgetExceededError(
                 f"{oracles.name}: {len(initial_ws)} initial workloads and {budget.rounds} rounds still need rho={missing} "
-                f"(≈{float(missing):.6g}) but the node has {oracles.remaining} left of its allocation {budget.rho_node}")
+                f"(≈{float(missing):.6g}) but the node has {oracles.remaining} left of its allocation {rho_node}")
 
-    def measured(tag: str, w: Workload, rho: Fraction) -> InitialMeasurement:
+    def measured(tag: str, w: Workload, rho: Fraction) -> NormalisedMeasurement:
         """``w``'s noisy counts at ``rho`` in the normalised units train_hgem sees (answers and σ
         divided by the workload's normaliser)."""
         counts, sigma = oracles.measure(tag)(w, rho)
-        return InitialMeasurement(w, np.asarray(counts, dtype=np.float64) / norm(w), float(sigma) / norm(w))
+        return NormalisedMeasurement(w, np.asarray(counts, dtype=np.float64) / norm(w), float(sigma) / norm(w))
 
-    initial = [measured(INITIAL_TAG, w, budget.rho_initial) for w in initial_ws]
-    cfg = replace(hgem_config(settings, seed, prior_households=prior_strength * norm.households), **(overrides or {}))
+    rho_initial = budget.initial_each(len(initial_ws))
+    initial = [measured(INITIAL_TAG, w, rho_initial) for w in initial_ws]
+    prior_households = prior_strength * norm.households
     dev = resolve_device(device)
-    say(f"{len(initial)} initial workloads (rho {float(budget.rho_initial):.4g} each), {len(candidates)} candidate workloads, "
-        f"{budget.rounds} rounds, rho={float(budget.rho_node):.6g} (eps0={budget.epsilon0:.4g}, "
-        f"rho_meas/round={float(budget.rho_measure):.4g}), device {dev}")
+    say(f"{len(initial)} initial workloads (rho {float(rho_initial):.4g} each), {len(candidates)} candidate workloads, "
+        f"{budget.rounds} rounds, rho={float(rho_node):.6g} (eps0={budget.epsilon0:.4g}, "
+        f"rho_meas/round={float(budget.measure):.4g}), device {dev}")
     if public_fit is not None:
-        G = make_generator(domain, cfg, dev)
+        G = make_generator(domain, settings, seed, dev)
         G.load_state_dict(public_fit)
     else:
-        G = pretrained_generator(public, candidates, cfg, settings.pretrain_steps, dev)
+        G = pretrained_generator(public, candidates, settings, seed, dev)
         say(f"public pretraining done (at most {settings.pretrain_steps} steps)")
 
     normalisers = [norm(w) for w in candidates]
@@ -318,7 +310,7 @@ def fit_state(
         return oracles.select(round_tag(current["round"]), candidates, normalisers, model_answers, budget.epsilon0, delta_score)
 
     def measure(w: Workload) -> np.ndarray:
-        m = measured(round_tag(current["round"]), w, budget.rho_measure)
+        m = measured(round_tag(current["round"]), w, budget.measure)
         last["sigma"] = m.sigma
         return m.answers
 
@@ -326,9 +318,9 @@ def fit_state(
         say(f"round {rec.round}/{budget.rounds} measured {rec.workload} ({rec.steps} update steps, {rec.seconds:.1f}s)")
 
     # the σ of the measurement just taken (train_hgem asks right after measuring the workload)
-    res = train_hgem(domain, candidates, select, measure, cfg, generator=G, callback=progress,
-                     measurement_sigma=lambda w: last["sigma"], initial=initial)
-    return StateFit(res, candidates, initial_ws, budget, norm, delta_score, cfg, settings, str(dev))
+    res = train_hgem(domain, candidates, select, measure, settings, prior_households=prior_households, generator=G,
+                     callback=progress, measurement_sigma=lambda w: last["sigma"], initial=initial)
+    return StateFit(res, candidates, initial_ws, budget, norm, delta_score, settings, int(seed), prior_households, str(dev))
 
 
 def run_state(
@@ -346,19 +338,17 @@ def run_state(
     prior_strength: float = 0.1,
     device: str | torch.device | None = None,
     public_fit: dict[str, Any] | None = None,
-    overrides: Mapping[str, Any] | None = None,
     structure: HouseholdStructure | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[HierarchicalData, StateFit]:
     """One state's H-GEM end to end (module docstring): :func:`fit_state` with the generator seed
     of :func:`state_seeds` (``seed``, ``state``), then ``n_samples`` households drawn with its
     sampling seed, geography (state, 0, ...). ``public_fit``: as :func:`fit_state`, for the
-    generator seed ``state_seeds(seed, state)[0]``; ``overrides``: as :func:`fit_state`; ``structure``:
+    generator seed ``state_seeds(seed, state)[0]``; ``structure``:
     the household rules the sampling keeps (:class:`engine.hgem.sampling.HouseholdStructure`)."""
     gen_seed, sample_seed = state_seeds(seed, state)
     fit = fit_state(public, settings, rho_node, households, oracles, unit=unit, initial_workloads=initial_workloads,
-                    seed=gen_seed, prior_strength=prior_strength, device=device, public_fit=public_fit, overrides=overrides,
-                    log=log)
+                    seed=gen_seed, prior_strength=prior_strength, device=device, public_fit=public_fit, log=log)
     synth = sample_households(fit.result.mixture(), int(n_samples), seed=sample_seed,
                               geo=(int(state),) + (0,) * (len(public.domain.geography) - 1), structure=structure)
     return synth, fit

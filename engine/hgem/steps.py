@@ -39,7 +39,7 @@ WARMUP_STEPS = 3  # eager steps before the first capture (PyTorch's examples use
 
 
 def use_cuda_graphs(device: torch.device, enabled: bool = True) -> bool:
-    """CUDA graphs are used on a CUDA device when ``enabled`` (HGEMConfig.cuda_graphs)."""
+    """CUDA graphs are used on a CUDA device when ``enabled`` (HGEMSettings.cuda_graphs)."""
     return bool(enabled) and torch.device(device).type == "cuda"
 
 

@@ -1,6 +1,6 @@
 """H-GEM training: the Adaptive Measurements rounds (:func:`train_hgem`).
 
-The pieces live beside it: the configuration, measurement and result types in
+The pieces live beside it: the settings in ``engine.hgem.settings``, the measurement and result types in
 ``engine.hgem.config``, public pretraining in ``engine.hgem.pretrain``, the two update rules
 (``"gem"``, ``"map"``) and the EMA in ``engine.hgem.updates``, the Adam step loops in
 ``engine.hgem.steps``; one state's whole procedure as the pipeline runs it (budget split,
@@ -53,7 +53,7 @@ normalised steps can overshoot on saturated softmax heads, which is how househol
 with a free network failed). The output is the last round's result (the MAP estimate given all
 measurements), ``output="ema"`` restores GEM's EMA.
 
-Initial measurements (``initial``: :class:`InitialMeasurement`): workloads chosen from public data
+Initial measurements (``initial``: :class:`NormalisedMeasurement`): workloads chosen from public data
 (the prior update's state workloads, ``engine.workload_selection``) measured before the rounds
 with a share of ρ and no selection cost (``engine.hgem.privacy.state_budget``). Round 0 fits them
 all at once (at most ``initial_update_steps``); the adaptive rounds, if any, spend the rest and
@@ -89,9 +89,10 @@ from numpy.typing import ArrayLike
 
 from engine.domain import Domain
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
-from engine.hgem.config import HGEMConfig, HGEMResult, InitialMeasurement, NormalisedMeasureFn, RoundRecord, SelectFn, make_generator
+from engine.hgem.config import HGEMResult, NormalisedMeasureFn, NormalisedMeasurement, NormalisedSelectFn, RoundRecord, make_generator
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.pretrain import pretrain_public
+from engine.hgem.settings import HGEMSettings
 from engine.hgem.steps import AdamSteps, GraphedEval, frozen, make_adam, use_cuda_graphs
 from engine.hgem.updates import ema_update, gem_update, kl_prior, map_update
 from engine.hierarchical_data import HierarchicalData
@@ -102,14 +103,17 @@ from engine.queries import Workload
 def train_hgem(
     domain: Domain,
     workloads: Sequence[Workload],
-    select: SelectFn,
+    select: NormalisedSelectFn,
     measure: NormalisedMeasureFn,
-    config: HGEMConfig | None = None,
+    settings: HGEMSettings,
+    *,
+    prior_households: float,
     generator: HGEMGenerator | None = None,
+    seed: int = 0,
     device: str | torch.device | None = None,
     callback: Callable[[RoundRecord, HGEMGenerator], None] | None = None,
     measurement_sigma: Callable[[Workload], float] | None = None,
-    initial: Sequence[InitialMeasurement] = (),
+    initial: Sequence[NormalisedMeasurement] = (),
 ) -> HGEMResult:
     """Run T adaptive-measurement rounds (H-GEM Algorithm 3) and return the output generator: the
     last round's fit by default (the MAP estimate given all measurements), GEM's EMA of the
@@ -120,42 +124,42 @@ def train_hgem(
                        of every candidate, concatenated in order (``engine.queries`` C order per
                        workload); the selector scores them against the private data
     measure            ``measure(workload) -> noisy normalised answers`` (same cell order)
+    settings           the hyper-parameters (rounds, steps, learning rate, update rule, output)
+    prior_households   n₀, the strength of the ``"map"`` rule's prior to the public fit in
+                       households (0: no prior; the ``"gem"`` rule has none)
     generator          start from this generator (e.g. after ``pretrain_public``); it is trained
-                       in place. Default: a fresh one from ``config`` on ``device``.
+                       in place. Default: a fresh one of ``settings``' size from ``seed`` on ``device``.
     callback           called after every round with (record, current generator).
     measurement_sigma  ``measurement_sigma(workload)``: std of the measurement noise per cell in
                        normalised units (``update="map"``); None → estimated (module doc).
-    initial            measurements taken before the rounds (``InitialMeasurement``: workloads
+    initial            measurements taken before the rounds (``NormalisedMeasurement``: workloads
                        chosen from public data, no selection cost). They join the past
                        measurements from the start, and round 0 updates F on them alone before the
-                       first selection, so the first score already reflects them. ``config.rounds``
+                       first selection, so the first score already reflects them. ``settings.rounds``
                        may then be 0 (no adaptive rounds).
     """
-    cfg = config or HGEMConfig()
-    G = generator if generator is not None else make_generator(domain, cfg, device)
+    G = generator if generator is not None else make_generator(domain, settings, seed, device)
     if G.domain != domain:
         raise ValueError("generator domain differs from the workloads' domain")
     dev = G.device
-    plan_all = AnswerPlan(domain, workloads, device=dev, max_elements=cfg.max_elements)
-    graphs = use_cuda_graphs(dev, cfg.cuda_graphs)
+    plan_all = AnswerPlan(domain, workloads, device=dev, max_elements=settings.max_elements)
+    graphs = use_cuda_graphs(dev, settings.cuda_graphs)
     groups: list[dict[str, Any]] = [{"params": [G.component_logits]}]  # Adam parameter groups
     network = [p for name, p in G.named_parameters() if name != "component_logits"]
-    if cfg.network_lr_scale > 0:
-        groups.append({"params": network, "lr": cfg.lr * cfg.network_lr_scale})
-    runner = AdamSteps(make_adam(groups, cfg.lr, dev), graphs)
+    if settings.network_lr_scale > 0:
+        groups.append({"params": network, "lr": settings.lr * settings.network_lr_scale})
+    runner = AdamSteps(make_adam(groups, settings.lr, dev), graphs)
     answers_of = GraphedEval(lambda: plan_all.answers(G()), graphs)
-    use_map = cfg.update == "map"
-    if cfg.update not in ("map", "gem"):
-        raise ValueError(f"unknown update {cfg.update!r}")
-    out_mode = cfg.output if cfg.output != "auto" else ("last" if use_map else "ema")
-    n0 = float(cfg.prior_households)
+    use_map = settings.update == "map"
+    out_mode = settings.output if settings.output != "auto" else ("last" if use_map else "ema")
+    n0 = float(prior_households)
     anchor = prior_term = None
     if use_map and n0 > 0:
         with torch.no_grad():
             start = G().detach()  # the public fit (no privacy cost)
             anchor = plan_all.answers(start).detach()
         prior_term = functools.partial(kl_prior, reference=start, strength=n0)
-    if cfg.rounds < (0 if initial else 1):
+    if settings.rounds == 0 and not initial:
         raise ValueError("need rounds >= 1, or initial measurements with rounds >= 0")
     measured: list[Workload] = []
     sig2: list[float] = []
@@ -170,30 +174,30 @@ def train_hgem(
     history: list[RoundRecord] = []
     gamma_ema: float | None = None
     ema: dict[str, torch.Tensor] | None = None
-    ema_start = cfg.rounds // 2
+    ema_start = settings.rounds // 2
 
     def update(max_steps: int) -> tuple[int, float, float]:
         nonlocal gamma_ema
-        plan_m = AnswerPlan(domain, measured, device=dev, max_elements=cfg.max_elements)
+        plan_m = AnswerPlan(domain, measured, device=dev, max_elements=settings.max_elements)
         tgt_m = plan_m.concat_targets(meas)
         if not use_map:
-            steps, gamma_ema, gamma, max_err = gem_update(G, runner, cfg, plan_m, tgt_m, gamma_ema, max_steps)
+            steps, gamma_ema, gamma, max_err = gem_update(G, runner, settings, plan_m, tgt_m, gamma_ema, max_steps)
             return steps, gamma, max_err
         w_m = torch.repeat_interleave(
             torch.as_tensor([0.5 / max(v, 1e-10) for v in sig2], dtype=tgt_m.dtype, device=dev),
             torch.as_tensor(np.diff(plan_m.offsets), device=dev))
-        return map_update(G, runner, cfg, plan_m, tgt_m, w_m, prior_term, max_steps)
+        return map_update(G, runner, settings, plan_m, tgt_m, w_m, prior_term, max_steps)
 
-    with frozen(network, cfg.network_lr_scale <= 0):
+    with frozen(network, settings.network_lr_scale <= 0):
         if initial:  # round 0: the measurements that needed no selection
             t0 = time.perf_counter()
-            steps, gamma, max_err = update(cfg.initial_update_steps)
+            steps, gamma, max_err = update(settings.initial_update_steps)
             rec = RoundRecord(0, f"initial ({len(initial)} workloads)", gamma, steps, max_err,
                               time.perf_counter() - t0)
             history.append(rec)
             if callback is not None:
                 callback(rec, G)
-        for t in range(1, cfg.rounds + 1):
+        for t in range(1, settings.rounds + 1):
             t0 = time.perf_counter()
             idx = int(select(answers_of().cpu().numpy().astype(np.float64)))
             if not 0 <= idx < len(workloads):
@@ -210,9 +214,9 @@ def train_hgem(
             else:
                 s2 = float(np.mean((m - np.mean(m)) ** 2))
             sig2.append(s2)
-            steps, gamma, max_err = update(cfg.max_update_steps)
+            steps, gamma, max_err = update(settings.max_update_steps)
             if t > ema_start:
-                ema = ema_update(ema, G, cfg.ema_beta)
+                ema = ema_update(ema, G, settings.ema_beta)
             rec = RoundRecord(t, w.id, gamma, steps, max_err, time.perf_counter() - t0)
             history.append(rec)
             if callback is not None:
@@ -239,25 +243,27 @@ def fit_hgem(
     choose: Callable[[np.ndarray, float], int],
     measure: NormalisedMeasureFn,
     score_sensitivity: float,
-    config: HGEMConfig | None = None,
+    settings: HGEMSettings,
+    *,
+    prior_households: float,
     public: HierarchicalData | None = None,
-    pretrain_steps: int = 3000,
+    seed: int = 0,
     device: str | torch.device | None = None,
 ) -> HGEMResult:
     """Convenience over in-memory data (tests, benchmarks): ``choose(scores, sensitivity)`` picks
-    from the max-error scores against the exact answers, optional public pretraining, then rounds."""
-    cfg = config or HGEMConfig()
-    G = make_generator(private.domain, cfg, device)
-    if public is not None and pretrain_steps > 0:
-        pretrain_public(G, public, workloads, steps=pretrain_steps)
+    from the max-error scores against the exact answers, optional public pretraining
+    (``settings.pretrain_steps``), then rounds."""
+    G = make_generator(private.domain, settings, seed, device)
+    if public is not None and settings.pretrain_steps > 0:
+        pretrain_public(G, public, workloads, steps=settings.pretrain_steps)
     return train_hgem(
         private.domain, workloads, score_select(exact_normalised_answers(private, workloads), choose, score_sensitivity),
-        measure, cfg, generator=G,
+        measure, settings, prior_households=prior_households, generator=G,
     )
 
 
-def score_select(true_answers: Sequence[np.ndarray], choose: Callable[[np.ndarray, float], int], sensitivity: float) -> SelectFn:
-    """A :data:`SelectFn` over in-memory answers: scores each candidate by its max abs error
+def score_select(true_answers: Sequence[np.ndarray], choose: Callable[[np.ndarray, float], int], sensitivity: float) -> NormalisedSelectFn:
+    """A :data:`NormalisedSelectFn` over in-memory answers: scores each candidate by its max abs error
     (``engine.privacy.session.max_abs_error_scores``) and lets ``choose(scores, sensitivity)``
     pick (e.g. ``engine.privacy.mechanisms.exponential_mechanism`` with ε bound in)."""
     target = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in true_answers])

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from engine.hgem.answers import AnswerPlan
-from engine.hgem.config import HGEMConfig
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import ProductMixture, mixture_kl_bound
+from engine.hgem.settings import HGEMSettings
 from engine.hgem.steps import AdamSteps
 
 
@@ -31,7 +31,7 @@ def kl_prior(mix: ProductMixture, reference: ProductMixture, strength: float) ->
     return strength * mixture_kl_bound(mix, reference)
 
 
-def gem_update(G: HGEMGenerator, runner: AdamSteps, cfg: HGEMConfig, plan_m: AnswerPlan, tgt_m: torch.Tensor,
+def gem_update(G: HGEMGenerator, runner: AdamSteps, cfg: HGEMSettings, plan_m: AnswerPlan, tgt_m: torch.Tensor,
                gamma_ema: float | None, max_steps: int) -> tuple[int, float | None, float, float]:
     """One round of H-GEM-Update (Algorithm 4): γ = gamma_scale × EMA of the max errors; Adam on the
     ℓ2 errors of the measurements still above γ, until none is or ``max_steps`` (T_max).
@@ -61,7 +61,7 @@ def gem_update(G: HGEMGenerator, runner: AdamSteps, cfg: HGEMConfig, plan_m: Ans
     return steps, gamma_ema, gamma, max_err
 
 
-def map_update(G: HGEMGenerator, runner: AdamSteps, cfg: HGEMConfig, plan_m: AnswerPlan, tgt_m: torch.Tensor, w_m: torch.Tensor,
+def map_update(G: HGEMGenerator, runner: AdamSteps, cfg: HGEMSettings, plan_m: AnswerPlan, tgt_m: torch.Tensor, w_m: torch.Tensor,
                prior_term: Callable[[ProductMixture], torch.Tensor] | None, max_steps: int) -> tuple[int, float, float]:
     """One round of the ``update="map"`` rule: Adam on the weighted likelihood of all past
     measurements plus the prior term ``prior_term(mixture)`` (None: none), warm-started, until the

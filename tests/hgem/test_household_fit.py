@@ -7,20 +7,21 @@ import pytest
 import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
-from engine.hgem.config import HGEMConfig, make_generator
+from engine.hgem.config import make_generator
 from engine.hgem.mixture import HouseholdCells, household_log_likelihood
 from engine.hgem.pretrain import pretrain_households
+from engine.hgem.settings import HGEMSettings
 from engine.hgem.train import score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 
 from .conftest import synthetic_data
 
-CFG = dict(max_update_steps=30, lr=3e-3, z_dim=16, hidden=(64, 64), seed=0)
+CFG = dict(max_update_steps=30, lr=3e-3, z_dim=16, hidden=(64, 64))
 
 
 def test_household_log_likelihood_against_a_direct_product(domain):
     data = synthetic_data(domain, 40, seed=3)
-    G = make_generator(domain, HGEMConfig(batch_size=40, **CFG), "cpu")
+    G = make_generator(domain, HGEMSettings(batch_size=40, **CFG), 0, "cpu")
     with torch.no_grad():
         mix = G()
     got = household_log_likelihood(mix, HouseholdCells(G.layout, data, "cpu")).double().numpy()
@@ -39,7 +40,7 @@ def test_household_log_likelihood_against_a_direct_product(domain):
 
 def test_household_pretraining_reproduces_the_public_answers(domain):
     public = synthetic_data(domain, 300, seed=5)
-    G = make_generator(domain, HGEMConfig(batch_size=300, **CFG), "cpu")
+    G = make_generator(domain, HGEMSettings(batch_size=300, **CFG), 0, "cpu")
     hist = pretrain_households(G, public, steps=3000, lr=1e-2, target=0.99)
     assert len(hist) < 3000 and hist[-1] < 0.2 * hist[0]  # stopped at the target
     ws = kway_workloads(domain, 2) + kway_workloads(domain, 3)
@@ -53,7 +54,7 @@ def test_household_pretraining_reproduces_the_public_answers(domain):
 
 def test_household_pretraining_needs_one_component_per_household(domain):
     public = synthetic_data(domain, 50, seed=5)
-    G = make_generator(domain, HGEMConfig(batch_size=49, **CFG), "cpu")
+    G = make_generator(domain, HGEMSettings(batch_size=49, **CFG), 0, "cpu")
     with pytest.raises(ValueError, match="one component per public household"):
         pretrain_households(G, public)
 
@@ -61,10 +62,11 @@ def test_household_pretraining_needs_one_component_per_household(domain):
 def test_frozen_network_moves_only_the_component_weights(domain, data):
     ws = kway_workloads(domain, 2)
     true = exact_normalised_answers(data, ws)
-    cfg = HGEMConfig(rounds=4, batch_size=32, network_lr_scale=0.0, prior_households=50.0, **CFG)
-    G = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=4, batch_size=32, network_lr_scale=0.0, **CFG)
+    G = make_generator(domain, cfg, 0, "cpu")
     before = {n: p.detach().clone() for n, p in G.named_parameters()}
-    train_hgem(domain, ws, score_select(true, lambda s, e: int(np.argmax(s)), 1.0), lambda w: true[ws.index(w)], cfg, generator=G)
+    train_hgem(domain, ws, score_select(true, lambda s, e: int(np.argmax(s)), 1.0), lambda w: true[ws.index(w)], cfg,
+               prior_households=50.0, generator=G)
     for name, p in G.named_parameters():
         assert p.requires_grad  # restored after the rounds
         moved = not torch.equal(p.detach(), before[name])

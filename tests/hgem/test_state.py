@@ -3,12 +3,13 @@ on the tiny synthetic domain, with recording in-memory oracles (CPU, tiny model)
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from engine.hgem.privacy import gem_budget, score_sensitivity, state_budget
+from engine.hgem.privacy import score_sensitivity, state_budget
 from engine.hgem.settings import HGEMSettings, HGEMSettingsError
 from engine.hgem.state import (
     INITIAL_TAG,
@@ -30,25 +31,28 @@ TINY = HGEMSettings(rounds=2, batch_size=16, z_dim=4, hidden=(16,), max_update_s
                     pretrain_steps=5, kway=2, kway_per_group_count=2)
 
 
-def test_state_budget_is_exact_and_matches_gem_budget():
+def test_state_budget_is_exact_and_is_the_gem_split():
+    """No initial workloads: all of ρ over T rounds, each ρ/T split α to the selection (ε₀ = √(8 α ρ/T)
+    up to the float ε₀ that fits) and the rest to the measurement."""
     for rho in (Fraction(1), Fraction(1, 3), Fraction(7, 1000)):
         for T in (1, 3, 8, 50):
-            rb = state_budget(rho, T, Fraction(1, 2), Fraction(4, 5))
-            assert rb.total() <= rho and T * (rb.rho_select + rb.rho_measure) == rb.total()
-            assert rb.rho_select == exponential_mechanism_rho(rb.epsilon0)
-            ref = gem_budget(float(rho), T)
-            assert rb.epsilon0 == pytest.approx(ref.epsilon0, rel=1e-12)
-            assert float(rb.rho_measure) == pytest.approx(ref.rho_measure, rel=1e-12)
+            for alpha in (Fraction(1, 2), Fraction(1, 4)):
+                rb = state_budget(rho, T, alpha, Fraction(4, 5))
+                assert rb.total() <= rho and T * (rb.select + rb.measure) == rb.total() and rb.initial == 0
+                assert rb.select == exponential_mechanism_rho(rb.epsilon0) <= alpha * rho / T
+                assert rb.epsilon0 == pytest.approx(math.sqrt(8 * float(alpha * rho / T)), rel=1e-12)
+                assert rb.measure == (1 - alpha) * rho / T
 
 
 def test_state_budget_with_initial_workloads():
     rho = Fraction(3, 7)
     for share, T, n in ((Fraction(1, 2), 8, 17), (Fraction(3, 4), 3, 5), (Fraction(1), 0, 4)):
         rb = state_budget(rho, T, Fraction(1, 2), share, n_initial=n)
-        assert rb.rho_initial == share * rho / n and rb.rho_rounds == rho - share * rho
-        assert rb.total() == n * rb.rho_initial + T * (rb.rho_select + rb.rho_measure)
+        assert rb.initial_each(n) == share * rho / n and rb.initial == share * rho
+        assert rb.rounds == T and T * (rb.select + rb.measure) <= rho - share * rho
+        assert rb.total() == n * rb.initial_each(n) + T * (rb.select + rb.measure)
         assert rb.total() <= rho and float(rb.total()) == pytest.approx(float(rho), rel=1e-9)
-    assert state_budget(rho, 3, Fraction(1, 2), Fraction(1, 2), n_initial=0).rho_rounds == rho  # nothing to measure first
+    assert state_budget(rho, 3, Fraction(1, 2), Fraction(1, 2), n_initial=0).initial == 0  # nothing to measure first
     with pytest.raises(HGEMSettingsError):
         state_budget(rho, 0, Fraction(1, 2), Fraction(1, 2), n_initial=4)  # budget left but no rounds
     with pytest.raises(HGEMSettingsError):
@@ -107,17 +111,17 @@ def test_run_state_calls_the_oracles_in_order_at_the_split(domain, data, public)
     cands = candidate_workloads(domain, TINY)
     norm = Normalisers.of(data.n_households, public)
     delta = score_sensitivity(cands, domain, "household", norm.households, norm.persons)
-    assert rec.calls[:2] == [("measure", INITIAL_TAG, w.id, rb.rho_initial) for w in init]
+    assert rec.calls[:2] == [("measure", INITIAL_TAG, w.id, rb.initial_each(2)) for w in init]
     rounds = rec.calls[2:]
     assert [c[:2] for c in rounds] == [(k, round_tag(r)) for r in (1, 2) for k in ("select", "measure")]
-    assert all(c[2:] == (rb.epsilon0, delta) for c in rounds[::2]) and all(c[3] == rb.rho_measure for c in rounds[1::2])
+    assert all(c[2:] == (rb.epsilon0, delta) for c in rounds[::2]) and all(c[3] == rb.measure for c in rounds[1::2])
     # normalised units: the initial group measurement is the exact share of households per TEN code
     first = fit.result.measurements[0]
     np.testing.assert_allclose(first, answer(data, init[0]) / norm.households)
     assert synth.n_households == 300 and synth.domain == domain
     assert [h.round for h in fit.result.history] == [0, 1, 2]
     d = fit.diagnostics()
-    assert d["initial_workloads"] == [w.id for w in init] and d["budget"]["rho_initial"] == str(rb.rho_initial)
+    assert d["initial_workloads"] == [w.id for w in init] and d["budget"]["initial"] == str(rb.initial)
 
 
 def test_the_selection_picks_the_worst_workload_by_the_session_scores(domain, data):
@@ -140,7 +144,7 @@ def test_outstanding_rho_counts_only_missing_charges():
     ids = ["group:TEN|", "person:|AGE"]
     assert outstanding_rho(rb, ids, set()) == rb.total()
     paid = {(INITIAL_TAG, ids[0]), ("round-1", "select"), ("round-1", "group:TEN|"), ("round-2", "select")}
-    assert outstanding_rho(rb, ids, paid) == rb.rho_initial + rb.rho_measure + rb.rho_select + rb.rho_measure
+    assert outstanding_rho(rb, ids, paid) == rb.initial_each(2) + rb.measure + rb.select + rb.measure
 
 
 def test_refused_before_anything_is_spent(domain, data, public):

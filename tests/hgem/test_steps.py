@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
-from engine.hgem.config import HGEMConfig, make_generator
+from engine.hgem.config import make_generator
 from engine.hgem.generator import SegmentSoftmax
 from engine.hgem.pretrain import fit_answers
+from engine.hgem.settings import HGEMSettings
 from engine.hgem.steps import AdamSteps, GraphedEval, make_adam, set_lr
 from engine.hgem.train import score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-CFG = dict(max_update_steps=25, lr=3e-3, batch_size=64, z_dim=16, hidden=(64, 64), seed=0)
+CFG = dict(max_update_steps=25, lr=3e-3, batch_size=64, z_dim=16, hidden=(64, 64))
 
 
 @pytest.mark.parametrize("sizes", [(3, 1, 4, 2), (5,), (1, 1), (2, 7, 3)])
@@ -115,9 +116,9 @@ def test_cuda_graph_training_matches_eager_training(domain, data, update):
     meas = lambda w: true[ws.index(w)]  # noqa: E731
     out = {}
     for graphs in (False, True):
-        cfg = HGEMConfig(rounds=6, update=update, prior_households=50.0, cuda_graphs=graphs, **CFG)
-        G = make_generator(domain, cfg, "cuda")
-        res = train_hgem(domain, ws, score_select(true, sel, 1.0), meas, cfg, generator=G)
+        cfg = HGEMSettings(rounds=6, update=update, cuda_graphs=graphs, **CFG)
+        G = make_generator(domain, cfg, 0, "cuda")
+        res = train_hgem(domain, ws, score_select(true, sel, 1.0), meas, cfg, prior_households=50.0, generator=G)
         plan = AnswerPlan(domain, ws, device="cuda")
         with torch.no_grad():
             out[graphs] = ([(r.workload, r.steps) for r in res.history], plan.answers(res.generator()).cpu())
@@ -134,23 +135,23 @@ def test_cuda_graph_fit_matches_eager_fit_with_decay_and_plateau(domain, data):
     true = exact_normalised_answers(data, ws)
     out = {}
     for graphs in (False, True):
-        G = make_generator(domain, HGEMConfig(**CFG), "cuda")
+        G = make_generator(domain, HGEMSettings(**CFG), 0, "cuda")
         out[graphs] = np.array(fit_answers(G, ws, true, 100, lr=3e-3, decay=True, cuda_graphs=graphs))
     assert len(out[True]) == len(out[False]) == 100
     np.testing.assert_allclose(out[True], out[False], rtol=1e-2)
     for graphs in (False, True):
-        G = make_generator(domain, HGEMConfig(**CFG), "cuda")
+        G = make_generator(domain, HGEMSettings(**CFG), 0, "cuda")
         assert len(fit_answers(G, ws, true, 2000, lr=3e-3, rel_tol=0.05, window=20, cuda_graphs=graphs)) < 2000
 
 
 def test_fit_answers_stopping_rules(domain, data):
     ws = kway_workloads(domain, 2)
     true = exact_normalised_answers(data, ws)
-    G = make_generator(domain, HGEMConfig(**CFG), "cpu")
+    G = make_generator(domain, HGEMSettings(**CFG), 0, "cpu")
     hist = fit_answers(G, ws, true, 2000, lr=3e-3, rel_tol=0.05, window=20)
     assert 0 < len(hist) < 2000 and len(hist) % 20 == 0
     best = [min(hist[k : k + 20]) for k in range(0, len(hist), 20)]
     assert best[-1] > min(best[:-1]) * 0.95  # the last window did not improve by 5 %
     assert all(best[k] <= min(best[:k]) * 0.95 for k in range(1, len(best) - 1))  # every earlier one did
-    assert fit_answers(make_generator(domain, HGEMConfig(**CFG), "cpu"), ws, true, 15, tol=1.0) == []  # errors < 1
-    assert len(fit_answers(make_generator(domain, HGEMConfig(**CFG), "cpu"), ws, true, 15, tol=1e-9)) == 15
+    assert fit_answers(make_generator(domain, HGEMSettings(**CFG), 0, "cpu"), ws, true, 15, tol=1.0) == []  # errors < 1
+    assert len(fit_answers(make_generator(domain, HGEMSettings(**CFG), 0, "cpu"), ws, true, 15, tol=1e-9)) == 15

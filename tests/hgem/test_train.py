@@ -1,29 +1,31 @@
-"""Adaptive-measurement training, EMA output, public pretraining and the budget helper."""
+"""Adaptive-measurement training, EMA output, public pretraining and the sensitivities."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
-from engine.hgem.config import HGEMConfig, InitialMeasurement, make_generator
+from engine.hgem.config import NormalisedMeasurement, make_generator
 from engine.hgem.pretrain import pretrain_public
 from engine.hgem.privacy import (
     cell_sensitivity,
-    gem_budget,
     measurement_l2_sensitivity,
     score_sensitivity,
 )
+from engine.hgem.settings import HGEMSettings
 from engine.hgem.train import fit_hgem, score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
 from engine.queries import Workload
 
 from .conftest import synthetic_data
 
-CFG = dict(max_update_steps=60, lr=3e-3, batch_size=64, z_dim=16, hidden=(64, 64), seed=0, update="gem")
+CFG = dict(max_update_steps=60, lr=3e-3, batch_size=64, z_dim=16, hidden=(64, 64), update="gem")
 
 
 def _errors(G, plan, tgt):
@@ -35,8 +37,8 @@ def _errors(G, plan, tgt):
 def test_noiseless_training_reduces_workload_error(domain, data):
     ws = kway_workloads(domain, 3)
     true = exact_normalised_answers(data, ws)
-    cfg = HGEMConfig(rounds=12, **CFG)
-    G = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=12, **CFG)
+    G = make_generator(domain, cfg, 0, "cpu")
     plan = AnswerPlan(domain, ws, device="cpu")
     tgt = plan.concat_targets(true)
     before = _errors(G, plan, tgt)
@@ -51,7 +53,7 @@ def test_noiseless_training_reduces_workload_error(domain, data):
         calls["measure"].append(w)
         return true[ws.index(w)]
 
-    res = train_hgem(domain, ws, score_select(true, select, 1 / 3000), measure, cfg, generator=G)
+    res = train_hgem(domain, ws, score_select(true, select, 1 / 3000), measure, cfg, prior_households=0.0, generator=G)
     after = _errors(res.generator, plan, tgt)
     assert after[0] < 0.4 * before[0] and after[1] < 0.4 * before[1]
     assert [ws[i] for i in calls["select"]] == calls["measure"] == res.measured
@@ -61,11 +63,11 @@ def test_noiseless_training_reduces_workload_error(domain, data):
 def test_ema_output_is_the_ema_of_second_half_weights(domain, data):
     ws = kway_workloads(domain, 2)
     true = exact_normalised_answers(data, ws)
-    cfg = HGEMConfig(rounds=6, ema_beta=0.7, **{**CFG, "max_update_steps": 5})
+    cfg = HGEMSettings(rounds=6, ema_beta=0.7, **{**CFG, "max_update_steps": 5})
     snaps = []
     res = train_hgem(
         domain, ws, score_select(true, lambda s, e: int(np.argmax(s)), 1e-3), lambda w: true[ws.index(w)], cfg,
-        device="cpu", callback=lambda rec, G: snaps.append({k: v.detach().clone() for k, v in G.named_parameters()}),
+        prior_households=0.0, device="cpu", callback=lambda rec, G: snaps.append({k: v.detach().clone() for k, v in G.named_parameters()}),
     )
     ema = None
     for snap in snaps[3:]:  # rounds 4..6 (second half of T = 6)
@@ -82,14 +84,14 @@ def test_measure_length_is_checked(domain, data):
     ws = [Workload("group", ("TEN",))]
     with pytest.raises(ValueError):
         train_hgem(domain, ws, score_select(exact_normalised_answers(data, ws), lambda s, e: 0, 1e-3), lambda w: np.zeros(2),
-                   HGEMConfig(rounds=1, **CFG), device="cpu")
+                   HGEMSettings(rounds=1, **CFG), prior_households=0.0, device="cpu")
 
 
 def test_public_pretraining_fits_public_answers(domain):
     public = synthetic_data(domain, 2000, seed=7)
     ws = kway_workloads(domain, 2)
-    cfg = HGEMConfig(rounds=1, **CFG)
-    G = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=1, **CFG)
+    G = make_generator(domain, cfg, 0, "cpu")
     plan = AnswerPlan(domain, ws, device="cpu")
     tgt = plan.concat_targets(exact_normalised_answers(public, ws))
     before = _errors(G, plan, tgt)
@@ -105,26 +107,12 @@ def test_fit_hgem_with_public_start_beats_public_only(domain, data):
     true = exact_normalised_answers(data, ws)
     plan = AnswerPlan(domain, ws, device="cpu")
     tgt = plan.concat_targets(true)
-    cfg = HGEMConfig(rounds=8, **CFG)
-    pub_only = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=8, **CFG)
+    pub_only = make_generator(domain, cfg, 0, "cpu")
     pretrain_public(pub_only, public, ws, steps=150, lr=3e-3)
-    res = fit_hgem(data, ws, lambda s, e: int(np.argmax(s)), lambda w: true[ws.index(w)], 1e-3, cfg,
-                   public=public, pretrain_steps=150, device="cpu")
+    res = fit_hgem(data, ws, lambda s, e: int(np.argmax(s)), lambda w: true[ws.index(w)], 1e-3, replace(cfg, pretrain_steps=150),
+                   prior_households=0.0, public=public, device="cpu")
     assert _errors(res.generator, plan, tgt)[1] < _errors(pub_only, plan, tgt)[1]
-
-
-def test_gem_budget_split():
-    b = gem_budget(0.5, 10, alpha=0.25)
-    assert b.rounds * (b.rho_select + b.rho_measure) == pytest.approx(0.5)
-    assert b.epsilon0**2 / 8 == pytest.approx(b.rho_select) and b.rho_select == pytest.approx(0.0125)
-    sigma = b.sigma(math.sqrt(2))
-    assert 2 / (2 * sigma**2) == pytest.approx(b.rho_measure)
-    pf = gem_budget(0.5, 10, alpha=0.25, selection="permute_and_flip")
-    assert pf.epsilon0**2 / 2 == pytest.approx(pf.rho_select) and pf.sigma(1.0) == pytest.approx(b.sigma(1.0))
-    with pytest.raises(ValueError):
-        gem_budget(0.5, 0)
-    with pytest.raises(ValueError):
-        gem_budget(0.5, 3, selection="laplace")
 
 
 def test_sensitivities(domain):
@@ -159,13 +147,13 @@ def test_map_update_with_public_prior_improves_on_public_start(domain, data):
     true = exact_normalised_answers(data, ws)
     plan = AnswerPlan(domain, ws, device="cpu")
     tgt = plan.concat_targets(true)
-    cfg = HGEMConfig(rounds=6, **{**CFG, "update": "map", "prior_households": 100.0})
-    G = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=6, **{**CFG, "update": "map"})
+    G = make_generator(domain, cfg, 0, "cpu")
     hist = pretrain_public(G, public, ws, steps=400)
     assert len(hist) <= 400
     start = _errors(G, plan, tgt)
     res = train_hgem(domain, ws, score_select(true, lambda s, e: int(np.argmax(s)), 1e-3), lambda w: true[ws.index(w)], cfg,
-                     generator=G, measurement_sigma=lambda w: 1e-3)
+                     prior_households=100.0, generator=G, measurement_sigma=lambda w: 1e-3)
     after = _errors(res.generator, plan, tgt)
     assert after[0] < start[0] and after[1] < start[1]
     # output="last" for the MAP rule: the returned generator is the final iterate
@@ -185,14 +173,14 @@ def test_map_prior_is_on_the_distribution_so_unmeasured_workloads_follow(domain,
     unmeasured = [Workload("group", ("TEN", "BLD"), ()), Workload("person", ("TEN",), ("AGE",))]
     ws = [measured] + unmeasured
     true = exact_normalised_answers(data, ws)
-    cfg = HGEMConfig(rounds=3, **{**CFG, "update": "map", "prior_households": 300.0})
-    G = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=3, **{**CFG, "update": "map"})
+    G = make_generator(domain, cfg, 0, "cpu")
     pretrain_public(G, public, ws, steps=600)
     plan = AnswerPlan(domain, unmeasured, device="cpu")
     tgt = plan.concat_targets(true[1:])
     start = _errors(G, plan, tgt)
     res = train_hgem(domain, ws, score_select(true, lambda s, e: 0, 1e-3), lambda w: true[ws.index(w)], cfg,
-                     generator=G, measurement_sigma=lambda w: 2e-3)
+                     prior_households=300.0, generator=G, measurement_sigma=lambda w: 2e-3)
     assert res.measured == [measured] * 3
     after = _errors(res.generator, plan, tgt)
     assert after[1] < 0.2 * start[1] and after[0] < 0.3 * start[0]
@@ -211,14 +199,15 @@ def test_initial_measurements_alone_fit_their_workloads(domain, data):
     true = exact_normalised_answers(data, ws)
     init_ws = [Workload("group", ("TEN",), ()), Workload("person", (), ("AGE",)), Workload("group", ("TEN",), ("AGE",))]
     init_true = exact_normalised_answers(data, init_ws)
-    cfg = HGEMConfig(rounds=0, **{**CFG, "update": "map", "prior_households": 100.0, "initial_update_steps": 300})
-    G = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=0, initial_share=Fraction(1), **{**CFG, "update": "map", "initial_update_steps": 300})
+    G = make_generator(domain, cfg, 0, "cpu")
     pretrain_public(G, public, ws, steps=300)
     plan_i = AnswerPlan(domain, init_ws, device="cpu")
     tgt_i = plan_i.concat_targets(init_true)
     start = _errors(G, plan_i, tgt_i)
-    initial = [InitialMeasurement(w, a, 1e-3) for w, a in zip(init_ws, init_true)]
-    res = train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, generator=G, initial=initial)
+    initial = [NormalisedMeasurement(w, a, 1e-3) for w, a in zip(init_ws, init_true)]
+    res = train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, prior_households=100.0, generator=G,
+                     initial=initial)
     assert res.measured == init_ws and len(res.measurements) == 3
     assert [r.round for r in res.history] == [0] and 0 < res.history[0].steps <= 300
     after = _errors(res.generator, plan_i, tgt_i)
@@ -232,8 +221,8 @@ def test_first_selection_sees_the_initial_update(domain, data):
     ws = kway_workloads(domain, 2)
     true = exact_normalised_answers(data, ws)
     k = next(i for i, w in enumerate(ws) if w.level == "group")
-    cfg = HGEMConfig(rounds=2, **{**CFG, "update": "map", "prior_households": 100.0})
-    G = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=2, **{**CFG, "update": "map"})
+    G = make_generator(domain, cfg, 0, "cpu")
     pretrain_public(G, public, ws, steps=300)
     plan = AnswerPlan(domain, ws, device="cpu")
     with torch.no_grad():
@@ -244,8 +233,8 @@ def test_first_selection_sees_the_initial_update(domain, data):
         seen.append(np.asarray(scores).copy())
         return int(np.argmax(scores))
 
-    res = train_hgem(domain, ws, score_select(true, select, 1e-3), lambda w: true[ws.index(w)], cfg, generator=G,
-                     measurement_sigma=lambda w: 1e-3, initial=[InitialMeasurement(ws[k], true[k], 1e-3)])
+    res = train_hgem(domain, ws, score_select(true, select, 1e-3), lambda w: true[ws.index(w)], cfg,
+                     prior_households=100.0, generator=G, measurement_sigma=lambda w: 1e-3, initial=[NormalisedMeasurement(ws[k], true[k], 1e-3)])
     assert len(seen) == 2 and [r.round for r in res.history] == [0, 1, 2]
     assert seen[0][k] < 0.5 * start_scores[k]
     assert res.measured[0] == ws[k] and len(res.measured) == 3
@@ -254,15 +243,15 @@ def test_first_selection_sees_the_initial_update(domain, data):
 def test_initial_measurements_are_checked(domain, data):
     ws = [Workload("group", ("TEN",))]
     true = exact_normalised_answers(data, ws)
-    cfg = HGEMConfig(rounds=0, **CFG)
+    cfg = HGEMSettings(rounds=0, initial_share=Fraction(1), **CFG)
     with pytest.raises(ValueError, match="rounds"):
-        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, device="cpu")
+        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, prior_households=0.0, device="cpu")
     with pytest.raises(ValueError, match="cells"):
-        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, device="cpu",
-                   initial=[InitialMeasurement(ws[0], np.zeros(len(true[0]) + 1), 1e-3)])
+        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, prior_households=0.0, device="cpu",
+                   initial=[NormalisedMeasurement(ws[0], np.zeros(len(true[0]) + 1), 1e-3)])
     with pytest.raises(ValueError, match="sigma"):
-        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, device="cpu",
-                   initial=[InitialMeasurement(ws[0], true[0], 0.0)])
+        train_hgem(domain, ws, score_select(true, _no_rounds, 1e-3), _no_rounds, cfg, prior_households=0.0, device="cpu",
+                   initial=[NormalisedMeasurement(ws[0], true[0], 0.0)])
 
 
 def test_map_round_keeps_its_best_iterate(domain, data):
@@ -273,8 +262,8 @@ def test_map_round_keeps_its_best_iterate(domain, data):
 
     ws = kway_workloads(domain, 2)[:6]
     true = exact_normalised_answers(data, ws)
-    cfg = HGEMConfig(rounds=1, **{**CFG, "update": "map", "update_tol": 0.0})
-    G = make_generator(domain, cfg, "cpu")
+    cfg = HGEMSettings(rounds=1, **{**CFG, "update": "map", "update_tol": 0.0})
+    G = make_generator(domain, cfg, 0, "cpu")
     plan = AnswerPlan(domain, ws, device="cpu")
     tgt = plan.concat_targets(true)
     w_m = torch.full_like(tgt, 0.5 / 1e-3**2)
