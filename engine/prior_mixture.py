@@ -61,8 +61,9 @@ class Flip:
 
     @property
     def name(self) -> str:
-        """The attribute (a binary flip) or ``attribute:a:b`` (a swap of two codes)."""
-        return self.attribute if self.values in (None, (0, 1)) else f"{self.attribute}:{self.values[0]}:{self.values[1]}"
+        """The attribute (a binary attribute's flip, or a template) or ``attribute:a:b`` (a swap of
+        two named codes, whatever the attribute's size)."""
+        return self.attribute if self.values is None else f"{self.attribute}:{self.values[0]}:{self.values[1]}"
 
     def swapping(self, a: int, b: int) -> Flip:
         return Flip(self.attribute, self.householder_attributes, (min(a, b), max(a, b)))

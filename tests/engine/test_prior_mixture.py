@@ -200,6 +200,9 @@ def test_a_swap_exchanges_two_codes_for_every_person_and_nothing_else():
 
     templates = (Flip("RAC"), FLIP)
     assert named_flips(["SEX", "RAC:0:2"], templates) == (FLIP, Flip("RAC", (), (0, 2)))
+    # every swap reads back as itself, the swap of codes 0 and 1 included (not as its template)
+    swaps = tuple(Flip("RAC").swapping(a, b) for a, b in ((0, 1), (0, 2), (1, 2)))
+    assert named_flips([f.name for f in swaps], templates) == swaps
     with pytest.raises(ValueError, match="not among the run's prior flips"):
         named_flips(["AGE:0:1"], templates)
 
