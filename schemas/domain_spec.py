@@ -158,7 +158,7 @@ class DomainSpec(_Strict):
         return next(n for n, h in self.household_attributes.items() if h.derive == "size")
 
     def prior_flips(self, names: list[str] | tuple[str, ...], domain: Domain) -> tuple[Flip, ...]:
-        """``synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip`: each named person
+        """``advanced.synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip`: each named person
         attribute with the household attributes this spec derives from its householder's value
         (those of ``domain``). A household attribute derived from the attribute otherwise
         (``any_person``) would not stay consistent under the flip, so it is refused, as is an
@@ -169,7 +169,7 @@ class DomainSpec(_Strict):
             derived = {n: h for n, h in self.household_attributes.items() if n in kept and h.attribute == name}
             other = sorted(n for n, h in derived.items() if h.derive != "householder")
             if other:
-                raise DomainSpecError(f"synthesis.prior_flips: household attributes {other} derive from {name} other than by its "
+                raise DomainSpecError(f"advanced.synthesis.prior_flips: household attributes {other} derive from {name} other than by its "
                                       "householder's value and would not follow the flip")
             flip = Flip(name, tuple(sorted(n for n, h in derived.items() if h.derive == "householder")))
             try:
@@ -178,6 +178,14 @@ class DomainSpec(_Strict):
                 raise DomainSpecError(str(e)) from None
             flips.append(flip)
         return tuple(flips)
+
+    def flippable(self, domain: Domain) -> tuple[str, ...]:
+        """The person attributes :meth:`prior_flips` can flip in ``domain``: each binary one whose
+        household attributes kept in ``domain`` all take the householder's value (the release
+        config's default ``advanced.synthesis.prior_flips``, whatever the domain)."""
+        kept = {a.name for a in domain.group}
+        otherwise = {h.attribute for n, h in self.household_attributes.items() if n in kept and h.derive != "householder"}
+        return tuple(a.name for a in domain.person if a.size == 2 and a.name not in otherwise)
 
     def domain(self, max_size: int) -> Domain:
         person = tuple(a.attribute(n) for n, a in self.person_attributes.items())

@@ -68,7 +68,7 @@ class RunPaths:
 
     @property
     def synthesis_split_path(self) -> Path:
-        """The public simulation's state/PUMA split of the synthesis ρ (``allocation.synthesis_split``)."""
+        """The public simulation's state/PUMA split of the synthesis ρ (``advanced.allocation.synthesis_split``)."""
         return self.run_dir / "synthesis_split.json"
 
     @property
