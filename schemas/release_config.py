@@ -520,3 +520,35 @@ def load_config(path: str | Path, name: str | None = None, run: tuple[str, str] 
     except PumaListError as e:
         raise ConfigError(f"{path}: {e}") from None
     return cfg
+
+
+def key_counts(model: type[BaseModel] = ReleaseConfig, section: str = "(top level)") -> dict[str, tuple[int, int]]:
+    """The schema's keys per section (``advanced.synthesis``, ...): (keys, required keys), the
+    sections nested in ``model`` after it."""
+    out = {section: (len(model.model_fields), sum(f.is_required() for f in model.model_fields.values()))}
+    for name, field in model.model_fields.items():
+        nested = [t for t in (field.annotation, *getattr(field.annotation, "__args__", ()))
+                  if isinstance(t, type) and issubclass(t, BaseModel)]
+        if nested:
+            out.update(key_counts(nested[0], name if section == "(top level)" else f"{section}.{name}"))
+    return out
+
+
+def _print_key_counts() -> None:
+    counts = key_counts()
+    width = max(map(len, counts))
+    print(f"{'section':<{width}}  keys  required")
+    for section, (n, required) in counts.items():
+        print(f"{section:<{width}}  {n:>4}  {required:>8}")
+    print(f"{'all':<{width}}  {sum(n for n, _ in counts.values()):>4}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m schemas.release_config", description="The release config's schema.")
+    parser.add_argument("--keys", action="store_true", help="print how many keys each section of the schema has")
+    if parser.parse_args().keys:
+        _print_key_counts()
+    else:
+        parser.print_help()
