@@ -116,11 +116,10 @@ def _config(tmp: Path, name: str, private: str, public: str, **over) -> Path:
         "private": [{"path": private}],
         "public": [{"path": public}],
         "budget": {"epsilon": 1.0, "delta": 1e-10},
-        "allocation": {
-            "stages": {"count_of_counts": 0.2, "state_synthesis": 0.4, "puma_synthesis": 0.4},
+        "advanced": {"allocation": {  # one public state: the synthesis shares given, not simulated
+            "stages": {"count_of_counts": 0.2, "state_synthesis": 0.4, "puma_synthesis": 0.4}, "synthesis_split": "fixed",
             "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}, "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
-        },
-        "synthesizer": "prior_update",
+        }},
         "sampling_seed": 20181,
         "output_dir": str(tmp / "releases"),
         "work_dir": str(tmp / "work"),
