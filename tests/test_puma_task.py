@@ -81,7 +81,7 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
     sigmas = state_meta["sigmas"]
     assert set(state_ids) <= set(sigmas) and all(s > 0 for s in sigmas.values())
     assert state_meta["diagnostics"]["puma_sums"] == {"pumas": len(jobs), "workloads": puma_ids}
-    assert state_meta["diagnostics"]["prior_mixture"]["attributes"] == ["HISP_ORIGIN"]  # the default's flip, weighed
+    assert state_meta["diagnostics"]["prior_mixture"]["attributes"] == ["SEX", "HISP_ORIGIN"]  # the default's flips, weighed
     # the PUMA fits read the state task's measurements back: each PUMA workload charged once
     puma_keys = [c.key for c in ctx.ledger.charges() if c.stage == "puma_synthesis"]
     assert len(puma_keys) == len(set(puma_keys)) == len(jobs) * len(puma_ids)
