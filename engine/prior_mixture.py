@@ -58,14 +58,14 @@ class Flip:
         its householder attributes binary household attributes of it."""
         persons, groups = {a.name: a for a in domain.person}, {a.name: a for a in domain.group}
         if self.attribute not in persons:
-            raise ValueError(f"synthesis.prior_flips: {self.attribute!r} is not a person attribute of the domain "
+            raise ValueError(f"{self.attribute!r} is not a person attribute of the domain "
                              f"(expected one of {sorted(persons)})")
         if persons[self.attribute].size != 2:
-            raise ValueError(f"synthesis.prior_flips: person attribute {self.attribute} has {persons[self.attribute].size} values; "
+            raise ValueError(f"person attribute {self.attribute} has {persons[self.attribute].size} values; "
                              "only a binary attribute can be flipped")
         for name in self.householder_attributes:
             if name not in groups or groups[name].size != 2:
-                raise ValueError(f"synthesis.prior_flips: household attribute {name} (derived from {self.attribute}) "
+                raise ValueError(f"household attribute {name} (derived from {self.attribute}) "
                                  "must be a binary household attribute of the domain")
 
 

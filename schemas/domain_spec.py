@@ -175,7 +175,7 @@ class DomainSpec(_Strict):
             try:
                 flip.check(domain)
             except ValueError as e:
-                raise DomainSpecError(str(e)) from None
+                raise DomainSpecError(f"advanced.synthesis.prior_flips: {e}") from None
             flips.append(flip)
         return tuple(flips)
 

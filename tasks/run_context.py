@@ -73,12 +73,12 @@ class RunPaths:
 
     @property
     def strength_floor_path(self) -> Path:
-        """The public simulation's floor of the state prior strength (``synthesis.prior_strength_floor``)."""
+        """The public simulation's floor of the state prior strength (the prior update's empirical Bayes is held to it)."""
         return self.run_dir / "prior_strength_floor.json"
 
     @property
     def puma_attributes_path(self) -> Path:
-        """How many PUMA attributes the signal-to-noise rule chose (``synthesis.puma_attributes_rule``)."""
+        """How many PUMA attributes the signal-to-noise rule chose (``engine.puma_attributes``)."""
         return self.run_dir / "puma_attributes.json"
 
     @property
