@@ -1,6 +1,6 @@
 """H-GEM's settings as the pipeline runs it: one typed, frozen value (no torch needed to read it).
 
-The release config's ``hgem:`` section (``schemas.release_config.HGEMSpec``) builds an
+The release config's ``advanced.hgem`` section (``schemas.release_config.HGEMSpec``) builds an
 :class:`HGEMSettings`; the manifest records it; ``engine.hgem.state`` runs one state with it; the
 benchmarks run the same procedure with the same object. The defaults are small enough for a CPU
 (about a minute per state).
