@@ -178,7 +178,7 @@ class CountOfCountsSpec(_Strict):
     def _removed(cls, v):
         if isinstance(v, dict) and "group_counts" in v:
             raise ValueError(
-                "count_of_counts.group_counts was removed: household counts are private (measured) by default; "
+                "advanced.count_of_counts.group_counts was removed: household counts are private (measured) by default; "
                 "to hold PUMA household counts exact, declare `invariants: [puma_household_counts]` at the top level")
         return v
 
