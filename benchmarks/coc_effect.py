@@ -43,7 +43,10 @@ def config(base: Path, variant: str, tmp: Path, epsilon: float) -> Path:
     cfg["output_dir"], cfg["work_dir"] = str(tmp / "releases"), str(tmp / "work")
     cfg["data_root"] = str(Path(os.environ.get("DPRELEASE_DATA", ROOT.parent / "shared" / "data")).resolve())
     if variant == "off":  # the count-of-counts share goes to the household counts
-        stages, levels = cfg["allocation"]["stages"], cfg["allocation"]["levels"]
+        from schemas.release_config import DEFAULT_ALLOCATIONS
+
+        allocation = cfg.setdefault("advanced", {}).setdefault("allocation", DEFAULT_ALLOCATIONS["prior_update"].model_dump(exclude_none=True))
+        stages, levels = allocation["stages"], allocation["levels"]
         coc = stages.pop("count_of_counts")
         coc_levels = levels.pop("count_of_counts")
         had = stages.get("group_counts", 0)

@@ -2,7 +2,7 @@
 
 Every H-GEM number here is the shipped code's: each run is :func:`engine.hgem.state.fit_state` /
 :func:`engine.hgem.state.run_state` — the procedure ``tasks.hgem`` runs per state — with an
-:class:`engine.hgem.settings.HGEMSettings` (the release config's ``hgem:`` section), the same exact
+:class:`engine.hgem.settings.HGEMSettings` (the release config's ``advanced.hgem`` section), the same exact
 budget split (``engine.hgem.privacy.state_budget``), the same normalisers (N_G, N_G × the public
 mean household size) and the pipeline's mechanisms on in-memory data
 (:func:`engine.hgem.state.local_oracles`: discrete Gaussian on the integer counts, exponential

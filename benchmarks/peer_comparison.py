@@ -310,7 +310,7 @@ def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, ep
     cfg["household_rules"] = {"max_household_size": bench.M, "group_quarters": "single_person_households", "oversize": "clip"}
     if method == "public0":  # nothing measured: exact PUMA household counts (the declared invariant)
         cfg["invariants"] = ["puma_household_counts"]
-        cfg["allocation"] = {"stages": {"puma_synthesis": 1.0}, "levels": {"puma_synthesis": {"puma": 1.0}}}
+        cfg["advanced"] = {"allocation": {"stages": {"puma_synthesis": 1.0}, "levels": {"puma_synthesis": {"puma": 1.0}}}}
     path = tmp / f"{method}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -375,7 +375,7 @@ def run_pipeline(base: dict, method: str, bench: Bench, public: list[str], epsil
     priv = manifest["privacy"]
     info = {"rho_spent": float(Fraction(str(priv["rho"]))), "epsilon_spent": priv["epsilon_delta"]["epsilon"], "delta": priv["epsilon_delta"]["delta"],
             "stages": manifest.get("stages"), "release_counts": manifest.get("release_counts"),
-            "allocation": manifest["config"].get("allocation"), "synthesizer": manifest["config"].get("synthesizer"),
+            "allocation": manifest["privacy"]["plan"], "synthesizer": manifest["config"].get("synthesizer"),
             "invariants": manifest["config"].get("invariants"), "pipeline_source_sha256": source,
             "state_fraction": (priv.get("synthesis_split") or {}).get("state_fraction"),  # the public simulation's choice, if it ran
             "prior_strength_floor": ((manifest.get("synthesizer") or {}).get("prior_strength_floor") or {}).get("floor"),  # ditto
@@ -599,7 +599,7 @@ def main(argv=None) -> int:
         if (old["settings"]["private"], old["settings"].get("private_file"), old["settings"]["max_household_size"]) != (private, private_file_name, bench.M):
             ap.error(f"{json_path} holds another set-up; use another --tag")
         records = [r for r in old["records"] if "error" not in r]
-        if old["settings"].get("dprelease", {}).get("allocation") != base_config.get("allocation"):
+        if old["settings"].get("dprelease", {}).get("allocation") != (base_config.get("advanced") or {}).get("allocation"):
             log("warning: the base config's allocation differs from the one of the kept records (see each record's info.allocation)")
         log(f"resuming: {len(records)} finished cells kept from {json_path.name}")
     have = {(r["method"], float(r["epsilon"]), r["run"]) for r in records}
@@ -619,7 +619,7 @@ def main(argv=None) -> int:
             "aim": {"max_model_size": args.max_model_size, "max_iters": args.max_iters, "rounds": args.rounds},
             "mst": {"iters": args.mst_iters},
             "dprelease": {"config": config_name, "domain": str(SPEC_PATH.relative_to(ROOT)),
-                          "allocation": base_config.get("allocation"), "base_config": base_config},
+                          "allocation": (base_config.get("advanced") or {}).get("allocation"), "base_config": base_config},
             "attributes": {a: int(s) for a, s in zip(ATTRS, bench.shape)},
             "pinned_cpus": args.cpus or None,
         },

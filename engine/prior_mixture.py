@@ -80,14 +80,14 @@ class Flip:
         like it."""
         persons, groups = {a.name: a for a in domain.person}, {a.name: a for a in domain.group}
         if self.attribute not in persons:
-            raise ValueError(f"synthesis.prior_flips: {self.attribute!r} is not a person attribute of the domain "
+            raise ValueError(f"{self.attribute!r} is not a person attribute of the domain "
                              f"(expected one of {sorted(persons)})")
         size = persons[self.attribute].size
         if self.values is not None and (self.values[0] == self.values[1] or not all(0 <= v < size for v in self.values)):
-            raise ValueError(f"synthesis.prior_flips: {self.attribute} swaps two distinct codes of its {size}, got {self.values}")
+            raise ValueError(f"{self.attribute} swaps two distinct codes of its {size}, got {self.values}")
         for name in self.householder_attributes:
             if name not in groups or groups[name].codes != persons[self.attribute].codes:
-                raise ValueError(f"synthesis.prior_flips: household attribute {name} (derived from {self.attribute}) "
+                raise ValueError(f"household attribute {name} (derived from {self.attribute}) "
                                  f"must be a household attribute of the domain coded like {self.attribute}")
 
 

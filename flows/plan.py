@@ -49,7 +49,7 @@ def render_plan(cfg: ReleaseConfig, checked: list[InputFile] | None = None) -> s
         *([] if checked is None else [inputs_line(cfg, checked)]),
         *([f"synthesis split: public_simulation (the state_synthesis + puma_synthesis shares' sum, "
            f"{cfg.allocation.stages['state_synthesis'] + cfg.allocation.stages['puma_synthesis']:g}, is divided between the state and "
-           "the PUMA level at run time by the expected error simulated on the public data; the table shows the config's split)"]
+           "the PUMA level at run time by the expected error simulated on the public data; the table shows the shares before that division)"]
           if cfg.allocation.synthesis_split == "public_simulation" and cfg.synthesizer == "prior_update" else []),
         "",
     ]

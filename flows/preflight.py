@@ -29,25 +29,23 @@ def preflight(cfg: ReleaseConfig, skip_missing: bool = False) -> list[InputFile]
         domain = domain.project(cfg.attributes.group, cfg.attributes.person)
     except KeyError as e:
         raise ConfigError(f"attributes: {e.args[0]} (domain {cfg.domain})") from None
-    if cfg.synthesizer == "prior_update" and cfg.synthesis.prior_flips:
-        spec.prior_flips(cfg.synthesis.prior_flips, domain)
+    if cfg.synthesizer == "prior_update" and cfg.advanced.synthesis.prior_flips:
+        spec.prior_flips(cfg.advanced.synthesis.prior_flips, domain)
     files = check_inputs(cfg, skip_missing)
     weight_totals(cfg)
     if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
         present = [f for f in files if f.role == "public" and f.kind == "path"]
         states = public_states(present, cfg.geography.state)
         if len(states) < 2 and len(present) == len(cfg.public):
-            raise ConfigError("allocation.synthesis_split: public_simulation plays each public state as private against the "
+            raise ConfigError("advanced.allocation.synthesis_split: public_simulation (the prior update's default) plays each public state as private against the "
                               f"others: it needs public inputs of at least two states (they cover {len(states)}); add a public "
-                              "state or set synthesis_split: fixed")
+                              "state or give an advanced.allocation with synthesis_split: fixed")
     return files
 
 
 def uses_strength_floor(cfg: ReleaseConfig) -> bool:
-    """Whether the prior update's state strength (empirical Bayes) is held to the public simulation's floor."""
-    s = cfg.synthesis
-    return (cfg.synthesizer == "prior_update" and s.update_rule == "map" and s.prior_strength_rule == "empirical_bayes"
-            and s.prior_strength_floor == "public_simulation")
+    """Whether the run's state strength (empirical Bayes) is held to the public simulation's floor: the prior update's always is."""
+    return cfg.synthesizer == "prior_update"
 
 
 def weight_totals(cfg: ReleaseConfig) -> WeightTotals | None:

@@ -16,7 +16,7 @@ import math
 import os
 import secrets
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from prefect_dask import DaskTaskRunner
 from engine.geography import Geography, node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.strength_floor import played_states
-from engine.workload_selection import PUMA_ATTRIBUTES
+from engine.synthesis_settings import SynthesisSettings
 from flows.plan import invariants_statement
 from flows.preflight import preflight, uses_strength_floor, weight_totals
 from schemas.data_dictionary import data_dictionary
@@ -193,10 +193,10 @@ def merged_inputs(paths: RunPaths, reports: list[dict]) -> tuple[str, str]:
 
 
 @flow(name="select-workload")
-def select_workload_stage(paths: RunPaths, public_npz: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES,
-                          sizes_measured: bool = False, complete_pairs: bool = False) -> dict:
-    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), person_first, normalise, puma_attributes, sizes_measured,
-                               complete_pairs)
+def select_workload_stage(paths: RunPaths, public_npz: str, prior_update: bool, puma_attributes: int, sizes_measured: bool) -> dict:
+    """``prior_update``: normalised workloads with the state's pairs completed (else plain counts of the selection's cliques)."""
+    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), 0, prior_update, puma_attributes, sizes_measured,
+                               prior_update)
     get_run_logger().info(f"workload: {len(sel['state'])} state-level and {len(sel['puma'])} PUMA-level marginal workloads (from public data)")
     return sel
 
@@ -295,7 +295,7 @@ def hgem_stage(ctx: RunContext, counts_path: str, address: str, seed: int, workl
     from tasks.hgem import gpu_resources, hgem_state_task
 
     states = nodes_at(counts_path, "state")
-    per_household = ctx.cfg.hgem.support_per_household
+    per_household = ctx.cfg.advanced.hgem.support_per_household
     with dask.annotate(resources=gpu_resources(address)):
         futures = [hgem_state_task.submit(ctx, st[0], g, per_household * g, seed, workload["state"]) for st, g in states.items()]
     return dict(zip((st[0] for st in states), wait_all(futures, get_run_logger(), "H-GEM states")))
@@ -339,8 +339,8 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
     intervals = intervals_table(
         *([] if coc_released is None else [count_of_counts_intervals(
-            *coc_released, stored, domain, cfg.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
-        marginal_intervals(state_files + sorted(node_files), synth, "measurement_sd" if cfg.synthesis.update_rule == "ide" else "map_eb"),
+            *coc_released, stored, domain, cfg.advanced.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
+        marginal_intervals(state_files + sorted(node_files), synth, "map_eb"),
     )
     manifest = {
         "release": cfg.name,
@@ -361,14 +361,14 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "epsilon_delta": {"epsilon": summary["total"]["epsilon_spent_cks"], "delta": summary["total"]["delta"], "conversion": "Canonne-Kamath-Steinke 2020"},
             "samplers": "OpenDP contrib samplers (dp.enable_features('contrib')): discrete Gaussian / discrete Laplace on counts, drawing from OS entropy",
         },
-        "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": synthesizer_settings(cfg),
+        "synthesizer": {**SYNTHESIZER_DESCRIPTIONS[cfg.synthesizer], "settings": synthesizer_settings(cfg, ctx.settings),
                         **({"prior_strength_floor": strength_floor_entry(paths), "prior_mixture": prior_mixture_entry(paths)}
                            if cfg.synthesizer == "prior_update" else {}),
                         **({"puma_attributes": puma_attributes_entry(paths)} if workload is not None else {})},
         "workload": workload,
         "count_of_counts": None if coc_path is None else {
             "method": "Hc (isotonic L1), consistent top-down; its state and PUMA size histograms are fitted by the synthesis as noisy measurements",
-            **cfg.count_of_counts.model_dump(), "table": "count_of_counts.parquet",
+            **cfg.advanced.count_of_counts.model_dump(), "table": "count_of_counts.parquet",
             "table_semantics": "household-size histograms of the released microdata per node (equal to it exactly; children sum to parents)"},
         "measurements": measurements_entry(measurements),
         "intervals": intervals_entry(intervals),
@@ -433,9 +433,8 @@ def prior_mixture_entry(paths: RunPaths) -> dict:
 
 
 def puma_attributes_entry(paths: RunPaths) -> dict:
-    """How many PUMA attributes were measured: the signal-to-noise rule's choice with its table, or the config's number."""
-    chosen = paths.puma_attributes_path
-    return json.loads(chosen.read_text()) if chosen.exists() else {"method": "fixed by the config (synthesis.puma_attributes)"}
+    """How many PUMA attributes were measured: the signal-to-noise rule's choice with its table."""
+    return json.loads(paths.puma_attributes_path.read_text())
 
 
 def synthesis_split_entry(paths: RunPaths) -> dict:
@@ -445,13 +444,14 @@ def synthesis_split_entry(paths: RunPaths) -> dict:
     return json.loads(chosen.read_text()) if chosen.exists() else {"method": "fixed by the config (allocation.stages)"}
 
 
-def synthesizer_settings(cfg) -> dict:
-    """The manifest's record of the synthesizer's settings: ``synthesis`` (prior update; also the
-    PUMA step and H-GEM's prior strength), plus ``hgem`` under ``synthesizer: hgem``."""
+def synthesizer_settings(cfg: ReleaseConfig, settings: SynthesisSettings) -> dict:
+    """The manifest's record of the synthesizer's settings: the run's ``settings`` (the prior
+    update; also the PUMA step and H-GEM's prior strength) with every default resolved, plus
+    ``hgem`` under ``synthesizer: hgem``."""
     if cfg.synthesizer == "public_baseline":
         return {}
-    out = cfg.synthesis.model_dump()
-    return {**out, "hgem": cfg.hgem.settings().to_dict()} if cfg.synthesizer == "hgem" else out
+    out = json.loads(json.dumps(asdict(settings), default=str))  # the adaptive rounds' shares as exact fractions
+    return {**out, "hgem": cfg.advanced.hgem.settings().to_dict()} if cfg.synthesizer == "hgem" else out
 
 
 RELEASE_VALIDATION = {
@@ -527,14 +527,14 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         ctx = ctx.with_inputs(private_npz, public_npz, release_geography(cfg, private_npz))
         workload = posteriors = coc_path = supports = None
         if cfg.synthesizer != "public_baseline":
-            # H-GEM's mixture answers (engine.hgem.answers) are plain counts: its workloads are never normalised
-            normalise = cfg.synthesis.normalise and cfg.synthesizer == "prior_update"
-            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, cfg.synthesis.person_first, normalise,
-                             cfg.synthesis.puma_candidates(), cfg.allocation.stages.get("count_of_counts", 0) > 0,
-                             cfg.synthesis.complete_pairs and cfg.synthesizer == "prior_update", charges=False)
+            # the prior update's workloads are normalised, with the pairs the selection leaves out completed at the
+            # state; H-GEM's mixture answers (engine.hgem.answers) are plain counts of the selection's cliques
+            prior_update = cfg.synthesizer == "prior_update"
+            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, prior_update,
+                             ctx.settings.puma_attributes_max, cfg.allocation.stages.get("count_of_counts", 0) > 0, charges=False)
         if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
             split = stage("choose_synthesis_split", choose_split_stage, ctx, workload, charges=False)
-            cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(split["state_fraction"]))})
+            cfg = cfg.with_allocation(cfg.allocation.with_state_fraction(Fraction(split["state_fraction"])))
             ctx = replace(ctx, cfg=cfg)
         if uses_strength_floor(cfg):
             stage("choose_prior_strength_floor", choose_strength_floor_stage, ctx, workload, charges=False)
@@ -542,7 +542,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             counts_path = coc_path = stage("count_of_counts", count_of_counts_stage, ctx)
         else:
             counts_path = stage("household_counts", household_counts_stage, ctx)
-        if workload is not None and cfg.synthesis.puma_attributes_rule == "signal_to_noise":
+        if workload is not None:
             workload = stage("choose_puma_attributes", choose_puma_attributes_stage, ctx, workload, counts_path, charges=False)
         if cfg.synthesizer == "prior_update":
             posteriors = stage("state_synthesis", state_stage, ctx, counts_path, workload)

@@ -172,7 +172,7 @@ class DomainSpec(_Strict):
         return out
 
     def prior_flips(self, names: list[str] | tuple[str, ...], domain: Domain) -> tuple[Flip, ...]:
-        """``synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip` templates: each named
+        """``advanced.synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip` templates: each named
         person attribute with the household attributes this spec derives from its householder's
         value (those of ``domain``). A household attribute derived from the attribute otherwise
         (``any_person``) would not stay consistent under a relabelling, so it is refused, as is the
@@ -181,17 +181,17 @@ class DomainSpec(_Strict):
         flips = []
         for name in names:
             if name in self.person_attributes and self.person_attributes[name].source == self.relationship_column:
-                raise DomainSpecError(f"synthesis.prior_flips: {name} is the relationship, which marks the householder and the "
+                raise DomainSpecError(f"advanced.synthesis.prior_flips: {name} is the relationship, which marks the householder and the "
                                       "household's structure: it cannot be relabelled")
             other = sorted(n for n, h in derived["any_person"].items() if h.attribute == name)
             if other:
-                raise DomainSpecError(f"synthesis.prior_flips: household attributes {other} derive from {name} other than by its "
+                raise DomainSpecError(f"advanced.synthesis.prior_flips: household attributes {other} derive from {name} other than by its "
                                       "householder's value and would not follow the flip")
             flip = Flip(name, tuple(sorted(n for n, h in derived["householder"].items() if h.attribute == name)))
             try:
                 flip.check(domain)
             except ValueError as e:
-                raise DomainSpecError(str(e)) from None
+                raise DomainSpecError(f"advanced.synthesis.prior_flips: {e}") from None
             flips.append(flip)
         return tuple(flips)
 

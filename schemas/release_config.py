@@ -18,14 +18,12 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.adaptive import SELECT_FIRST, AdaptiveRounds
+from engine.adaptive import AdaptiveRounds
 from engine.domain import Domain
 from engine.errors import DPReleaseError
 from engine.geography import LEVELS, Geography
 from engine.hgem.settings import HGEMSettings
-from engine.prior_strength import DEFAULT_CANDIDATES
-from engine.synthesis_settings import SynthesisSettings
-from engine.workload_selection import PUMA_ATTRIBUTES, PUMA_ATTRIBUTES_MAX
+from engine.synthesis_settings import DEFAULT_ADAPTIVE, SynthesisSettings
 from schemas.domain_spec import domain_spec_path, load_domain_spec
 from schemas.geography import DEFAULT_PUMA_LIST, PumaListError, declared, load_puma_list, puma_list_path
 
@@ -72,14 +70,15 @@ class BudgetSpec(_Strict):
 class AllocationSpec(_Strict):
     """Shares of the total ρ per stage, and per stage the shares of its levels.
 
-    ``synthesis_split``: ``fixed`` spends the ``state_synthesis`` and ``puma_synthesis`` shares as
-    given; ``public_simulation`` keeps their sum and divides it between the state and the PUMA level
-    at run time by the expected error simulated on the public data (``engine.budget_split``; no
-    privacy cost), recorded in the manifest."""
+    ``synthesis_split``: ``public_simulation`` keeps the ``state_synthesis`` and ``puma_synthesis``
+    shares' sum and divides it between the state and the PUMA level at run time by the expected
+    error simulated on the public data (``engine.budget_split``; no privacy cost), recorded in the
+    manifest; ``fixed`` spends the shares as given. Absent: ``public_simulation`` under the prior
+    update (the split it models), ``fixed`` under the other synthesizers."""
 
     stages: dict[str, float]
     levels: dict[str, dict[str, float]]
-    synthesis_split: Literal["fixed", "public_simulation"] = "fixed"
+    synthesis_split: Literal["fixed", "public_simulation"] | None = None
 
     @field_validator("stages")
     @classmethod
@@ -108,13 +107,17 @@ class AllocationSpec(_Strict):
         for s, share in self.stages.items():
             if share > 0 and s not in self.levels:
                 raise ValueError(f"stage {s} has a share but no level allocation")
+        return self
+
+    def check_split(self) -> None:
+        """Raise ValueError unless a ``public_simulation`` split has the two synthesis shares to divide."""
         if self.synthesis_split == "public_simulation" and min(self.stages.get("state_synthesis", 0), self.stages.get("puma_synthesis", 0)) <= 0:
             raise ValueError("synthesis_split public_simulation divides the state_synthesis and puma_synthesis shares: both must be positive")
         if self.synthesis_split == "public_simulation" and (
                 {k: v for k, v in self.levels.get("state_synthesis", {}).items() if v} != {"state": 1}
                 or {k: v for k, v in self.levels.get("puma_synthesis", {}).items() if v} != {"puma": 1}):
-            raise ValueError("synthesis_split public_simulation needs levels state_synthesis {state: 1.0} and puma_synthesis {puma: 1.0}")
-        return self
+            raise ValueError("synthesis_split public_simulation needs levels state_synthesis {state: 1.0} and puma_synthesis {puma: 1.0}; "
+                             "or give synthesis_split: fixed")
 
     def with_state_fraction(self, fraction: Fraction) -> AllocationSpec:
         """The allocation with the synthesis shares' sum split ``fraction`` : 1 − ``fraction``
@@ -175,127 +178,46 @@ class CountOfCountsSpec(_Strict):
     def _removed(cls, v):
         if isinstance(v, dict) and "group_counts" in v:
             raise ValueError(
-                "count_of_counts.group_counts was removed: household counts are private (measured) by default; "
+                "advanced.count_of_counts.group_counts was removed: household counts are private (measured) by default; "
                 "to hold PUMA household counts exact, declare `invariants: [puma_household_counts]` at the top level")
         return v
 
 
-AdaptiveLevel = Literal["state", "puma"]
+_SYNTHESIS = SynthesisSettings()  # the synthesis defaults live in the engine, once
 
 
 class AdaptiveSpec(_Strict):
-    """Adaptive measurement rounds after the public-chosen workloads (``engine.adaptive``): at each
-    level in ``levels``, ``rounds`` workloads chosen by the exponential mechanism where the model is
-    most wrong, measured with ``share`` of the node's ρ (each round: ``select_share`` of its ρ to the
-    selection); candidates on 2..``max_attributes`` attributes with at most ``max_cells`` cells, scored at normalised
-    nodes on the plain counts of each household's first ``select_first`` persons."""
+    """The state level's adaptive rounds after the public-chosen workloads (``engine.adaptive``):
+    ``rounds`` workloads chosen by the exponential mechanism where the state posterior is most
+    wrong, measured with ``share`` of the state's synthesis ρ; ``rounds: 0``: none."""
 
-    rounds: int = Field(default=0, ge=0, le=1000)
-    share: float = Field(default=0.0, ge=0, lt=1)
-    select_share: float = Field(default=0.1, gt=0, lt=1)
-    levels: list[AdaptiveLevel] = ["state"]  # pydantic copies the default per instance
-    max_cells: int = Field(default=1024, ge=2)
-    max_attributes: int = Field(default=3, ge=2, le=4)
-    select_first: int = Field(default=SELECT_FIRST, ge=1, le=20, description=(
-        "normalised workloads: the candidates are scored on the plain counts of each household's first this many persons "
-        "(the selection's L1 sensitivity under the household unit; engine.adaptive)"))
+    rounds: int = Field(default=DEFAULT_ADAPTIVE.rounds, ge=0, le=1000)
+    share: float = Field(default=float(DEFAULT_ADAPTIVE.share), gt=0, lt=1)
 
-    @model_validator(mode="after")
-    def _rounds_need_budget(self) -> AdaptiveSpec:
-        if (self.rounds == 0) != (self.share == 0):
-            raise ValueError("synthesis.adaptive: rounds > 0 needs share > 0, and share > 0 needs rounds > 0")
-        return self
-
-    def plan(self, level: str) -> AdaptiveRounds | None:
-        """The engine's plan at ``level`` (None: no rounds there); shares as exact decimals."""
-        if self.rounds == 0 or level not in self.levels:
-            return None
-        return AdaptiveRounds(self.rounds, Fraction(str(self.share)), Fraction(str(self.select_share)), self.max_cells, self.max_attributes,
-                              self.select_first)
+    def plan(self) -> AdaptiveRounds | None:
+        """The engine's rounds (None: no rounds); the share as the exact decimal written."""
+        return AdaptiveRounds(self.rounds, Fraction(str(self.share))) if self.rounds else None
 
 
 class SynthesisSpec(_Strict):
-    """Prior-update settings: ``map`` (noise-aware, default) or ``ide`` (Tao et al.'s exact rule).
-    ``prior_strength`` is also the strength of H-GEM's relative-entropy prior to its public fit."""
+    """The expert overrides of :class:`engine.synthesis_settings.SynthesisSettings` (whose defaults
+    these are). ``prior_strength``: the MAP prior's strength α as a fraction of the node's households
+    (also H-GEM's relative-entropy prior); ``adaptive``: the state level's adaptive rounds;
+    ``prior_flips``: the person attributes whose relabelled public households may widen the state
+    prior (``engine.prior_mixture``: a binary one flipped, a multi-valued one's two codes swapped
+    where the state's measurements ask; post-processing, no privacy cost) — absent: every person
+    attribute the domain spec can relabel (:meth:`schemas.domain_spec.DomainSpec.flippable`), ``[]``: none."""
 
-    update_rule: Literal["map", "ide"] = "map"
-    prior_strength: float = Field(default=0.1, gt=0,
-                                  description="MAP rule and H-GEM: α as a fraction of the node's households")
-    sweeps: int = Field(default=3, ge=1, le=100, description="IDE rule: sweeps over the workloads")
-    person_first: int = Field(default=0, ge=0, description="person-level workloads count the first this many "
-                              "persons of each household (sensitivity person_first instead of M under the "
-                              "household unit, without normalise); 0: every person")
-    normalise: bool = Field(default=True, description="every synthesis workload but the partitions measures each "
-                            "household's contribution rescaled to one household's worth in L2 (engine.queries.Workload."
-                            "normalised): L2 sensitivity one household, every person counted; false: plain counts")
-    complete_pairs: bool = Field(default=True, description="the state level also measures every two-way marginal of the "
-                                 "persons that the mutual-information selection leaves out (each pair of person attributes, and "
-                                 "the size with each person attribute; engine.workload_selection.pair_completion), fitted by the "
-                                 "state's final fit (the adaptive rounds rank their candidates without them): the prior's weak "
-                                 "pairs are where a private state unlike the public ones differs; the cost is the state's final fit's "
-                                 "and its error estimates' time on the extra cells; false: the selection's cliques only")
-    puma_attributes: int = Field(default=PUMA_ATTRIBUTES, ge=1, le=32, description="PUMA level: the one-way marginals of this many "
-                                 "attributes (at least this many under puma_attributes_rule signal_to_noise), those that vary most "
-                                 "between the PUMAs of a public state (engine.workload_selection.select_workloads' puma_max_attributes)")
-    puma_attributes_rule: Literal["signal_to_noise", "fixed"] = Field(
-        default="signal_to_noise", description="signal_to_noise: more ranked PUMA attributes than puma_attributes, up to "
-        "puma_attributes_max, while the added one-way marginal's expected noise at the PUMA level's rho is at most its "
-        "between-PUMA variation on the public data (engine.puma_attributes; recorded in the manifest's "
-        "synthesizer.puma_attributes); fixed: exactly puma_attributes")
-    puma_attributes_max: int = Field(default=PUMA_ATTRIBUTES_MAX, ge=1, le=32,
-                                     description="signal_to_noise: the most PUMA attributes the rule may choose")
-    prior_strength_rule: Literal["empirical_bayes", "fixed"] = Field(
-        default="empirical_bayes", description="the state update's prior strength: empirical_bayes (chosen among "
-        "prior_strength_candidates from the state's own noisy measurements, engine.prior_strength) or fixed (prior_strength)")
-    prior_strength_candidates: list[float] = Field(default_factory=lambda: list(DEFAULT_CANDIDATES), min_length=2,
-                                                   description="empirical_bayes: the relative prior strengths to choose from")
-    prior_strength_floor: Literal["public_simulation", "none"] = Field(
-        default="public_simulation", description="empirical_bayes: public_simulation holds the choice at or above the weakest "
-        "candidate any public state, played as the private one at the run's budget, is best with on held-out marginals "
-        "(engine.strength_floor; no privacy cost, recorded in the manifest's synthesizer.prior_strength_floor); none: no floor")
-
-    @model_validator(mode="after")
-    def _puma_attribute_bounds(self) -> SynthesisSpec:
-        if self.puma_attributes_rule == "signal_to_noise" and self.puma_attributes_max < self.puma_attributes:
-            raise ValueError(f"synthesis.puma_attributes_max ({self.puma_attributes_max}) must be at least "
-                             f"synthesis.puma_attributes ({self.puma_attributes})")
-        return self
-
-    def puma_candidates(self) -> int:
-        """How many ranked PUMA attributes the workload selection keeps: all the rule may choose from."""
-        return self.puma_attributes_max if self.puma_attributes_rule == "signal_to_noise" else self.puma_attributes
+    prior_strength: float = Field(default=_SYNTHESIS.prior_strength, gt=0)
+    adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
+    prior_flips: list[str] | None = None
 
     @field_validator("prior_flips")
     @classmethod
     def _distinct_flips(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and len(set(v)) != len(v):
-            raise ValueError(f"synthesis.prior_flips names an attribute twice: {v}")
+            raise ValueError(f"advanced.synthesis.prior_flips names an attribute twice: {v}")
         return v
-
-    @field_validator("prior_strength_candidates")
-    @classmethod
-    def _positive_candidates(cls, v: list[float]) -> list[float]:
-        if any(not x > 0 for x in v):
-            raise ValueError("synthesis.prior_strength_candidates must all be > 0")
-        return v
-    prior_flips: list[str] | None = Field(
-        default=None, description="binary person attributes whose public share may be far from the "
-        "private state's: the support also holds every public household with the attribute flipped (its householder attributes "
-        "with it), weighed into the state prior by the least-squares fit of the prior's answers to the state's noisy "
-        "measurements, and only where that fit gains (engine.prior_mixture; post-processing, no privacy cost; recorded in the "
-        "state posterior's diagnostics); absent: every binary person attribute the domain spec can flip; []: the public households alone")
-    sampling: Literal["balanced", "systematic"] = Field(
-        default="balanced", description="how a PUMA's households are drawn from its posterior: balanced (the draw's one- and "
-        "two-attribute marginals and the persons' three-attribute ones held to the posterior's, a state's PUMAs with error "
-        "diffusion, engine.balanced_sampling) or systematic (along the household order)")
-    level_consistency: Literal["rake", "none"] = Field(
-        default="rake", description="rake: a state's PUMA posteriors tilted together so that their sum holds to the state posterior "
-        "on the state's measured workloads (engine.level_consistency); none: each PUMA as its own fit left it")
-    pumas_inform_state: bool = Field(
-        default=True, description="the state's fit also takes in its PUMAs' measurements, each PUMA workload's noisy answers summed "
-        "over the state's PUMAs with their variances summed (engine.level_consistency.children_sum; post-processing, no privacy "
-        "cost); false: the state posterior from the state's own measurements only")
-    adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
 
 
 _HGEM = HGEMSettings()  # the defaults live in the engine, once
@@ -334,7 +256,85 @@ class HGEMSpec(_Strict):
                                "hidden": tuple(self.hidden)})
 
 
+Synthesizer = Literal["public_baseline", "prior_update", "hgem"]
+
+_COUNT_LEVELS = {"nation": 0.2, "state": 0.3, "puma": 0.5}
+# The allocation a config gets without ``advanced.allocation``, per synthesizer. Prior update:
+# household counts take 10 % (a size histogram's sum is K times noisier than a direct count, so half
+# measures the counts alone, merged with the histograms' sums by inverse variance), the synthesis
+# 90 %, divided between the state and the PUMA level by the public simulation (the best split moves
+# with the budget, which no fixed split follows; the 0.7/0.2 written here is only its sum).
+# H-GEM: its state model, the prior update per PUMA, the household counts measured per PUMA.
+# Public baseline: nothing is synthesised from private data, the whole budget measures the counts.
+DEFAULT_ALLOCATIONS: dict[str, AllocationSpec] = {
+    "prior_update": AllocationSpec(
+        stages={"group_counts": 0.05, "count_of_counts": 0.05, "state_synthesis": 0.7, "puma_synthesis": 0.2},
+        levels={"group_counts": _COUNT_LEVELS, "count_of_counts": _COUNT_LEVELS, "state_synthesis": {"state": 1.0},
+                "puma_synthesis": {"puma": 1.0}},
+        synthesis_split="public_simulation"),
+    "hgem": AllocationSpec(
+        stages={"group_counts": 0.1, "hgem": 0.5, "puma_synthesis": 0.4},
+        levels={"group_counts": {"puma": 1.0}, "hgem": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}, synthesis_split="fixed"),
+    "public_baseline": AllocationSpec(stages={"group_counts": 1.0}, levels={"group_counts": {"puma": 1.0}}, synthesis_split="fixed"),
+}
+
+
+class AdvancedSpec(_Strict):
+    """What an expert may override; each key absent takes its default, defined once (the
+    allocation's in :data:`DEFAULT_ALLOCATIONS`, the synthesis' in
+    :class:`engine.synthesis_settings.SynthesisSettings`, H-GEM's in
+    :class:`engine.hgem.settings.HGEMSettings`)."""
+
+    allocation: AllocationSpec | None = None
+    synthesis: SynthesisSpec = Field(default_factory=SynthesisSpec)
+    hgem: HGEMSpec = Field(default_factory=HGEMSpec)
+    count_of_counts: CountOfCountsSpec = Field(default_factory=CountOfCountsSpec)
+
+
+SETTLED = "removed (settled: "
+_ADAPTIVE_SETTLED = SETTLED + "the adaptive rounds run at the state level with the engine's selection settings)"
+_STRENGTH_SETTLED = SETTLED + "empirical Bayes, held to the public simulation's floor, always chooses the state's prior strength)"
+_PUMA_SETTLED = SETTLED + "the signal-to-noise rule always chooses the PUMA attributes)"
+# keys of earlier configs, each with why it is gone: a config still using one is refused with the reason
+RETIRED_SYNTHESIS = {
+    "update_rule": SETTLED + "the MAP update always runs)",
+    "sweeps": SETTLED + "the MAP update always runs; sweeps were the IDE rule's)",
+    "person_first": SETTLED + "synthesis workloads count every person of a household)",
+    "normalise": SETTLED + "the prior update's workloads are always normalised)",
+    "complete_pairs": SETTLED + "the state level always measures the person pairs the selection leaves out)",
+    "puma_attributes": _PUMA_SETTLED,
+    "puma_attributes_rule": _PUMA_SETTLED,
+    "puma_attributes_max": _PUMA_SETTLED,
+    "prior_strength_rule": _STRENGTH_SETTLED,
+    "prior_strength_candidates": _STRENGTH_SETTLED,
+    "prior_strength_floor": _STRENGTH_SETTLED,
+    "pumas_inform_state": SETTLED + "the PUMAs' sums always inform the state's fit)",
+    "level_consistency": SETTLED + "the PUMA posteriors are always raked to the state)",
+    "sampling": SETTLED + "balanced sampling always runs)",
+}
+RETIRED_ADAPTIVE = {k: _ADAPTIVE_SETTLED for k in ("select_share", "max_cells", "max_attributes", "select_first", "levels")}
+MOVED = ("allocation", "synthesis", "hgem", "count_of_counts")
+
+
+def retired_keys(raw: dict) -> list[str]:
+    """One ``key: why`` line per key of ``raw`` (a config as read) that was moved or removed."""
+    lines = [f"{k}: moved to advanced.{k}" for k in MOVED if k in raw]
+    advanced = raw.get("advanced")
+    for prefix, synthesis in (("synthesis", raw.get("synthesis")),
+                              ("advanced.synthesis", advanced.get("synthesis") if isinstance(advanced, dict) else None)):
+        if not isinstance(synthesis, dict):
+            continue
+        lines += [f"{prefix}.{k}: {why}" for k, why in RETIRED_SYNTHESIS.items() if k in synthesis]
+        adaptive = synthesis.get("adaptive")
+        if isinstance(adaptive, dict):
+            lines += [f"{prefix}.adaptive.{k}: {why}" for k, why in RETIRED_ADAPTIVE.items() if k in adaptive]
+    return lines
+
+
 class ReleaseConfig(_Strict):
+    """A release: what to read, its domain and privacy unit, the budget and the synthesizer; the
+    operational keys (geography, household rules, weights, locations, seed) and ``advanced`` are optional."""
+
     name: str
     description: str = ""
     data_root: str | None = None
@@ -345,11 +345,7 @@ class ReleaseConfig(_Strict):
     attributes: AttributesSpec = Field(default_factory=AttributesSpec)
     privacy_unit: Literal["household", "person"] = "household"
     budget: BudgetSpec
-    allocation: AllocationSpec
-    synthesizer: Literal["public_baseline", "prior_update", "hgem"] = "prior_update"
-    synthesis: SynthesisSpec = Field(default_factory=SynthesisSpec)
-    hgem: HGEMSpec = Field(default_factory=HGEMSpec)
-    count_of_counts: CountOfCountsSpec = Field(default_factory=CountOfCountsSpec)
+    synthesizer: Synthesizer = "prior_update"
     household_rules: HouseholdRulesSpec = Field(default_factory=HouseholdRulesSpec)
     output_dir: str = "releases"
     work_dir: str = "work"
@@ -358,6 +354,28 @@ class ReleaseConfig(_Strict):
     invariants: list[Literal["puma_household_counts"]] = Field(
         default_factory=list,
         description="exact statistics released without noise (the DP guarantee holds for everything except these)")
+    advanced: AdvancedSpec = Field(default_factory=AdvancedSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, v):
+        lines = retired_keys(v) if isinstance(v, dict) else []
+        if lines:
+            raise ValueError("; ".join(lines))
+        return v
+
+    @property
+    def allocation(self) -> AllocationSpec:
+        """The run's allocation: ``advanced.allocation``, else the synthesizer's default
+        (:data:`DEFAULT_ALLOCATIONS`), with its synthesis split resolved."""
+        a = self.advanced.allocation or DEFAULT_ALLOCATIONS[self.synthesizer]
+        if a.synthesis_split is not None:
+            return a
+        return a.model_copy(update={"synthesis_split": "public_simulation" if self.synthesizer == "prior_update" else "fixed"})
+
+    def with_allocation(self, allocation: AllocationSpec) -> ReleaseConfig:
+        """The config with ``allocation`` as its ``advanced.allocation``."""
+        return self.model_copy(update={"advanced": self.advanced.model_copy(update={"allocation": allocation})})
 
     @field_validator("name")
     @classmethod
@@ -368,31 +386,31 @@ class ReleaseConfig(_Strict):
 
     @model_validator(mode="after")
     def _stages_consistent(self):
-        st = self.allocation.stages
+        alloc = self.allocation
+        st = alloc.stages
         if st.get("count_of_counts", 0) > 0:
-            lv = self.allocation.levels.get("count_of_counts", {})
+            lv = alloc.levels.get("count_of_counts", {})
             if not all(lv.get(x, 0) > 0 for x in LEVELS):
-                raise ValueError("allocation.levels.count_of_counts needs a positive share for nation, state and puma (top-down needs every level measured)")
-        if self.allocation.synthesis_split == "public_simulation" and self.synthesizer == "hgem":
-            raise ValueError("allocation.synthesis_split public_simulation models the prior update; under synthesizer hgem give the shares (fixed)")
+                raise ValueError("advanced.allocation.levels.count_of_counts needs a positive share for nation, state and puma (top-down needs every level measured)")
+        if alloc.synthesis_split == "public_simulation" and self.synthesizer != "prior_update":
+            raise ValueError(f"advanced.allocation.synthesis_split public_simulation models the prior update; under synthesizer {self.synthesizer} "
+                             "the shares are spent as given (fixed)")
+        alloc.check_split()
         if len(set(self.invariants)) != len(self.invariants):
             raise ValueError("invariants: each invariant at most once")
-        if st.get("group_counts", 0) > 0 and self.allocation.levels.get("group_counts", {}).get("puma", 0) <= 0:
-            raise ValueError("allocation.levels.group_counts needs a positive puma share (the PUMA household counts are the leaves of the count hierarchy)")
+        if st.get("group_counts", 0) > 0 and alloc.levels.get("group_counts", {}).get("puma", 0) <= 0:
+            raise ValueError("advanced.allocation.levels.group_counts needs a positive puma share (the PUMA household counts are the leaves of the count hierarchy)")
         if "puma_household_counts" not in self.invariants and st.get("count_of_counts", 0) <= 0 and st.get("group_counts", 0) <= 0:
             raise ValueError(
                 "household counts are private: give the count_of_counts or the group_counts stage a share (they measure them), "
                 "or declare `invariants: [puma_household_counts]` to hold them exact")
         if self.synthesizer == "prior_update":
             for stage, level in (("state_synthesis", "state"), ("puma_synthesis", "puma")):
-                if st.get(stage, 0) <= 0 or self.allocation.levels.get(stage, {}).get(level, 0) <= 0:
+                if st.get(stage, 0) <= 0 or alloc.levels.get(stage, {}).get(level, 0) <= 0:
                     raise ValueError(f"synthesizer prior_update needs a positive allocation for {stage}.{level}")
         if self.synthesizer == "hgem":
-            if self.synthesis.person_first:
-                raise ValueError("synthesizer hgem: H-GEM's mixture answers count every person of a household; "
-                                 "set synthesis.person_first: 0 (its workloads are never normalised either)")
             for stage, level in (("hgem", "state"), ("puma_synthesis", "puma")):
-                if st.get(stage, 0) <= 0 or self.allocation.levels.get(stage, {}).get(level, 0) <= 0:
+                if st.get(stage, 0) <= 0 or alloc.levels.get(stage, {}).get(level, 0) <= 0:
                     raise ValueError(f"synthesizer hgem needs a positive allocation for {stage}.{level} (H-GEM per state, then the prior update per PUMA)")
         return self
 
@@ -441,12 +459,10 @@ class ReleaseConfig(_Strict):
         """The run's synthesis settings (:class:`engine.synthesis_settings.SynthesisSettings`), built
         once from the config; ``domain``: the encoded data's (the flips' attributes are checked
         against it, :meth:`schemas.domain_spec.DomainSpec.prior_flips`)."""
-        s = self.synthesis
+        s = self.advanced.synthesis
         spec = load_domain_spec(self.domain_path())
         flips = spec.flippable(domain) if s.prior_flips is None else spec.prior_flips(s.prior_flips, domain)
-        return SynthesisSettings(prior_strength=s.prior_strength, strength_candidates=tuple(s.prior_strength_candidates),
-                                 adaptive=s.adaptive.plan("state"), puma_attributes=s.puma_attributes,
-                                 puma_attributes_max=s.puma_attributes_max, prior_flips=flips)
+        return SynthesisSettings(prior_strength=s.prior_strength, adaptive=s.adaptive.plan(), prior_flips=flips)
 
     def puma_list(self) -> Geography:
         """Every PUMA of the config's public PUMA list (``geography.pumas``)."""
@@ -489,6 +505,9 @@ def load_config(path: str | Path, name: str | None = None, run: tuple[str, str] 
         name = expand_release_name(name, str(raw.get("name", "")), *run)
     if name is not None:
         raw["name"] = name
+    retired = retired_keys(raw)
+    if retired:
+        raise ConfigError("\n".join(f"{path}: {line}" for line in retired))
     try:
         cfg = ReleaseConfig.model_validate(raw).resolved()
     except ValidationError as e:
@@ -502,3 +521,35 @@ def load_config(path: str | Path, name: str | None = None, run: tuple[str, str] 
     except PumaListError as e:
         raise ConfigError(f"{path}: {e}") from None
     return cfg
+
+
+def key_counts(model: type[BaseModel] = ReleaseConfig, section: str = "(top level)") -> dict[str, tuple[int, int]]:
+    """The schema's keys per section (``advanced.synthesis``, ...): (keys, required keys), the
+    sections nested in ``model`` after it."""
+    out = {section: (len(model.model_fields), sum(f.is_required() for f in model.model_fields.values()))}
+    for name, field in model.model_fields.items():
+        nested = [t for t in (field.annotation, *getattr(field.annotation, "__args__", ()))
+                  if isinstance(t, type) and issubclass(t, BaseModel)]
+        if nested:
+            out.update(key_counts(nested[0], name if section == "(top level)" else f"{section}.{name}"))
+    return out
+
+
+def _print_key_counts() -> None:
+    counts = key_counts()
+    width = max(map(len, counts))
+    print(f"{'section':<{width}}  keys  required")
+    for section, (n, required) in counts.items():
+        print(f"{section:<{width}}  {n:>4}  {required:>8}")
+    print(f"{'all':<{width}}  {sum(n for n, _ in counts.values()):>4}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m schemas.release_config", description="The release config's schema.")
+    parser.add_argument("--keys", action="store_true", help="print how many keys each section of the schema has")
+    if parser.parse_args().keys:
+        _print_key_counts()
+    else:
+        parser.print_help()

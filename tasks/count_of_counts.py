@@ -112,7 +112,7 @@ def count_of_counts_task(ctx: RunContext) -> str:
     session = ctx.session()
     K = session.domain.max_size
     h = hierarchy_of(session)
-    mech = ctx.cfg.count_of_counts.mechanism
+    mech = ctx.cfg.advanced.count_of_counts.mechanism
     at_least, variances, measured = {}, [], _group_count_measurements(ctx, session, h)
     sd, raw = np.zeros(h.n_nodes), np.zeros((h.n_nodes, K))
     for lv, name in enumerate(LEVELS):
@@ -126,7 +126,7 @@ def count_of_counts_task(ctx: RunContext) -> str:
         sd[ids] = ms[0].histogram_sd
         variances.append(ms[0].count_variance)  # every at-least entry's noise variance is at most G's
     G = household_counts(session, h, measured)
-    H = fit_histograms(h, at_least, G[0], variances, K, ctx.cfg.count_of_counts.consistency)
+    H = fit_histograms(h, at_least, G[0], variances, K, ctx.cfg.advanced.count_of_counts.consistency)
     return _save(ctx, STAGE, h, G, (H, raw, sd))
 
 

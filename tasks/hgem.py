@@ -2,7 +2,7 @@
 
 ``hgem_state_task`` runs :func:`engine.hgem.state.run_state` (the whole per-state procedure:
 candidates, exact budget split, normalisers, initial measurements, adaptive rounds, sampling; see
-that module) with the release's settings (``cfg.hgem``, :class:`engine.hgem.settings.HGEMSettings`)
+that module) with the release's settings (``cfg.advanced.hgem``, :class:`engine.hgem.settings.HGEMSettings`)
 and the private session's oracles (:func:`engine.hgem.state.session_oracles`: stage ``"hgem"``,
 level ``"state"``, node ``node_key((state,))``; ρ_node = the plan's ``allocation("hgem", "state")``;
 every selection and measurement charged to the ledger and persisted in the measurement store
@@ -92,7 +92,7 @@ def hgem_state_task(
     out = ctx.paths.node_path("hgem_support", node)
     if out.exists():
         return str(out)
-    settings = ctx.cfg.hgem.settings()
+    settings = ctx.cfg.advanced.hgem.settings()
     threads = torch.get_num_threads()
     if settings.torch_threads is not None and default_device().type == "cpu":
         torch.set_num_threads(int(settings.torch_threads))

@@ -15,7 +15,7 @@ Error estimates, two kinds:
   parametric bootstrap of the count-of-counts estimator), and every workload the synthesis
   measured at a state or PUMA node (the MAP update's error, engine.uncertainty): a
   group-level partition (``group:A,B|``) at ``--level group``, a person workload counting every
-  person (``person:A|B``, i.e. ``synthesis.person_first: 0``) at ``--level person``.
+  person (``person:A|B``) at ``--level person``.
 - ``measured``, ``measured_sd``, ``measured_lower_90``, ``measured_upper_90``: where the run
   measured this very marginal at this very node (a group-level partition workload, or the
   household-size histogram), that noisy measurement — an unbiased estimate of the confidential

@@ -68,17 +68,17 @@ class RunPaths:
 
     @property
     def synthesis_split_path(self) -> Path:
-        """The public simulation's state/PUMA split of the synthesis ρ (``allocation.synthesis_split``)."""
+        """The public simulation's state/PUMA split of the synthesis ρ (``advanced.allocation.synthesis_split``)."""
         return self.run_dir / "synthesis_split.json"
 
     @property
     def strength_floor_path(self) -> Path:
-        """The public simulation's floor of the state prior strength (``synthesis.prior_strength_floor``)."""
+        """The public simulation's floor of the state prior strength (the prior update's empirical Bayes is held to it)."""
         return self.run_dir / "prior_strength_floor.json"
 
     @property
     def puma_attributes_path(self) -> Path:
-        """How many PUMA attributes the signal-to-noise rule chose (``synthesis.puma_attributes_rule``)."""
+        """How many PUMA attributes the signal-to-noise rule chose (``engine.puma_attributes``)."""
         return self.run_dir / "puma_attributes.json"
 
     @property

@@ -22,6 +22,7 @@ import hashlib
 import json
 import shutil
 import zipfile
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -116,11 +117,10 @@ def _config(tmp: Path, name: str, private: str, public: str, **over) -> Path:
         "private": [{"path": private}],
         "public": [{"path": public}],
         "budget": {"epsilon": 1.0, "delta": 1e-10},
-        "allocation": {
-            "stages": {"count_of_counts": 0.2, "state_synthesis": 0.4, "puma_synthesis": 0.4},
+        "advanced": {"allocation": {  # one public state: the synthesis shares given, not simulated
+            "stages": {"count_of_counts": 0.2, "state_synthesis": 0.4, "puma_synthesis": 0.4}, "synthesis_split": "fixed",
             "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}, "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
-        },
-        "synthesizer": "prior_update",
+        }},
         "sampling_seed": 20181,
         "output_dir": str(tmp / "releases"),
         "work_dir": str(tmp / "work"),
@@ -292,7 +292,7 @@ def test_the_engine_api_on_the_runs_stored_measurements_draws_the_flows_microdat
     public = dp.HierarchicalData.from_npz(public_npz)
     split = work / "synthesis_split.json"
     if split.exists():  # the plan the run spent: its public simulation's split, when it ran one
-        cfg = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(json.loads(split.read_text())["state_fraction"])})
+        cfg = cfg.with_allocation(cfg.allocation.with_state_fraction(Fraction(json.loads(split.read_text())["state_fraction"])))
     shutil.copy2(work / "ledger.jsonl", tmp_path / "ledger.jsonl")
     shutil.copytree(work / "measurements", tmp_path / "measurements")
     ledger = dp.PrivacyLedger(tmp_path / "ledger.jsonl", budget_plan(cfg))

@@ -40,9 +40,10 @@ def config(private: str, **geography) -> ReleaseConfig:
         "name": "geo", "data_root": str(DATA_ROOT),
         "private": [{"path": private}], "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
         "budget": {"rho": 1.0},
-        "allocation": {"stages": {"count_of_counts": 0.2, "state_synthesis": 0.4, "puma_synthesis": 0.4},
-                       "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5},
-                                  "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}},
+        "advanced": {"allocation": {"stages": {"count_of_counts": 0.2, "state_synthesis": 0.4, "puma_synthesis": 0.4},
+                                    "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5},
+                                               "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
+                                    "synthesis_split": "fixed"}},
         **({"geography": geography} if geography else {}),
     })
 

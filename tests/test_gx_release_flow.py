@@ -20,7 +20,7 @@ def _config(tmp_path, data_root, name: str):
         "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
         "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
         "budget": {"epsilon": 1.0, "delta": 1e-10},
-        "allocation": {"stages": {"count_of_counts": 1.0}, "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}}},
+        "advanced": {"allocation": {"stages": {"count_of_counts": 1.0}, "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}}}},
         "synthesizer": "public_baseline",
         "sampling_seed": 16,
         "output_dir": str(tmp_path / "releases"),

@@ -30,10 +30,8 @@ def make_config():
         "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
         "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
         "budget": {"rho": 1.0},
-        "allocation": {"stages": {"hgem": 0.5, "puma_synthesis": 0.4, "group_counts": 0.1},
-                       "levels": {"hgem": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}, "group_counts": {"puma": 1.0}}},
-        "synthesizer": "hgem",
-        "hgem": TINY,
+        "synthesizer": "hgem",  # with H-GEM's default allocation
+        "advanced": {"hgem": TINY},
     })
 
 
@@ -45,7 +43,7 @@ def inputs(tmp_path_factory, data_root):
 @pytest.fixture(scope="module")
 def tiny():
     """The test config's (tiny) H-GEM settings."""
-    return make_config().hgem.settings()
+    return make_config().advanced.hgem.settings()
 
 
 HOUSEHOLDS = 3000  # the state's household count as the flow passes it (a DP estimate there)

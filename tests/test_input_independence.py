@@ -27,11 +27,11 @@ def _config(tmp_path: Path, private: list[dict], public: list[dict], **over) -> 
         "private": private,
         "public": public,
         "budget": {"epsilon": 1.0, "delta": 1e-10},
-        "allocation": {
-            "stages": {"count_of_counts": 0.1, "state_synthesis": 0.45, "puma_synthesis": 0.45},
+        "advanced": {"allocation": {
+            "stages": {"count_of_counts": 0.1, "state_synthesis": 0.45, "puma_synthesis": 0.45}, "synthesis_split": "fixed",
             "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}, "state_synthesis": {"state": 1.0},
                        "puma_synthesis": {"puma": 1.0}},
-        },
+        }},
         "output_dir": str(tmp_path / "releases"),
         "work_dir": str(tmp_path / "work"),
         **over,

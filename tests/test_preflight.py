@@ -12,21 +12,16 @@ BASE = {
     "name": "pre",
     "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
     "public": [{"path": "acs2018_1yr/csv_pnh.zip"}, {"path": "acs2018_1yr/csv_pme.zip"}],
-    "budget": {"epsilon": 1.0, "delta": 1e-10},
-    "allocation": {
-        "stages": {"count_of_counts": 0.1, "state_synthesis": 0.45, "puma_synthesis": 0.45},
-        "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}, "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
-    },
-    "synthesizer": "prior_update",
+    "budget": {"epsilon": 1.0},
 }
 
 CASES = {
     "release exists": ({}, "exists already; a finished release is never overwritten"),
     "domain missing": ({"domain": "/nonexistent/domain.yaml"}, "/nonexistent/domain.yaml: cannot read the domain spec"),
     "unknown attribute": ({"attributes": {"person": ["SEX", "FOO"]}}, "attributes: no person attribute 'FOO'"),
-    "flip not binary": ({"synthesis": {"prior_flips": ["RAC1P"]}}, "synthesis.prior_flips: person attribute RAC1P has 9 values"),
-    "flip of a household attribute": ({"synthesis": {"prior_flips": ["TEN"]}}, "'TEN' is not a person attribute of the domain"),
-    "split on one public state": ({"public": [{"path": "acs2018_1yr/csv_pnh.zip"}], "allocation": {**BASE["allocation"], "synthesis_split": "public_simulation"}},
+    "flip not binary": ({"advanced": {"synthesis": {"prior_flips": ["RAC1P"]}}}, "advanced.synthesis.prior_flips: person attribute RAC1P has 9 values"),
+    "flip of a household attribute": ({"advanced": {"synthesis": {"prior_flips": ["TEN"]}}}, "advanced.synthesis.prior_flips: 'TEN' is not a person attribute of the domain"),
+    "default split on one public state": ({"public": [{"path": "acs2018_1yr/csv_pnh.zip"}]},
                                   "needs public inputs of at least two states (they cover 1)"),
     "missing input": ({"private": [{"path": "acs2018_1yr/csv_pxx.zip"}]}, "file not found (private.0.path)"),
 }
@@ -60,7 +55,7 @@ def test_refused_before_prefect_starts_by_run_and_by_plan(case, tmp_path, data_r
 
 
 def test_a_valid_config_passes_and_plan_prints_it(tmp_path, data_root, capsys):
-    cfg = _config(tmp_path, data_root, {"allocation": {**BASE["allocation"], "synthesis_split": "public_simulation"}})
+    cfg = _config(tmp_path, data_root, {})
     assert cli.main(["plan", str(cfg)]) == 0
     assert "inputs: 3 of 3 files checked for independence" in capsys.readouterr().out
 

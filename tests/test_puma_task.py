@@ -19,7 +19,8 @@ from tests.conftest import DATA_ROOT, encode_inputs
 STATE = 50  # Vermont
 
 
-def make_config(level_consistency: str = "rake", **synthesis):
+def make_config(**synthesis):
+    """``synthesis``: ``advanced.synthesis`` overrides."""
     from schemas.release_config import ReleaseConfig
 
     return ReleaseConfig.model_validate({
@@ -28,9 +29,9 @@ def make_config(level_consistency: str = "rake", **synthesis):
         "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
         "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
         "budget": {"rho": 0.05},
-        "allocation": {"stages": {"state_synthesis": 0.6, "puma_synthesis": 0.4},
-                       "levels": {"state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}},
-        "synthesis": {"level_consistency": level_consistency, **synthesis},
+        "advanced": {"allocation": {"stages": {"state_synthesis": 0.6, "puma_synthesis": 0.4}, "synthesis_split": "fixed",
+                                    "levels": {"state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}}},
+                     "synthesis": synthesis},
         "invariants": ["puma_household_counts"],  # the test passes the exact PUMA counts as the jobs' counts
     })
 
@@ -40,14 +41,14 @@ def inputs(tmp_path_factory, data_root):
     return encode_inputs(make_config(), tmp_path_factory.mktemp("puma-inputs"))
 
 
-def run_state(tmp, inputs, level_consistency="rake"):
+def run_state(tmp, inputs, **synthesis):
     from engine.workload_selection import select_workloads
     from tasks.context import RunContext
     from tasks.ingest import release_geography
     from tasks.run_context import prepare
     from tasks.synthesize import PumaJob, puma_batch_task, state_update_task
 
-    cfg = make_config(level_consistency)
+    cfg = make_config(**synthesis)
     paths = prepare(tmp / "work", tmp / "rel")
     ctx = RunContext(cfg, paths, inputs["private"], inputs["public"], release_geography(cfg, inputs["private"]))
     private = HierarchicalData.from_npz(inputs["private"])
@@ -107,8 +108,8 @@ def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_res
 @pytest.mark.flow
 def test_a_public_prior_far_from_the_state_takes_the_flipped_households_in_and_the_pumas_draw_from_them(tmp_path, inputs):
     """New Hampshire's households with their Hispanic origin flipped as the public data (about
-    98 % Hispanic against Vermont's 2 %): the state task's mixture (``synthesis.prior_flips``'s
-    default) takes the flipped copies in and records it, the state posterior and the PUMAs live on
+    98 % Hispanic against Vermont's 2 %): the state task's mixture (``advanced.synthesis.prior_flips``
+    naming the one attribute, so that the support is the public data and its one flip) takes the flipped copies in and records it, the state posterior and the PUMAs live on
     the widened support, and the drawn persons' Hispanic share follows Vermont's measurements, not
     the public prior."""
     from engine.prior_mixture import Flip, flipped
@@ -116,7 +117,8 @@ def test_a_public_prior_far_from_the_state_takes_the_flipped_households_in_and_t
     public = HierarchicalData.from_npz(inputs["public"])
     wrong = flipped(public, Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)))
     wrong.to_npz(tmp_path / "public-wrong.npz")
-    ctx, jobs, posterior, puma_ids, state_ids, files = run_state(tmp_path, {**inputs, "public": str(tmp_path / "public-wrong.npz")})
+    ctx, jobs, posterior, puma_ids, state_ids, files = run_state(tmp_path, {**inputs, "public": str(tmp_path / "public-wrong.npz")},
+                                                                  prior_flips=["HISP_ORIGIN"])
     mixture = json.loads(open(posterior.replace(".npz", ".json")).read())["diagnostics"]["prior_mixture"]
     hisp = mixture["attributes"].index("HISP_ORIGIN")
     assert mixture["widened"] and mixture["weights"][hisp] == max(mixture["weights"]) > 0.5 and mixture["rss"][1] < mixture["rss"][0]
@@ -162,7 +164,7 @@ def test_the_default_relabels_every_person_attribute_but_the_relationship_and_th
 
 
 def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_selection(tmp_path):
-    """``synthesis.puma_attributes`` → ``select_workload_task`` → ``select_workloads(puma_max_attributes)``:
+    """``select_workload_task``'s cap (the settings' ``puma_attributes_max``) → ``select_workloads(puma_max_attributes)``:
     exactly that many one-way PUMA marginals here, a smaller cap's attributes among a larger cap's,
     recorded in the run's workload file."""
     from engine.queries import Workload
@@ -183,7 +185,7 @@ def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_
 
 
 def test_complete_pairs_reaches_the_recorded_state_workloads(tmp_path):
-    """``synthesis.complete_pairs`` → ``select_workload_task`` → ``select_workloads(complete_pairs)``:
+    """``select_workload_task(complete_pairs)`` (the prior update's) → ``select_workloads(complete_pairs)``:
     the state level gains the persons' missing two-way marginals, recorded in the run's workload
     file; the PUMA level is unchanged."""
     from engine.queries import Workload
@@ -207,6 +209,7 @@ def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_l
     count, a prefix of the ranking recorded in the work directory and read back by a resumed run;
     with the count-of-counts stage measuring the sizes, the size attribute is not ranked."""
     from engine.puma_attributes import choose_puma_attributes
+    from engine.synthesis_settings import SynthesisSettings
     from engine.workload_selection import WorkloadSelection
     from tasks.context import RunContext
     from tasks.run_context import prepare
@@ -225,9 +228,10 @@ def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_l
     counts = [120, 150, 180]
     got = {}
     for rho in (1e-6, 10.0):
-        cfg = make_config(prior_flips=[]).model_copy(update={"budget": make_config().budget.model_copy(update={"rho": rho})})
-        cfg = cfg.model_copy(update={"synthesis": cfg.synthesis.model_copy(update={"puma_attributes": 1, "puma_attributes_max": 4})})
+        cfg = make_config().model_copy(update={"budget": make_config().budget.model_copy(update={"rho": rho})})
         ctx = RunContext(cfg, prepare(tmp_path / f"work{rho}", tmp_path / f"rel{rho}"), "", str(npz))
+        # the run's settings as a notebook hands them to the engine: bounds that this small domain's ranking spans
+        ctx.__dict__["settings"] = SynthesisSettings(puma_attributes=1, puma_attributes_max=4)
         out = choose_puma_attributes_task.fn(ctx, record, counts)
         want = choose_puma_attributes(data, ranked, sum(w not in set(ranked) for w in WorkloadSelection.from_record(record).puma), "household",
                                       float(ctx.allocation("puma_synthesis", "puma")), 150.0, minimum=1, maximum=4)

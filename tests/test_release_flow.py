@@ -33,18 +33,20 @@ from tests.conftest import ACS2018
 pytestmark = pytest.mark.flow
 
 
-def small_config(tmp_path, data_root, **over):
+def small_config(tmp_path, data_root, advanced=None, **over):
+    """Vermont private, New Hampshire public; ``advanced``: overrides beside the allocation (one
+    public state: the synthesis shares are given, the split simulation needs two)."""
     cfg = {
         "name": "e2e",
         "data_root": str(data_root),
         "private": [{"path": "acs2018_1yr/csv_pvt.zip"}],
         "public": [{"path": "acs2018_1yr/csv_pnh.zip"}],
-        "budget": {"epsilon": 1.0, "delta": 1e-10},
-        "allocation": {
+        "budget": {"epsilon": 1.0},
+        "advanced": {"allocation": {
             "stages": {"count_of_counts": 0.1, "state_synthesis": 0.45, "puma_synthesis": 0.45},
             "levels": {"count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5}, "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
-        },
-        "synthesizer": "prior_update",
+            "synthesis_split": "fixed",
+        }, **(advanced or {})},
         "output_dir": str(tmp_path / "releases"),
         "work_dir": str(tmp_path / "work"),
     }
@@ -107,7 +109,7 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     from engine.queries import Workload
 
     chosen, expl = manifest["synthesizer"]["puma_attributes"], manifest["workload"]["explanation"]
-    assert chosen["puma_attributes"] >= manifest["config"]["synthesis"]["puma_attributes"]
+    assert chosen["puma_attributes"] >= manifest["synthesizer"]["settings"]["puma_attributes"]
     assert len(expl["puma_attributes"]) == chosen["puma_attributes"]
     assert set(expl["puma_attributes"]) == set(expl["puma_attribute_ranking"][: chosen["puma_attributes"]])
     assert "NP" not in expl["puma_attribute_ranking"]
@@ -115,7 +117,7 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     assert {w.attrs[0] for w in measured if len(w.attrs) == 1} == set(expl["puma_attributes"])
     # one public state cannot be played against others: the simulation runs, records no floor
     floor = manifest["synthesizer"]["prior_strength_floor"]
-    assert floor["floor"] == 0.0 and floor["played"] == [] and floor["candidates"] == manifest["config"]["synthesis"]["prior_strength_candidates"]
+    assert floor["floor"] == 0.0 and floor["played"] == [] and floor["candidates"] == manifest["synthesizer"]["settings"]["strength_candidates"]
     assert manifest["workload"]["state"] and manifest["workload"]["puma"]
     # the ledger: every stage spent, never beyond the plan
     led = manifest["privacy"]["ledger"]
@@ -200,7 +202,13 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     assert coc_iv.to_dict() == {(n, s - 1): float(v) for n, s, v in zip(coc.node, coc["size"], coc.households)}
     marg = iv[iv.table == "marginal"]
     assert set(marg.marginal[marg.level == "puma"]) >= set(manifest["workload"]["puma"])
-    assert set(marg.marginal[marg.level == "state"]) == set(manifest["workload"]["state"])
+    # the state's: the public-chosen workloads and those its adaptive rounds chose (the default's rounds ran)
+    from engine.synthesis_settings import DEFAULT_ADAPTIVE
+
+    state_measured = meas[(meas.stage == "state_synthesis") & (meas.mechanism != "exponential_mechanism")]
+    assert (meas.mechanism == "exponential_mechanism").sum() == DEFAULT_ADAPTIVE.rounds
+    assert set(marg.marginal[marg.level == "state"]) - {"group:NP|"} == (set(manifest["workload"]["state"]) | set(state_measured.workload_id)) - {"group:NP|"}
+    assert set(state_measured.workload_id) - set(manifest["workload"]["state"]) - {"group:NP|"}
     assert main(["query", str(rel), "--margin", "NP", "--level", "group", "--where", "ST=50"]) == 0
     console.append(capfd.readouterr())
     assert "count_lower_90" in console[-1].out
@@ -279,9 +287,9 @@ def test_bad_input_fails_the_run_and_publishes_nothing(tmp_path, data_root, caps
 
 def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     """One run through the options the default release does not take: the person privacy unit,
-    the IDE update rule, the discrete-Laplace count-of-counts, a group_counts stage beside it,
-    every person counted (person_first 0), the average consistency and adaptive rounds at both
-    levels. The ledger and the audit must hold as on the default path."""
+    the discrete-Laplace count-of-counts, a group_counts stage beside it, the average consistency,
+    fewer adaptive rounds with another share, and weights. The ledger and the audit must hold as on
+    the default path."""
     from flows.cli import main
 
     # public household totals the households are weighted to (made up, of the size of Vermont's ACS
@@ -292,13 +300,15 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     totals.write_text("ST,PUMA,households\n50,100,61000\n50,00200,64500\n50,300,66000\n50,400,70500\n50,,262000\n")
     cfg = small_config(
         tmp_path, data_root, privacy_unit="person", weights={"totals": str(totals)},
-        synthesis={"update_rule": "ide", "person_first": 0,
-                   "adaptive": {"rounds": 2, "share": 0.3, "levels": ["state", "puma"], "max_cells": 64}},
-        count_of_counts={"mechanism": "laplace", "consistency": "average"},
-        allocation={
-            "stages": {"group_counts": 0.05, "count_of_counts": 0.05, "state_synthesis": 0.45, "puma_synthesis": 0.45},
-            "levels": {"group_counts": {"puma": 1.0}, "count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5},
-                       "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
+        advanced={
+            "synthesis": {"adaptive": {"rounds": 2, "share": 0.2}},
+            "count_of_counts": {"mechanism": "laplace", "consistency": "average"},
+            "allocation": {
+                "stages": {"group_counts": 0.05, "count_of_counts": 0.05, "state_synthesis": 0.45, "puma_synthesis": 0.45},
+                "levels": {"group_counts": {"puma": 1.0}, "count_of_counts": {"nation": 0.2, "state": 0.3, "puma": 0.5},
+                           "state_synthesis": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}},
+                "synthesis_split": "fixed",
+            },
         },
     )
     assert main(["run", str(cfg)]) == 0
@@ -312,7 +322,7 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     assert "discrete_laplace" in set(meas.mechanism) and "discrete_gaussian" in set(meas.mechanism)
     selections = meas[meas.mechanism == "exponential_mechanism"]
     # adaptive rounds at the state level only: a PUMA's noise drowns what they would find
-    assert set(selections.level) == {"state"} and selections.node.nunique() == len(set(meas.node[meas.level == "state"]))
+    assert set(selections.level) == {"state"} and len(selections) == 2 * meas.node[meas.level == "state"].nunique()
     assert not any(";first=" in w for w in manifest["workload"]["state"] + manifest["workload"]["puma"])
     # an error estimate beside every workload a node's fit used, the adaptively chosen ones included
     iv = pq.read_table(rel / "intervals.parquet").to_pandas()
@@ -347,10 +357,9 @@ def test_the_hgem_synthesizer_runs_end_to_end(tmp_path, data_root):
 
     cfg = small_config(
         tmp_path, data_root, synthesizer="hgem",
-        hgem={"rounds": 1, "batch_size": 16, "z_dim": 4, "hidden": [16], "max_update_steps": 5, "initial_update_steps": 5,
-              "pretrain_steps": 5, "kway_per_group_count": 1, "support_per_household": 1},
-        allocation={"stages": {"hgem": 0.5, "puma_synthesis": 0.4, "group_counts": 0.1},
-                    "levels": {"hgem": {"state": 1.0}, "puma_synthesis": {"puma": 1.0}, "group_counts": {"puma": 1.0}}},
+        advanced={"hgem": {"rounds": 1, "batch_size": 16, "z_dim": 4, "hidden": [16], "max_update_steps": 5, "initial_update_steps": 5,
+                           "pretrain_steps": 5, "kway_per_group_count": 1, "support_per_household": 1},
+                  "allocation": None},  # H-GEM's default allocation
     )
     assert main(["run", str(cfg)]) == 0
     rel = tmp_path / "releases" / "e2e"

@@ -74,6 +74,6 @@ def test_pipeline_configs_set_the_unit_and_synthesizer(pc, bench, tmp_path):
         path = pc.pipeline_config(base, bench, public, method, 1.0, 1e-9, tmp_path)
         cfg = yaml.safe_load(path.read_text())
         got[method] = (cfg["privacy_unit"], cfg["synthesizer"])
-        assert cfg["allocation"] == base["allocation"] and cfg["budget"]["epsilon"] == 1.0
+        assert cfg.get("advanced") == base.get("advanced") and cfg["budget"]["epsilon"] == 1.0
     assert got == {"dprelease": ("household", "prior_update"), "dprelease_person": ("person", "prior_update"),
                    "public": ("household", "public_baseline")}

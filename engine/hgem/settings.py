@@ -1,6 +1,6 @@
 """H-GEM's settings: every parameter of H-GEM in one typed, frozen value (no torch needed to read it).
 
-The release config's ``hgem:`` section (``schemas.release_config.HGEMSpec``) builds an
+The release config's ``advanced.hgem`` section (``schemas.release_config.HGEMSpec``) builds an
 :class:`HGEMSettings`; the manifest records it; ``engine.hgem.state`` runs one state with it and
 the trainer (``engine.hgem.train``) reads its hyper-parameters from the same object; the
 benchmarks run the same procedure with the same object. Each parameter has one default, the one

@@ -6,7 +6,7 @@ samples synthetic households from it, reaching the private data only through
 every answer and every selection charged to the ledger before it is drawn, persisted before it is
 used, read back on a rerun), the benchmarks' from in-memory data (:func:`local_oracles`, nothing
 charged). The settings are one :class:`engine.hgem.settings.HGEMSettings` (the release config's
-``hgem:`` section).
+``advanced.hgem`` section).
 
 1. candidates Q: ``settings.kway``-way group- and person-level workloads
    (``engine.hgem.workloads.candidate_workloads``);

@@ -121,8 +121,7 @@ def test_split_task_resolves_the_plan_and_is_reused_on_resume(tmp_path):
     from tests.conftest import PROJECT_ROOT
 
     raw = yaml.safe_load((PROJECT_ROOT / "deploy" / "releases" / "acs2018_default.yaml").read_text())
-    raw["allocation"]["synthesis_split"] = "public_simulation"
-    raw["synthesis"]["adaptive"] = {"rounds": 0, "share": 0.0}
+    raw["advanced"] = {"synthesis": {"adaptive": {"rounds": 0}}}  # the default allocation: the split simulated
     raw.update(work_dir=str(tmp_path / "work"), output_dir=str(tmp_path / "releases"))
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(raw))
     cfg = load_config(tmp_path / "cfg.yaml")
@@ -136,7 +135,7 @@ def test_split_task_resolves_the_plan_and_is_reused_on_resume(tmp_path):
     assert ctx.paths.synthesis_split_path.exists()
     ctx.paths.synthesis_split_path.write_text(json.dumps({**got, "state_fraction": "1/2"}))  # what a resume finds is what it uses
     assert choose_split_task.fn(ctx, ids)["state_fraction"] == "1/2"
-    resolved = cfg.model_copy(update={"allocation": cfg.allocation.with_state_fraction(Fraction(got["state_fraction"]))})
+    resolved = cfg.with_allocation(cfg.allocation.with_state_fraction(Fraction(got["state_fraction"])))
     assert RunContext(resolved, ctx.paths).plan.total_rho == ctx.plan.total_rho
 
 
