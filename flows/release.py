@@ -193,10 +193,9 @@ def merged_inputs(paths: RunPaths, reports: list[dict]) -> tuple[str, str]:
 
 
 @flow(name="select-workload")
-def select_workload_stage(paths: RunPaths, public_npz: str, prior_update: bool, puma_attributes: int, sizes_measured: bool) -> dict:
+def select_workload_stage(paths: RunPaths, public_npz: str, settings: SynthesisSettings, prior_update: bool, sizes_measured: bool) -> dict:
     """``prior_update``: normalised workloads with the state's pairs completed (else plain counts of the selection's cliques)."""
-    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), 0, prior_update, puma_attributes, sizes_measured,
-                               prior_update)
+    sel = select_workload_task(public_npz, str(paths.run_dir / "workload.json"), settings, prior_update, sizes_measured)
     get_run_logger().info(f"workload: {len(sel['state'])} state-level and {len(sel['puma'])} PUMA-level marginal workloads (from public data)")
     return sel
 
@@ -275,7 +274,7 @@ def count_sd_at(counts_path: str, level: str) -> dict[tuple[int, ...], float]:
 @flow(name="synthesize-states")
 def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, str]:
     """Per state in parallel, its posterior from its own measurements, its count-of-counts size
-    histogram when that stage ran and (``synthesis.pumas_inform_state``) its PUMAs' measurements."""
+    histogram when that stage ran and its PUMAs' measurements."""
     states = nodes_at(counts_path, "state")
     sizes = size_measurements(counts_path, "state") if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, "state")
@@ -530,8 +529,8 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             # the prior update's workloads are normalised, with the pairs the selection leaves out completed at the
             # state; H-GEM's mixture answers (engine.hgem.answers) are plain counts of the selection's cliques
             prior_update = cfg.synthesizer == "prior_update"
-            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, prior_update,
-                             ctx.settings.puma_attributes_max, cfg.allocation.stages.get("count_of_counts", 0) > 0, charges=False)
+            workload = stage("select_workload", select_workload_stage, paths, ctx.public_npz, ctx.settings, prior_update,
+                             cfg.allocation.stages.get("count_of_counts", 0) > 0, charges=False)
         if cfg.synthesizer == "prior_update" and cfg.allocation.synthesis_split == "public_simulation":
             split = stage("choose_synthesis_split", choose_split_stage, ctx, workload, charges=False)
             cfg = cfg.with_allocation(cfg.allocation.with_state_fraction(Fraction(split["state_fraction"])))

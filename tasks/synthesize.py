@@ -38,6 +38,7 @@ from engine.state_release import (
     NodeCount,
     SizeEstimate,
     choose_puma_workloads,
+    choose_workloads,
     fit_state,
     floor_rho,
     node_rng,
@@ -47,8 +48,9 @@ from engine.strength_floor import play_state
 from engine.strength_floor import strength_floor as floor_of
 from engine.support import Support
 from engine.synthesis import NodeResult
+from engine.synthesis_settings import SynthesisSettings
 from engine.uncertainty import Recording, fit_answer_sd
-from engine.workload_selection import PUMA_ATTRIBUTES, WorkloadSelection, select_workloads
+from engine.workload_selection import WorkloadSelection, select_workloads
 from tasks.context import FileKey, RunContext, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
@@ -78,7 +80,7 @@ def _cached_widened(key: FileKey, flips: tuple[Flip, ...]) -> WidenedSupport:
 
 
 def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:
-    """The public support widened by its flipped copies (``synthesis.prior_flips``,
+    """The public support widened by its flipped copies (``SynthesisSettings.prior_flips``,
     ``engine.prior_mixture``), built once per worker process, file and flips."""
     return _cached_widened(file_key(public_npz), flips)
 
@@ -95,18 +97,21 @@ def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTarg
 
 
 @task(name="select-workload")
-def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, normalise: bool = False, puma_attributes: int = PUMA_ATTRIBUTES,
-                         sizes_measured: bool = False, complete_pairs: bool = False) -> dict:
-    """Mutual information on the public data only: no privacy cost. ``sizes_measured``: the
-    count-of-counts stage measures every PUMA's size histogram, so the size attribute is not
-    measured again as a PUMA one-way marginal; ``complete_pairs``: the state level also measures
-    the persons' two-way marginals the selection leaves out (``synthesis.complete_pairs``)."""
+def select_workload_task(public_npz: str, out_path: str, settings: SynthesisSettings, prior_update: bool, sizes_measured: bool) -> dict:
+    """Mutual information on the public data only: no privacy cost. ``prior_update``: the prior
+    update's workloads (``engine.state_release.choose_workloads``: normalised, the state's pairs
+    completed); else (H-GEM, whose mixture answers plain counts) the selection's cliques as plain
+    counts. ``sizes_measured``: the count-of-counts stage measures every PUMA's size histogram, so
+    the size attribute is not measured again as a PUMA one-way marginal."""
     out = Path(out_path)
     if out.exists():
         return json.loads(out.read_text())
     public = HierarchicalData.from_npz(public_npz)
-    sel = select_workloads(public, person_first=person_first, normalise=normalise, puma_max_attributes=puma_attributes,
-                           puma_exclude=(public.domain.size_attribute,) if sizes_measured else (), complete_pairs=complete_pairs)
+    if prior_update:
+        sel = choose_workloads(public, settings, sizes_measured=sizes_measured)
+    else:
+        sel = select_workloads(public, puma_max_attributes=settings.puma_attributes_max,
+                               puma_exclude=(public.domain.size_attribute,) if sizes_measured else ())
     record = sel.to_record()
     write_json_atomic(out, record)
     return record
@@ -114,7 +119,7 @@ def select_workload_task(public_npz: str, out_path: str, person_first: int = 0, 
 
 @task(name="choose-puma-attributes")
 def choose_puma_attributes_task(ctx: RunContext, workload: dict, puma_households: list[int]) -> dict:
-    """``synthesis.puma_attributes_rule: signal_to_noise``: how many of the ranked PUMA one-way
+    """How many of the ranked PUMA one-way
     marginals to measure, from the public data's between-PUMA variation and the PUMA level's ρ at
     the median of the PUMAs' DP household counts (``engine.puma_attributes``; post-processing, no
     privacy cost). Returns the workload record with that many. Kept in the work directory: a
@@ -131,7 +136,7 @@ def choose_puma_attributes_task(ctx: RunContext, workload: dict, puma_households
 
 @task(name="choose-synthesis-split")
 def choose_split_task(ctx: RunContext, workload_ids: list[str]) -> dict:
-    """``allocation.synthesis_split: public_simulation``: the state level's fraction of the
+    """``advanced.allocation.synthesis_split: public_simulation``: the state level's fraction of the
     synthesis ρ from the expected error simulated on the public data (``engine.budget_split``; no
     privacy cost). Kept in the work directory: a resumed run reuses it, so its ledger's plan holds."""
     out = ctx.paths.synthesis_split_path
@@ -158,7 +163,7 @@ def _floor_rho(ctx: RunContext) -> float:
 
 @task(name="play-strength-floor")
 def play_strength_floor_task(ctx: RunContext, state: int, workload_ids: list[str]) -> list[float]:
-    """``synthesis.prior_strength_floor: public_simulation``: one public state played as the
+    """The strength floor's simulation: one public state played as the
     private one with the state's workloads at the run's ρ (``engine.strength_floor.play_state``;
     public data only, no privacy cost), on the worker's cached public support, which the state
     fits then reuse."""

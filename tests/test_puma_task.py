@@ -168,6 +168,7 @@ def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_
     exactly that many one-way PUMA marginals here, a smaller cap's attributes among a larger cap's,
     recorded in the run's workload file."""
     from engine.queries import Workload
+    from engine.synthesis_settings import SynthesisSettings
     from tasks.synthesize import select_workload_task
     from tests.engine._support_testdata import random_data, small_domain
 
@@ -175,7 +176,8 @@ def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_
     random_data(small_domain(M=4), 400, seed=21, dependence=0.8).to_npz(npz)
     got = {}
     for cap in (1, 2, 3):
-        rec = select_workload_task.fn(str(npz), str(tmp_path / f"workload{cap}.json"), 0, True, cap)
+        rec = select_workload_task.fn(str(npz), str(tmp_path / f"workload{cap}.json"), SynthesisSettings(puma_attributes=1, puma_attributes_max=cap),
+                                      True, False)
         one_way = [w for w in rec["puma"] if len(Workload.from_id(w).attrs) == 1]
         assert len(one_way) == len(rec["explanation"]["puma_attributes"]) == cap
         assert rec["explanation"]["params"]["puma_max_attributes"] == cap
@@ -184,24 +186,27 @@ def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_
     assert got[1] < got[2] < got[3]
 
 
-def test_complete_pairs_reaches_the_recorded_state_workloads(tmp_path):
-    """``select_workload_task(complete_pairs)`` (the prior update's) → ``select_workloads(complete_pairs)``:
-    the state level gains the persons' missing two-way marginals, recorded in the run's workload
-    file; the PUMA level is unchanged."""
+def test_the_prior_updates_workloads_complete_the_pairs_and_h_gems_do_not(tmp_path):
+    """``select_workload_task``: the prior update's workloads (``engine.state_release.choose_workloads``)
+    are normalised and the state level gains the persons' missing two-way marginals, recorded in the
+    run's workload file; H-GEM's are the selection's cliques as plain counts."""
     from engine.queries import Workload
+    from engine.synthesis_settings import SynthesisSettings
     from tasks.synthesize import select_workload_task
     from tests.engine._support_testdata import random_data, small_domain
 
     npz = tmp_path / "public.npz"
     random_data(small_domain(M=4), 400, seed=21, dependence=0.8).to_npz(npz)
-    plain = select_workload_task.fn(str(npz), str(tmp_path / "w.json"), 0, True, 4, True)
-    full = select_workload_task.fn(str(npz), str(tmp_path / "w_pairs.json"), 0, True, 4, True, True)
-    added = full["state"][len(plain["state"]):]
-    assert full["state"][: len(plain["state"])] == plain["state"] and full["puma"] == plain["puma"]
-    assert added and all(Workload.from_id(i).level == "person" and len(Workload.from_id(i).attrs) == 2 for i in added)
+    settings = SynthesisSettings(puma_attributes=1, puma_attributes_max=4)
+    plain = select_workload_task.fn(str(npz), str(tmp_path / "w.json"), settings, False, True)
+    full = select_workload_task.fn(str(npz), str(tmp_path / "w_pairs.json"), settings, True, True)
+    added = full["completed"]
+    assert added and set(added) <= set(full["state"]) and plain["completed"] == []
+    assert all(Workload.from_id(i).level == "person" and len(Workload.from_id(i).attrs) == 2 for i in added)
     assert json.loads((tmp_path / "w_pairs.json").read_text())["state"] == full["state"]
     assert len(full["explanation"]["completed_pairs"]) == len(added) and plain["explanation"]["completed_pairs"] == []
-    assert full["completed"] == added and plain["completed"] == []  # what the state task's adaptive rounds leave out
+    assert all(Workload.from_id(w).normalised for w in full["state"] if not Workload.from_id(w).is_partition())
+    assert not any(Workload.from_id(w).normalised for w in plain["state"] + plain["puma"])
 
 
 def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_leaves_the_sizes_out(tmp_path):
@@ -219,10 +224,12 @@ def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_l
     data = random_data(small_domain(M=4), 600, seed=21, dependence=0.8)
     npz = tmp_path / "public.npz"
     data.to_npz(npz)
-    with_sizes = select_workload_task.fn(str(npz), str(tmp_path / "w_sizes.json"), 0, True, 4, True)
+    settings = SynthesisSettings(puma_attributes=1, puma_attributes_max=4)
+    with_sizes = select_workload_task.fn(str(npz), str(tmp_path / "w_sizes.json"), settings, True, True)
     assert "NP" not in with_sizes["explanation"]["puma_attribute_ranking"]
-    assert "NP" in select_workload_task.fn(str(npz), str(tmp_path / "w.json"), 0, True, 6, False)["explanation"]["puma_attribute_ranking"]
-    record = select_workload_task.fn(str(npz), str(tmp_path / "w4.json"), 0, True, 4, True)
+    wide = SynthesisSettings(puma_attributes=1, puma_attributes_max=6)
+    assert "NP" in select_workload_task.fn(str(npz), str(tmp_path / "w.json"), wide, True, False)["explanation"]["puma_attribute_ranking"]
+    record = select_workload_task.fn(str(npz), str(tmp_path / "w4.json"), settings, True, True)
     ranked = WorkloadSelection.from_record(record).puma_ranked
     assert len(ranked) >= 3
     counts = [120, 150, 180]
@@ -231,7 +238,7 @@ def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_l
         cfg = make_config().model_copy(update={"budget": make_config().budget.model_copy(update={"rho": rho})})
         ctx = RunContext(cfg, prepare(tmp_path / f"work{rho}", tmp_path / f"rel{rho}"), "", str(npz))
         # the run's settings as a notebook hands them to the engine: bounds that this small domain's ranking spans
-        ctx.__dict__["settings"] = SynthesisSettings(puma_attributes=1, puma_attributes_max=4)
+        ctx.__dict__["settings"] = settings
         out = choose_puma_attributes_task.fn(ctx, record, counts)
         want = choose_puma_attributes(data, ranked, sum(w not in set(ranked) for w in WorkloadSelection.from_record(record).puma), "household",
                                       float(ctx.allocation("puma_synthesis", "puma")), 150.0, minimum=1, maximum=4)
