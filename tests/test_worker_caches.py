@@ -30,3 +30,22 @@ def test_an_input_replaced_at_the_same_path_is_read_again(tmp_path, vermont):
     assert cached_data(str(path)).n_households == 500
     assert cached_support(str(path)).n_support == 500
     assert cached_balance(str(path)).n_households == 500
+
+
+def test_the_workers_caches_are_emptied_after_the_synthesis(tmp_path, vermont):
+    """``flows.release.drop_worker_caches`` empties every cache a worker fills for the synthesis
+    (an in-process worker shares this process's caches, so they are checked here)."""
+    from distributed import LocalCluster
+
+    from flows.release import drop_worker_caches
+    from tasks import context, synthesize
+
+    path = tmp_path / "public.npz"
+    _save(vermont[0].take(np.arange(300)), path)
+    caches = (synthesize._cached_balance, synthesize._cached_widened, synthesize._cached_support, context._cached_data)
+    cached_balance(str(path))
+    cached_data(str(path))
+    assert all(c.cache_info().currsize > 0 for c in caches if c is not synthesize._cached_widened)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        drop_worker_caches(cluster.scheduler_address)
+    assert [c.cache_info().currsize for c in (*caches, context._session)] == [0] * 5
