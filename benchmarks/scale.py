@@ -39,17 +39,45 @@ from national_input import build  # noqa: E402
 OUT = ROOT / "benchmarks" / "results"
 
 
-def tree_memory(proc: psutil.Process) -> tuple[int, int]:
-    """(sum of PSS, sum of RSS) over the process and its descendants, in bytes."""
-    pss = rss = 0
+def process_kind(p: psutil.Process, root: int) -> str:
+    """What a process of the run's tree is: the ``client`` (the flow's own process, which also
+    publishes), a ``dask_worker`` (LocalCluster spawns its workers through multiprocessing), the
+    ``prefect_server`` (the temporary API server, a uvicorn subprocess) or ``other`` (the
+    multiprocessing resource tracker, anything else)."""
+    if p.pid == root:
+        return "client"
+    cmd = " ".join(p.cmdline())
+    if "uvicorn" in cmd:
+        return "prefect_server"
+    return "dask_worker" if "spawn_main" in cmd else "other"
+
+
+def tree_memory(proc: psutil.Process, kinds: dict[int, str]) -> tuple[dict[int, int], int]:
+    """({pid: PSS}, sum of RSS) over the process and its descendants, in bytes; ``kinds`` gains
+    the :func:`process_kind` of every process seen for the first time (in order of appearance)."""
+    pss, rss = {}, 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
+            if p.pid not in kinds:
+                kinds[p.pid] = process_kind(p, proc.pid)
             info = p.memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        pss += getattr(info, "pss", info.rss)  # PSS is Linux-only; elsewhere RSS stands in
+        pss[p.pid] = getattr(info, "pss", info.rss)  # PSS is Linux-only; elsewhere RSS stands in
         rss += info.rss
     return pss, rss
+
+
+def by_process(pss: dict[int, int], kinds: dict[int, str]) -> dict[str, float]:
+    """One sample's PSS in MiB per process: ``client``, ``prefect_server``, ``dask_worker_1``,
+    ``dask_worker_2``, ... (workers numbered in order of appearance) and ``other`` (summed)."""
+    workers = [pid for pid, kind in kinds.items() if kind == "dask_worker"]
+    out: dict[str, float] = {}
+    for pid, b in pss.items():
+        kind = kinds[pid]
+        label = f"dask_worker_{workers.index(pid) + 1}" if kind == "dask_worker" else kind
+        out[label] = out.get(label, 0.0) + b / 2**20
+    return dict(sorted(out.items()))
 
 
 def run(config: Path, env: dict) -> dict:
@@ -57,17 +85,21 @@ def run(config: Path, env: dict) -> dict:
     proc = subprocess.Popen([str(Path(sys.executable).with_name("dprelease")), "run", str(config)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = {"pss": 0, "rss": 0, "at": start}
+    kinds: dict[int, str] = {}
+    samples: list[tuple[float, dict[int, int]]] = []  # (time, {pid: PSS}) every half second
     done = threading.Event()
 
     def sample():
         ps = psutil.Process(proc.pid)
         while not done.is_set():
             try:
-                pss, rss = tree_memory(ps)
+                pss, rss = tree_memory(ps, kinds)
             except psutil.NoSuchProcess:
                 return
-            if pss > peak["pss"]:
-                peak.update(pss=pss, at=time.time())
+            now = time.time()
+            samples.append((now, pss))
+            if sum(pss.values()) > peak["pss"]:
+                peak.update(pss=sum(pss.values()), at=now)
             peak["rss"] = max(peak["rss"], rss)
             done.wait(0.5)
 
@@ -87,7 +119,7 @@ def run(config: Path, env: dict) -> dict:
         raise RuntimeError(f"dprelease run failed ({proc.returncode}):\n{''.join(lines)[-3000:]}")
     marks["peak"] = peak["at"]
     return {"wall_s": time.time() - start, "peak_pss_mib": peak["pss"] / 2**20, "peak_rss_mib": peak["rss"] / 2**20,
-            "marks": marks}
+            "marks": marks, "samples": [(t, by_process(pss, kinds)) for t, pss in samples]}
 
 
 def stage_spans(release: Path) -> dict[str, tuple[float, float]]:
@@ -116,16 +148,32 @@ def step_times(spans: dict[str, tuple[float, float]], marks: dict) -> dict[str, 
     return out
 
 
-def peak_step(spans: dict[str, tuple[float, float]], marks: dict) -> str:
-    """The step running when the tree's PSS peaked: an audited stage, ``startup``, ``publish`` or
-    ``internal_qa`` (the steps of :func:`step_times`)."""
-    at = marks["peak"]
+def step_at(spans: dict[str, tuple[float, float]], marks: dict, at: float) -> str:
+    """The step running at time ``at``: an audited stage, ``startup``, ``between_stages`` (the
+    flow's own work between two audited stages: merging the inputs), ``publish``, ``internal_qa``
+    (the steps of :func:`step_times`) or ``shutdown`` (after the QA report: the cluster and the
+    server closing)."""
     for stage, (lo, hi) in spans.items():
         if lo <= at <= hi:
             return stage
     if not spans or at < min(lo for lo, _ in spans.values()):
         return "startup"
-    return "publish" if at <= marks.get("published", float("inf")) else "internal_qa"
+    if at < max(hi for _, hi in spans.values()):
+        return "between_stages"
+    if at <= marks.get("published", float("inf")):
+        return "publish"
+    return "internal_qa" if at <= marks.get("qa", float("inf")) else "shutdown"
+
+
+def step_peaks(spans: dict[str, tuple[float, float]], marks: dict, samples: list[tuple[float, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per step (:func:`step_at`), the PSS per process (MiB, :func:`by_process`) at the sample
+    where the tree's summed PSS was highest during that step, with the sum as ``total``."""
+    out: dict[str, dict[str, float]] = {}
+    for t, mib in samples:
+        step, total = step_at(spans, marks, t), sum(mib.values())
+        if total > out.get(step, {}).get("total", -1.0):
+            out[step] = {"total": total, **mib}
+    return out
 
 
 def main(argv=None) -> int:
@@ -153,9 +201,11 @@ def main(argv=None) -> int:
             summary = build(Path(args.data), d, how["pumas_per_state"], how["scale"])
             print(f"[scale] {label}: {summary['households']} households, {summary['pumas']} PUMAs; running ...", flush=True)
             r = run(d / "national.yaml", env)
-            spans, marks = stage_spans(d / "releases" / "national"), r.pop("marks")
+            spans, marks, samples = stage_spans(d / "releases" / "national"), r.pop("marks"), r.pop("samples")
+            peaks = step_peaks(spans, marks, samples)
             r.update(label=label, households=summary["households"], pumas=summary["pumas"], states=summary["states"],
-                     stages=step_times(spans, marks), peak_step=peak_step(spans, marks))
+                     stages=step_times(spans, marks), peak_step=step_at(spans, marks, marks["peak"]),
+                     peak_by_process=max(peaks.values(), key=lambda m: m["total"]), step_peaks=peaks)
             rows.append(r)
             print(f"[scale] {label}: {r['wall_s']:.0f} s, peak PSS {r['peak_pss_mib']:.0f} MiB (RSS sum {r['peak_rss_mib']:.0f}) "
                   f"during {r['peak_step']}, stages {r['stages']}", flush=True)
@@ -191,6 +241,11 @@ def write(rows: list[dict], out: Path) -> None:
                      f"{r['peak_pss_mib'] / base['peak_pss_mib']:>10.2f}  {dom} ({r['stages'][dom]:.0f} s of {sum(r['stages'].values()):.0f});"
                      f" {r['peak_step']}")
     lines += ["", "stage seconds per size:"] + [f"  {r['label']}: " + ", ".join(f"{k} {v:.0f}" for k, v in r["stages"].items()) for r in rows]
+    lines += ["", "PSS MiB per process at each step's highest sample (the tree's peak marked *):"]
+    for r in rows:
+        for step, mib in r.get("step_peaks", {}).items():
+            mark = "*" if step == r["peak_step"] else " "
+            lines.append(f"  {r['label']} {mark}{step:<28}" + ", ".join(f"{k} {v:.0f}" for k, v in mib.items()))
     text = "\n".join(lines) + "\n"
     print(text, end="")
     out.parent.mkdir(parents=True, exist_ok=True)

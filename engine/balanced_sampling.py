@@ -48,7 +48,7 @@ import scipy.sparse as sp
 
 from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
-from engine.queries import Workload, incidence_matrix
+from engine.queries import Workload, household_cell_pairs
 
 __all__ = ["BalanceTargets", "balance_workloads", "balanced_draw", "balanced_draws", "systematic_positions"]
 
@@ -85,9 +85,7 @@ class BalanceTargets:
         ws = tuple(balance_workloads(data.domain) if workloads is None else workloads)
         if not ws:
             raise ValueError("balanced sampling needs at least one balance workload")
-        rows = sp.vstack([incidence_matrix(data, w) for w in ws], format="csr").T.tocsr()
-        rows.sort_indices()
-        return cls(ws, rows)
+        return cls(ws, household_rows(data, ws))
 
     @property
     def n_households(self) -> int:
@@ -97,6 +95,34 @@ class BalanceTargets:
         """The balance counts of households weighted by ``counts`` (expected copies per household)."""
         balance: np.ndarray = self.rows.T @ np.asarray(counts, dtype=np.float64)
         return balance
+
+
+def household_rows(data: HierarchicalData, workloads: Sequence[Workload]) -> sp.csr_matrix:
+    """Households × cells, CSR with sorted indices: household h's row holds its counts in the cells
+    of every workload, the workloads' cells side by side in the given order (the transpose of their
+    stacked incidences). Written in place in two passes over the workloads (the first counts each
+    row's entries): stacking the incidences and transposing would hold the matrix twice at once,
+    hundreds of MB on a widened public support."""
+    n = data.n_households
+    lengths = np.zeros(n, dtype=np.int64)
+    for w in workloads:
+        lengths += np.bincount(household_cell_pairs(data, w)[0], minlength=n)
+    indptr = np.concatenate(([0], np.cumsum(lengths)))
+    n_cells = sum(w.n_cells(data.domain) for w in workloads)
+    index_type = np.int32 if max(int(indptr[-1]), n_cells) < 2**31 else np.int64
+    indices, values = np.empty(int(indptr[-1]), dtype=index_type), np.empty(int(indptr[-1]), dtype=np.float64)
+    filled, offset = indptr[:-1].copy(), 0
+    for w in workloads:
+        # one entry per (household, cell), ordered by household, then cell
+        h, c, k = household_cell_pairs(data, w)
+        per = np.bincount(h, minlength=n)
+        pos = filled[h] + np.arange(h.size) - np.repeat(np.cumsum(per) - per, per)
+        indices[pos], values[pos] = c + offset, k
+        filled += per
+        offset += w.n_cells(data.domain)
+    rows = sp.csr_matrix((values, indices, indptr.astype(index_type)), shape=(n, n_cells), copy=False)
+    rows.has_sorted_indices = True
+    return rows
 
 
 def systematic_positions(p: np.ndarray, n: int, u: float) -> np.ndarray:

@@ -479,7 +479,11 @@ class IncidenceCache:
     exactly, instead of grouping all the repeats again.
     """
 
-    JOINT_CACHE = 16
+    # a node's fits reuse few lists at a time (an adaptive round extends the last one; a PUMA's
+    # fits and error estimates alternate its own list and its state's), while each kept list holds
+    # its stacked incidence twice (both orientations, tens of MB on a public support): a longer
+    # memory mostly kept the lists of nodes already done, in every worker, for the whole run
+    JOINT_CACHE = 4
     LIVE_CACHE = 2  # restrictions kept (live_incidence): each is a copy of a joint incidence, and the fits that reuse one come one after another
 
     def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str]] | None = None):

@@ -141,6 +141,31 @@ def dask_scheduler(address: str | None):
         yield cluster.scheduler_address
 
 
+def drop_worker_caches(address: str) -> None:
+    """Empty the per-process caches of every worker of the Dask cluster at ``address`` (run once
+    the synthesis is done: publish and the internal QA read only files and the private input, none
+    of the cached objects). A worker keeps the public supports with their incidences and balance
+    targets (gigabytes at the default settings), the encoded inputs and the private session until
+    the cluster closes, beside the stages that follow, and a long-lived cluster keeps them
+    beside the runs it serves next."""
+    from distributed import Client
+
+    with Client(address, set_as_default=False) as client:  # the task runner's own client stays the default
+        client.run(_drop_caches)
+
+
+def _drop_caches() -> None:
+    """In one worker process: clear the caches of :func:`drop_worker_caches` (the next task that
+    needs one rebuilds it from its file) and collect the cycles that held their arrays."""
+    import gc
+
+    from tasks import context, synthesize
+
+    synthesize.clear_caches()
+    context.clear_caches()
+    gc.collect()
+
+
 def sampling_seed(cfg: ReleaseConfig, paths: RunPaths) -> int:
     """The post-processing sampling seed: from the config, or drawn once and kept with the run."""
     if cfg.sampling_seed is not None:
@@ -551,6 +576,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             supports = stage("hgem", hgem_stage, ctx, counts_path, address, seed, workload)
             posteriors = {st: uniform_prior(paths, st, p) for st, p in supports.items()}
         node_files = stage("puma_synthesis", puma_stage, ctx, counts_path, workload, posteriors, seed, supports)
+        drop_worker_caches(address)
         # DaskTaskRunner is a TaskRunner[PrefectDaskFuture]; with_options' annotation is invariant in the future type
         release_dir, report = publish_and_qa.with_options(task_runner=runner)(  # type: ignore[arg-type]
             ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)

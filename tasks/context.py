@@ -117,3 +117,14 @@ def _session(private: FileKey, unit: PrivacyUnit, ledger_path: str, store_dir: s
              geography: Geography) -> PrivateSession:
     return PrivateSession(HierarchicalData.from_npz(private[0]), unit, _ledger(ledger_path, cfg_json), _store(store_dir), invariants,
                           geography=geography)
+
+
+def worker_caches() -> tuple:
+    """The caches a worker fills for a run (its encoded inputs, its private session)."""
+    return (_session, _cached_data)
+
+
+def clear_caches() -> None:
+    """Empty :func:`worker_caches` (the next task that needs one rebuilds it from its file)."""
+    for cache in worker_caches():
+        cache.cache_clear()

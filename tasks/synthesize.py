@@ -96,6 +96,18 @@ def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTarg
     return _cached_balance(file_key(public_npz), flips)
 
 
+def worker_caches() -> tuple:
+    """The caches a worker fills for the synthesis (the supports, widened supports and balance
+    targets above), for :func:`clear_caches` and the tests that look at them."""
+    return (_cached_balance, _cached_widened, _cached_support)
+
+
+def clear_caches() -> None:
+    """Empty :func:`worker_caches` (the next task that needs one rebuilds it from its file)."""
+    for cache in worker_caches():
+        cache.cache_clear()
+
+
 @task(name="select-workload")
 def select_workload_task(public_npz: str, out_path: str, settings: SynthesisSettings, prior_update: bool, sizes_measured: bool) -> dict:
     """Mutual information on the public data only: no privacy cost. ``prior_update``: the prior

@@ -285,6 +285,13 @@ def test_bad_input_fails_the_run_and_publishes_nothing(tmp_path, data_root, caps
     assert not (tmp_path / "releases" / "e2e").exists()
 
 
+def _worker_cache_sizes() -> int:
+    """(in a Dask worker) the entries of the caches the synthesis fills (``flows.release.drop_worker_caches``)."""
+    from tasks import context, synthesize
+
+    return sum(c.cache_info().currsize for c in (*synthesize.worker_caches(), *context.worker_caches()))
+
+
 def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
     """One run through the options the default release does not take: the person privacy unit,
     the discrete-Laplace count-of-counts, a group_counts stage beside it, the average consistency,
@@ -312,6 +319,12 @@ def test_the_non_default_options_run_end_to_end(tmp_path, data_root):
         },
     )
     assert main(["run", str(cfg)]) == 0
+    address = os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if address:  # the session's shared cluster outlives the run: its workers gave back their synthesis caches
+        from distributed import Client
+
+        with Client(address, set_as_default=False) as client:
+            assert set(client.run(_worker_cache_sizes).values()) == {0}
     rel = tmp_path / "releases" / "e2e"
     manifest = json.loads((rel / "manifest.json").read_text())
     led = manifest["privacy"]["ledger"]

@@ -4,8 +4,9 @@ and the release rerun under the same name with other inputs at the same paths.""
 
 import numpy as np
 
+from engine.prior_mixture import Flip
 from tasks.context import cached_data, file_key
-from tasks.synthesize import cached_balance, cached_support
+from tasks.synthesize import cached_balance, cached_support, cached_widened
 
 
 def _save(data, path):
@@ -30,3 +31,23 @@ def test_an_input_replaced_at_the_same_path_is_read_again(tmp_path, vermont):
     assert cached_data(str(path)).n_households == 500
     assert cached_support(str(path)).n_support == 500
     assert cached_balance(str(path)).n_households == 500
+
+
+def test_the_workers_caches_are_emptied_after_the_synthesis(tmp_path, vermont):
+    """``flows.release.drop_worker_caches`` empties every cache a worker fills for the synthesis
+    (an in-process worker shares this process's caches, so they are checked here)."""
+    from distributed import LocalCluster
+
+    from flows.release import drop_worker_caches
+    from tasks import context, synthesize
+
+    path = tmp_path / "public.npz"
+    _save(vermont[0].take(np.arange(300)), path)
+    caches = (*synthesize.worker_caches(), *context.worker_caches())
+    cached_balance(str(path))
+    cached_data(str(path))
+    cached_widened(str(path), (Flip("SEX"),))
+    assert all(c.cache_info().currsize > 0 for c in caches if c is not context.worker_caches()[0])  # no session without a private input
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        drop_worker_caches(cluster.scheduler_address)
+    assert [c.cache_info().currsize for c in caches] == [0] * 5

@@ -8,10 +8,11 @@ import itertools
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from engine.balanced_sampling import BalanceTargets, balance_workloads, balanced_draw, balanced_draws, systematic_positions
 from engine.household_sampling import household_order, sample_households, sample_sibling_households
-from engine.queries import Workload, answer
+from engine.queries import Workload, answer, incidence_matrix
 from engine.support import Support
 from tests.engine._support_testdata import random_data, small_domain
 
@@ -37,6 +38,19 @@ def test_balance_targets_equal_the_workloads_answers():
     np.testing.assert_allclose(bt.expected(w), reference, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(bt.rows.sum(axis=1).A1, [sum(answer(data.take(np.array([h])), wl).sum() for wl in bt.workloads)
                                                           for h in range(data.n_households)])
+
+
+def test_balance_rows_are_the_transposed_stack_of_the_incidences():
+    """The rows written in place are, array for array, the stacked incidences transposed (the
+    construction they replace), a partition workload among them."""
+    data = random_data(DOMAIN, 300, seed=8)
+    ws = [Workload("group", (DOMAIN.group[0].name,)), *balance_workloads(DOMAIN)]
+    rows = BalanceTargets.for_data(data, ws).rows
+    stacked = sp.vstack([incidence_matrix(data, w) for w in ws], format="csr").T.tocsr()
+    stacked.sort_indices()
+    assert rows.has_sorted_indices and rows.shape == stacked.shape and rows.dtype == stacked.dtype
+    for a, b in ((rows.indptr, stacked.indptr), (rows.indices, stacked.indices), (rows.data, stacked.data)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_systematic_positions_hit_floor_or_ceil_of_n_q():
