@@ -677,7 +677,8 @@ def main(argv=None) -> int:
             log("warning: the base config's allocation differs from the one of the kept records (see each record's info.allocation)")
         log(f"resuming: {len(records)} finished cells kept from {json_path.name}")
     have = {(r["method"], float(r["epsilon"]), r["run"]) for r in records}
-    import mbi  # noqa: F401,I001  (fail early when the bench extra is missing)
+    if any(m in ALL_METHODS and m not in PIPELINE for m in methods):
+        import mbi  # noqa: F401,I001  (fail early when the bench extra is missing; the pipeline methods need none)
 
     from peers.common import cdp_rho
 
