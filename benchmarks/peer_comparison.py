@@ -49,6 +49,12 @@ Methods (``--methods``):
   public     the pipeline's public-only baseline (``synthesizer: public_baseline``, same config):
              public households resampled to each PUMA's household count (its household counts and
              size histograms come from the count-of-counts stage at the same ε, δ).
+  dprelease@NAME  ``dprelease`` run from another checkout of the repository (``--source NAME=PATH``, a
+             git worktree at another commit): that tree's engine/ tasks/ flows/ schemas/ with this
+             Python environment, its own deploy/releases/acs2018_default.yaml as the base config (the
+             config format may differ between commits), the same split, domain, unit, M, budget and
+             scoring; the tree's commit is recorded. Runs the code before and after a change in one
+             benchmark (``--resume`` adds a later tree's cells to the same table).
   public0    the public data alone, nothing measured: ``public_baseline`` with the declared
              invariant ``puma_household_counts`` (exact PUMA household counts, no count-of-counts):
              the "never do worse than the public data alone" reference (not DP for those counts).
@@ -58,6 +64,8 @@ Methods (``--methods``):
     python benchmarks/peer_comparison.py --private nm --epsilons 1     # New Mexico private
     python benchmarks/peer_comparison.py --epsilons 2 --resume         # add ε = 2 to an existing table
     python benchmarks/peer_comparison.py --private nh --private-file /tmp/shifts/csv_pnh_race60.zip  # a shifted NH
+    python benchmarks/peer_comparison.py --methods dprelease@before --source before=../wt-before --tag before_after
+    python benchmarks/peer_comparison.py --methods dprelease@after --source after=. --tag before_after --resume
 
 Results: benchmarks/results/peer_comparison_<tag>.{json,txt} (tag: the private state, the private
 file's name after ``csv_p`` with ``--private-file``, or ``--tag``); the JSON is rewritten after
@@ -108,7 +116,47 @@ LABELS = {"aim": "AIM (person records)", "mst": "MST (person records)", "aim_hh"
           "mst_hh": "MST (household unit)", "dprelease": "dprelease (default)",
           "dprelease_person": "dprelease (person unit)", "public": "public-only baseline",
           "public0": "public-only, exact counts"}
+SOURCE_METHOD = "dprelease@"  # dprelease@NAME: the pipeline of the checkout given by --source NAME=PATH
+# the release-config keys a benchmark run sets in every config format the repository has had; the
+# others it sets only where the tree's base config has them (a newer format may drop a key)
+# the top-level keys every config format since the first release has known (the rest of a
+# checkout's base config is its own: allocation and settings sections moved between formats)
+SHARED_KEYS = ("name", "description", "data_root", "private", "public", "domain", "privacy_unit", "budget", "household_rules",
+               "synthesizer", "output_dir", "work_dir")
 T0 = time.time()  # a child process gets the parent's start (see _peer_child)
+
+
+def label(method: str) -> str:
+    if method.startswith(SOURCE_METHOD):
+        return f"{method} (default)"
+    return LABELS[method]
+
+
+def parse_sources(specs: list[str]) -> dict[str, Path]:
+    """``--source NAME=PATH`` values: NAME → the checkout's root (a tree holding flows/cli.py and
+    the default release config)."""
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        name = name.strip()
+        if not sep or not name or not path.strip() or not name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"--source {spec!r}: expected NAME=PATH with NAME of letters, digits, - or _")
+        if name in out:
+            raise ValueError(f"--source {name} given twice")
+        root = Path(path.strip()).expanduser().resolve()
+        missing = [f for f in ("flows/cli.py", "deploy/releases/acs2018_default.yaml") if not (root / f).is_file()]
+        if missing:
+            raise ValueError(f"--source {name}={root}: not a checkout of this repository (no {', '.join(missing)})")
+        out[name] = root
+    return out
+
+
+def source_info(root: Path) -> dict:
+    """The commit of a checkout and whether its pipeline source differs from it."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=20).stdout.strip()
+    return {"path": str(root), "commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "engine", "tasks", "flows", "schemas"))}
 
 
 def log(msg: str) -> None:
@@ -285,29 +333,33 @@ def household_max_size(base: dict) -> int:
     return HouseholdRulesSpec(**(base.get("household_rules") or {})).max_household_size
 
 
-def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, epsilon: float, delta: float, tmp: Path) -> Path:
-    """The release config of one pipeline run: ``base`` (the default release config, read once at
-    the start so that every run of one benchmark uses the same allocation and settings) with the
-    benchmark's split, domain, budget and household rules."""
+def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, epsilon: float, delta: float, tmp: Path,
+                    root: Path = ROOT) -> Path:
+    """The release config of one pipeline run: ``base`` (a tree's default release config, read once
+    at the start so that every run of one benchmark uses the same allocation and settings) with the
+    benchmark's split, domain, budget, household rules and locations: the keys of
+    :data:`SHARED_KEYS`, which every config format knows; the rest of ``base`` (its allocation and
+    settings, in its own format: ``--source``) as it is."""
     import copy
 
-    synthesizer = "prior_update" if method.startswith("dprelease") else "public_baseline"
     cfg = copy.deepcopy(base)
     cfg.pop("attributes", None)
-    cfg.update(
-        name="peer-comparison",
-        description=f"peer benchmark: {bench.private} private, {len(public)} states public",
-        data_root=str(DATA),
-        private=[{"path": str(bench.path)}],
-        public=[{"path": state_zip(s)} for s in public],
-        domain=str(SPEC_PATH),
-        privacy_unit="person" if method == "dprelease_person" else "household",
-        synthesizer=synthesizer,
-        output_dir=str(tmp / "releases"),
-        work_dir=str(tmp / "work"),
-    )
-    cfg["budget"] = {"epsilon": float(epsilon), "delta": float(delta), "conversion": "cks"}
-    cfg["household_rules"] = {"max_household_size": bench.M, "group_quarters": "single_person_households", "oversize": "clip"}
+    shared = {
+        "name": "peer-comparison",
+        "description": f"peer benchmark: {bench.private} private, {len(public)} states public",
+        "data_root": str(DATA),
+        "private": [{"path": str(bench.path)}],
+        "public": [{"path": state_zip(s)} for s in public],
+        "domain": str(root / SPEC_PATH.relative_to(ROOT)),  # the checkout's own copy of the spec, in its format
+        "privacy_unit": "person" if method == "dprelease_person" else "household",
+        "budget": {"epsilon": float(epsilon), "delta": float(delta), "conversion": "cks"},
+        "household_rules": {"max_household_size": bench.M, "group_quarters": "single_person_households", "oversize": "clip"},
+        "synthesizer": "prior_update" if method.startswith("dprelease") else "public_baseline",
+        "output_dir": str(tmp / "releases"),
+        "work_dir": str(tmp / "work"),
+    }
+    assert tuple(shared) == SHARED_KEYS
+    cfg.update(shared)
     if method == "public0":  # nothing measured: exact PUMA household counts (the declared invariant)
         cfg["invariants"] = ["puma_household_counts"]
         cfg["advanced"] = {"allocation": {"stages": {"puma_synthesis": 1.0}, "levels": {"puma_synthesis": {"puma": 1.0}}}}
@@ -342,36 +394,40 @@ def read_release(release_dir: Path, bench: Bench) -> tuple[np.ndarray, dict, dic
     return codes, h, manifest
 
 
-def pipeline_source_hash() -> str:
-    """SHA-256 (16 hex) of the pipeline's source as it is in the working tree at this moment
+def pipeline_source_hash(root: Path = ROOT) -> str:
+    """SHA-256 (16 hex) of the pipeline's source as it is in the working tree ``root`` at this moment
     (engine/, tasks/, flows/, schemas/, tracked and untracked): tells which runs saw the same code."""
     import hashlib
 
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "engine", "tasks", "flows", "schemas"],
-                           cwd=ROOT, capture_output=True, text=True).stdout.split()
+                           cwd=root, capture_output=True, text=True).stdout.split()
     h = hashlib.sha256()
     for f in sorted(files):
-        p = ROOT / f
+        p = root / f
         if p.is_file():
             h.update(f.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
 
 
-def run_pipeline(base: dict, method: str, bench: Bench, public: list[str], epsilon: float, delta: float, tmp: Path, tag: str) -> tuple[dict, dict]:
-    run_tmp = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=tmp))
-    cfg = pipeline_config(base, bench, public, method, epsilon, delta, run_tmp)
-    source = pipeline_source_hash()
-    env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect"), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90", PREFECT_LOGGING_LEVEL="WARNING")
-    exe = Path(sys.executable).with_name("dprelease")
-    cmd = [str(exe) if exe.exists() else "dprelease", "run", str(cfg), "--name", tag]
+def run_pipeline(base: dict, method: str, bench: Bench, public: list[str], epsilon: float, delta: float, tmp: Path, tag: str,
+                 root: Path = ROOT) -> tuple[dict, dict]:
+    """One ``dprelease run`` of the checkout ``root`` (its own packages first on the path, this
+    Python environment) and the scores of its release."""
+    run_tmp = Path(tempfile.mkdtemp(prefix=f"{method.replace('@', '-')}-", dir=tmp))
+    cfg_path = pipeline_config(base, bench, public, method, epsilon, delta, run_tmp, root)
+    source = pipeline_source_hash(root)
+    env = dict(os.environ, PYTHONPATH=str(root), DPRELEASE_DATA=str(DATA), PREFECT_HOME=str(tmp / "prefect"), DO_NOT_TRACK="1",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
+               PREFECT_LOGGING_LEVEL="WARNING")
+    cmd = [sys.executable, "-m", "flows.cli", "run", str(cfg_path), "--name", tag]
     pinned = len(os.sched_getaffinity(0)) < (os.cpu_count() or 1)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
                           preexec_fn=(lambda: os.sched_setaffinity(0, range(os.cpu_count() or 1))) if pinned else None)
     (run_tmp / "dprelease.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
         raise RuntimeError(f"dprelease run exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
-    codes, h, manifest = read_release(run_tmp / "releases" / tag, bench)
+    output_dir = yaml.safe_load(cfg_path.read_text()).get("output_dir") or "releases"  # a format without the key: its default
+    codes, h, manifest = read_release(root / output_dir / tag, bench)
     priv = manifest["privacy"]
     info = {"rho_spent": float(Fraction(str(priv["rho"]))), "epsilon_spent": priv["epsilon_delta"]["epsilon"], "delta": priv["epsilon_delta"]["delta"],
             "stages": manifest.get("stages"), "release_counts": manifest.get("release_counts"),
@@ -429,7 +485,7 @@ def render(res: dict) -> str:
     st = res["settings"]
     summary = res["summary"]
     eps_all = sorted({float(e) for m in summary.values() for e in m})
-    methods = [m for m in ALL_METHODS if m in summary]
+    methods = [m for m in ALL_METHODS if m in summary] + sorted(m for m in summary if m.startswith(SOURCE_METHOD))
 
     def used(kind):
         seen = []
@@ -458,12 +514,13 @@ def render(res: dict) -> str:
             s = summary[m].get(k)
             if not s:
                 continue
-            lines.append(f"  {LABELS[m]:<26}{s['mean_l1']['n']:>5}  {fmt(s['mean_l1']):>16}  {fmt(s['max_cell']):>16}  "
+            lines.append(f"  {label(m):<26}{s['mean_l1']['n']:>5}  {fmt(s['mean_l1']):>16}  {fmt(s['max_cell']):>16}  "
                          f"{fmt(s['contains_l1']):>16}  {s['wall_s']['mean']:>9.0f}")
         ratios = []
         for num, den in (("dprelease", "aim"), ("dprelease", "mst"), ("dprelease", "public"), ("dprelease", "public0"),
                          ("dprelease", "aim_hh"), ("dprelease", "mst_hh"),
-                         ("dprelease_person", "aim"), ("dprelease_person", "mst")):
+                         ("dprelease_person", "aim"), ("dprelease_person", "mst"),
+                         *((m, "dprelease") for m in methods if m.startswith(SOURCE_METHOD))):
             a, b = summary.get(num, {}).get(k), summary.get(den, {}).get(k)
             if a and b and a["mean_l1"]["mean"] and b["mean_l1"]["mean"]:
                 ratios.append(f"{num}/{den} {a['mean_l1']['mean'] / b['mean_l1']['mean']:.2f}")
@@ -499,6 +556,10 @@ def render(res: dict) -> str:
         f"allocation {json.dumps(st['dprelease']['allocation'])}.",
         f"  pipeline source (engine/ tasks/ flows/ schemas/ as in the working tree at each pipeline run): "
         f"{', '.join(sorted({r['info'].get('pipeline_source_sha256') or 'not recorded' for r in res['records'] if r['method'] in PIPELINE and 'info' in r})) or '—'}.",
+        *[f"  {SOURCE_METHOD}{name}: the pipeline of {s['path']} at commit {s['commit']}{' (engine/ tasks/ flows/ schemas/ modified)' if s['dirty'] else ''}, "
+          f"its base config deploy/releases/acs2018_default.yaml with the keys {', '.join(SHARED_KEYS)} set as above; "
+          f"allocation {json.dumps(s['base_config'].get('allocation'))}."
+          for name, s in sorted(st.get("sources", {}).items())],
         f"  code: git {res['code']['commit']}{' (working tree modified)' if res['code']['dirty'] else ''}; mbi {res['code']['mbi']}, jax {res['code']['jax']}.",
         f"  started {res['started']}; {res['machine']}.",
     ]
@@ -520,6 +581,23 @@ def code_info() -> dict:
             return None
     return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "mbi": ver("mbi"), "jax": ver("jax")}
+
+
+def source_configs(roots: dict[str, Path], old: dict | None) -> dict[str, dict]:
+    """Per ``--source`` checkout: its path, commit and base config (its own default release config,
+    in its own format). A source the kept records of ``--resume`` already hold keeps their base
+    config, as the main tree's does; the ones only the kept records name stay in the settings."""
+    kept = dict((old or {}).get("settings", {}).get("sources") or {})
+    out = dict(kept)
+    for name, root in roots.items():
+        info = source_info(root)
+        if name in kept:
+            if kept[name]["commit"] != info["commit"]:
+                log(f"warning: source {name} is at {info['commit']}, its kept records at {kept[name]['commit']}")
+            out[name] = {**kept[name], **info}
+            continue
+        out[name] = {**info, "base_config": yaml.safe_load((root / "deploy" / "releases" / "acs2018_default.yaml").read_text())}
+    return out
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -544,6 +622,9 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the cells of an existing result file and run only the missing ones")
     ap.add_argument("--config", default=None, help="base release config of the pipeline runs, read once at the start "
                     "(default: deploy/releases/acs2018_default.yaml; with --resume: the one stored with the kept records)")
+    ap.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
+                    help="another checkout of the repository (e.g. a git worktree at another commit), run as method "
+                         "dprelease@NAME with its own pipeline and default release config (repeatable)")
     ap.add_argument("--tag", default=None)
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
@@ -551,9 +632,13 @@ def main(argv=None) -> int:
         args.epsilons, args.runs = "1", 1
         args.max_model_size, args.max_iters, args.rounds, args.mst_iters = 1.0, 100, 20, 1000
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in ALL_METHODS]
+    try:
+        source_roots = parse_sources(args.source)
+    except ValueError as ex:
+        ap.error(str(ex))
+    bad = [m for m in methods if m not in ALL_METHODS and m.removeprefix(SOURCE_METHOD) not in source_roots]
     if bad:
-        ap.error(f"unknown methods {bad}")
+        ap.error(f"unknown methods {bad} (dprelease@NAME needs --source NAME=PATH)")
     private = args.private.lower()
     state_zip(private)
     public = [s.strip().lower() for s in args.public.split(",")] if args.public else [s for s in STATES if s != private]
@@ -578,6 +663,7 @@ def main(argv=None) -> int:
     if base_config is None:
         config_name = os.path.relpath(Path(args.config or DEFAULT_CONFIG).resolve(), ROOT)
         base_config = yaml.safe_load(Path(args.config or DEFAULT_CONFIG).read_text())
+    sources = source_configs(source_roots, old)
     if args.max_household_size is None:
         args.max_household_size = old["settings"]["max_household_size"] if old is not None else household_max_size(base_config)
     if args.max_household_size < NP_TOP:
@@ -603,7 +689,8 @@ def main(argv=None) -> int:
             log("warning: the base config's allocation differs from the one of the kept records (see each record's info.allocation)")
         log(f"resuming: {len(records)} finished cells kept from {json_path.name}")
     have = {(r["method"], float(r["epsilon"]), r["run"]) for r in records}
-    import mbi  # noqa: F401,I001  (fail early when the bench extra is missing)
+    if any(m in ALL_METHODS and m not in PIPELINE for m in methods):
+        import mbi  # noqa: F401,I001  (fail early when the bench extra is missing; the pipeline methods need none)
 
     from peers.common import cdp_rho
 
@@ -622,6 +709,7 @@ def main(argv=None) -> int:
                           "allocation": (base_config.get("advanced") or {}).get("allocation"), "base_config": base_config},
             "attributes": {a: int(s) for a, s in zip(ATTRS, bench.shape)},
             "pinned_cpus": args.cpus or None,
+            "sources": sources,
         },
         "rho": {str(e): eps_delta_to_rho(e, delta, "cks") for e in epsilons},
         "rho_reference_cdp2adp": {str(e): cdp_rho(e, delta) for e in epsilons},
@@ -637,7 +725,7 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="peer_comparison_") as t:
         tmp = Path(t)
-        order = [m for m in EXEC_ORDER if m in methods]  # cheapest first
+        order = [m for m in EXEC_ORDER if m in methods] + [m for m in methods if m.startswith(SOURCE_METHOD)]  # cheapest first
         for run in range(args.runs):  # one pass over every ε first: a cut-short run still covers the grid
             for e in epsilons:
                 rho = res["rho"][str(e)]
@@ -649,6 +737,11 @@ def main(argv=None) -> int:
                     try:
                         if m in PIPELINE:
                             metrics, info = run_pipeline(base_config, m, bench, public, e, delta, tmp, f"peer-{m}-{str(e).replace('.', 'p')}-{run}")
+                        elif m.startswith(SOURCE_METHOD):
+                            name = m.removeprefix(SOURCE_METHOD)
+                            metrics, info = run_pipeline(sources[name]["base_config"], SOURCE_METHOD.rstrip("@"), bench, public, e, delta, tmp,
+                                                         f"peer-{name}-{str(e).replace('.', 'p')}-{run}", root=source_roots[name])
+                            info["source_commit"] = sources[name]["commit"]
                         else:
                             metrics, info = run_peer(m, bench, rho, args)
                     except Exception as ex:  # noqa: BLE001 - record and go on with the other cells

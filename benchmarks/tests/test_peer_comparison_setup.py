@@ -3,6 +3,8 @@ side clips households as the release config it measures does."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import yaml
 from conftest import load_benchmark
@@ -15,9 +17,8 @@ def pc():
 
 def test_households_are_clipped_at_the_base_configs_size(pc):
     shipped = yaml.safe_load(pc.DEFAULT_CONFIG.read_text())
-    assert pc.household_max_size(shipped) == shipped["household_rules"]["max_household_size"] == 8
+    assert pc.household_max_size(shipped) == 8  # the shipped config keeps the schema's default
     assert pc.household_max_size({**shipped, "household_rules": {"max_household_size": 11}}) == 11
-    assert pc.household_max_size({k: v for k, v in shipped.items() if k != "household_rules"}) == 8  # the schema's default
 
 
 def test_the_pipeline_config_carries_the_benchmarks_size(pc, tmp_path):
@@ -62,3 +63,60 @@ def test_the_tables_breakdown_averages_each_methods_runs_at_one_epsilon(pc):
                {"method": "mst", "epsilon": 2.0, "error": "failed"}]
     assert pc.breakdown(records, ["aim", "mst", "dprelease"], "2.0", "l1_by_attribute", ("SEX", "CIT")) == [
         "aim 0.200 / 0.400", "dprelease 0.500 / 1.000"]
+
+
+def _checkout(root, config: dict):
+    (root / "flows").mkdir(parents=True)
+    (root / "flows" / "cli.py").write_text("")
+    (root / "deploy" / "releases").mkdir(parents=True)
+    (root / "deploy" / "releases" / "acs2018_default.yaml").write_text(yaml.safe_dump(config))
+    return root
+
+
+def test_a_source_is_a_named_checkout_of_the_repository(pc, tmp_path):
+    before = _checkout(tmp_path / "before", {"name": "x"})
+    assert pc.parse_sources([f"before={before}", f"after={pc.ROOT}"]) == {"before": before, "after": pc.ROOT}
+    for bad, why in ((f"{before}", "NAME=PATH"), (f"=={before}", "NAME=PATH"), (f"a b={before}", "NAME=PATH"),
+                     (f"x={tmp_path}", "not a checkout"), (f"b={before}", "given twice")):
+        with pytest.raises(ValueError, match=why):
+            pc.parse_sources([bad, f"b={before}"] if why == "given twice" else [bad])
+
+
+def test_a_source_method_needs_its_source(pc, capsys):
+    with pytest.raises(SystemExit):
+        pc.main(["--methods", "dprelease@before", "--source", f"after={pc.ROOT}"])
+    assert "needs --source NAME=PATH" in capsys.readouterr().err
+
+
+def test_each_source_runs_with_its_own_base_config_and_resume_keeps_it(pc, tmp_path):
+    before = _checkout(tmp_path / "before", {"name": "old", "allocation": {"stages": {"a": 1.0}}})
+    subprocess.run(["git", "init", "-q"], cwd=before, check=True)
+    sources = pc.source_configs({"before": before}, None)
+    assert sources["before"]["base_config"]["allocation"] == {"stages": {"a": 1.0}}
+    assert sources["before"]["path"] == str(before)
+    # a later invocation (--resume) keeps the kept records' config, and their sources it is not given again
+    (before / "deploy" / "releases" / "acs2018_default.yaml").write_text(yaml.safe_dump({"name": "changed"}))
+    old = {"settings": {"sources": {**sources, "gone": {**sources["before"], "path": "/elsewhere"}}}}
+    kept = pc.source_configs({"before": before}, old)
+    assert kept["before"]["base_config"]["allocation"] == {"stages": {"a": 1.0}}
+    assert kept["gone"]["path"] == "/elsewhere"
+    assert pc.source_configs({"before": before}, None)["before"]["base_config"] == {"name": "changed"}
+
+
+def test_the_benchmark_sets_only_the_keys_every_config_format_knows(pc, tmp_path):
+    class Bench:
+        private, M, path = "nh", 8, pc.Path(pc.state_zip("nh"))
+
+    shipped = yaml.safe_load(pc.DEFAULT_CONFIG.read_text())
+    older = {**shipped, "allocation": {"stages": {"state_synthesis": 1.0}}, "synthesis": {"sampling": "balanced"}}  # an older format's sections
+    root = tmp_path / "tree"
+    cfg = yaml.safe_load(pc.pipeline_config(older, Bench(), ["vt"], "dprelease", 1.0, 1e-9, tmp_path, root).read_text())
+    assert set(cfg) == set(older) | set(pc.SHARED_KEYS)
+    assert {k for k in cfg if cfg[k] != older.get(k)} <= set(pc.SHARED_KEYS)  # the tree's own sections as they are
+    assert cfg["budget"] == {"epsilon": 1.0, "delta": 1e-9, "conversion": "cks"}
+    assert cfg["private"] == [{"path": "acs2018_1yr/csv_pnh.zip"}] and cfg["public"] == [{"path": "acs2018_1yr/csv_pvt.zip"}]
+    assert cfg["domain"] == str(root / "schemas" / "domains" / "acs_pums_aim.yaml")  # the tree's own spec
+    # the run's release and work go to its temporary directory, never into the checkout
+    assert cfg["output_dir"] == str(tmp_path / "releases") and cfg["work_dir"] == str(tmp_path / "work")
+    public = yaml.safe_load(pc.pipeline_config(shipped, Bench(), ["vt"], "public", 1.0, 1e-9, tmp_path).read_text())
+    assert public["synthesizer"] == "public_baseline"
