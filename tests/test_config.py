@@ -178,7 +178,7 @@ def test_manifest_records_the_runs_settings(tmp_path):
     assert "hgem" not in rec
     assert rec["prior_strength"] == 0.3 and rec["adaptive"]["rounds"] == 2 and rec["adaptive"]["share"] == "1/4"
     assert rec["strength_candidates"] == list(SynthesisSettings().strength_candidates)  # a default, recorded as resolved
-    assert [f["attribute"] for f in rec["prior_flips"]] == list(load_domain().flippable(load_domain().domain(8)))
+    assert [f["attribute"] for f in rec["prior_flips"]] == [f.attribute for f in load_domain().flippable(load_domain().domain(8))]
     hg = cfg.model_copy(update={"synthesizer": "hgem"})
     rec = synthesizer_settings(hg, settings)
     assert rec["hgem"] == hg.advanced.hgem.settings().to_dict() and rec["hgem"]["initial_share"] == "4/5"
@@ -307,20 +307,23 @@ def test_one_allocation_default_per_synthesizer_and_an_override_says_so(tmp_path
     assert cfg.allocation.synthesis_split == "public_simulation"
 
 
-def test_the_prior_flips_default_is_every_attribute_the_domain_can_flip(tmp_path):
+def test_the_prior_flips_default_is_every_attribute_the_domain_can_relabel(tmp_path):
     from engine.prior_mixture import Flip
 
     spec = load_domain()
     domain = spec.domain(8)
     cfg = load_config(DEFAULT)
     flips = cfg.synthesis_settings(domain).prior_flips
-    assert flips == spec.prior_flips(spec.flippable(domain), domain)
-    assert all(a.size == 2 for a in domain.person if a.name in {f.attribute for f in flips})
-    assert {f.attribute for f in flips} == {a.name for a in domain.person if a.size == 2}  # acs_pums: no binary one is derived otherwise
-    # a binary attribute that a household attribute derives other than by the householder's value cannot be flipped
+    assert flips == spec.flippable(domain)
+    names = {f.attribute for f in flips}
+    # binary and multi-valued attributes alike; not the relationship (it marks the householder), not
+    # an attribute a household attribute derives from other than by the householder's value
+    assert {"SEX", "HISP_ORIGIN", "RAC1P", "CIT"} <= names and "RELP_GROUP" not in names and "AGEP_BAND" not in names
+    assert next(f for f in flips if f.attribute == "RAC1P").householder_attributes == ("HHLDR_RAC1P",)
+    # the negative control: a household attribute derived from SEX other than by the householder's value
     other = spec.model_copy(update={"household_attributes": {
         **spec.household_attributes, "R18": spec.household_attributes["R18"].model_copy(update={"attribute": "SEX"})}})
-    assert "SEX" not in other.flippable(other.domain(8)) and "SEX" in spec.flippable(domain)
+    assert "SEX" not in {f.attribute for f in other.flippable(other.domain(8))} and "SEX" in names
     # an override replaces the default; [] flips nothing
     one = load_config(write(tmp_path, lambda r: advanced(r, "synthesis").update(prior_flips=["HISP_ORIGIN"])))
     assert one.synthesis_settings(domain).prior_flips == (Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)),)
