@@ -241,28 +241,26 @@ def release_pumas(session: PrivateSession | None, support: Support, state_prior:
     prior updated with its size histogram alone, nothing measured); ``targets``: the state's
     measured workloads with their σ (:meth:`StateFit.targets`), to which the PUMA posteriors are
     raked; ``balance``: the support's balance marginals (built here when not given)."""
-    baseline = state_prior is None
-    if not baseline and session is None:
-        raise ValueError("PUMA posteriors from a state posterior measure through a session")
+    if (session is None) != (state_prior is None):
+        raise ValueError("PUMA posteriors from a state posterior measure through a session; the public-only baseline measures nothing")
     ordered = sorted(counts, key=lambda nc: tuple(nc[0]))
     prior = support.weights if state_prior is None else np.asarray(state_prior)
+    rho = Fraction(0) if session is None else session.ledger.plan.allocation("puma_synthesis", "puma")
     fits = []
     for node, count in ordered:
-        if baseline or session is None:
-            measure: MeasureFn | None
-            measure, record, select = None, Recording(), None
-        else:
+        measure: MeasureFn | None = None
+        record, select = Recording(), None
+        if session is not None:
             measure, record = recording_measure(session_measure(session, "puma_synthesis", "puma", node))
             select = session_select(session, "puma_synthesis", "puma", node)
-        rho = Fraction(0) if baseline or session is None else session.ledger.plan.allocation("puma_synthesis", "puma")
-        res = synthesize_node(support, prior, [] if baseline else workloads, rho, measure, total=count.households,
+        res = synthesize_node(support, prior, [] if session is None else workloads, rho, measure, total=count.households,
                               prior_strength=settings.prior_strength, extra=count.size_extra(support), total_sd=count.sd,
-                              adaptive=None if baseline else settings.adaptive_at("puma"), select=select,
+                              adaptive=None if session is None else settings.adaptive_at("puma"), select=select,
                               unit="household" if session is None else session.unit)
         fits.append(PumaFit(tuple(node), prior, res, record))
     totals = [int(t) for t in totals_to_parent([f.result.total for f in fits], [c.households for _, c in ordered])]
     weights = [f.result.weights for f in fits]
-    if targets and not baseline:
+    if targets and session is not None:
         weights, _ = rake_to_parent(support, weights, totals, prior, list(targets), prior_strength=settings.prior_strength)
     nodes = [f.node for f in fits]
     draws = sample_sibling_households(support, weights, totals, [node_rng(seed, n) for n in nodes], nodes,

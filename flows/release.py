@@ -26,6 +26,7 @@ from prefect_dask import DaskTaskRunner
 
 from engine.geography import Geography, node_key
 from engine.hierarchical_data import HierarchicalData
+from engine.state_release import NodeCount
 from engine.strength_floor import played_states
 from engine.synthesis_settings import SynthesisSettings
 from flows.plan import invariants_statement
@@ -296,19 +297,25 @@ def count_sd_at(counts_path: str, level: str) -> dict[tuple[int, ...], float]:
     return {n: (s if math.isfinite(s) else 0.0) for n, s in sds.items() if node_level(n) == level}
 
 
+def node_counts(counts_path: str, level: str) -> dict[tuple[int, ...], NodeCount]:
+    """{node: its household count as the synthesis takes it} of one level
+    (:class:`engine.state_release.NodeCount`): the DP count (exact only under the declared
+    invariant), its noise sd and, when the count-of-counts stage ran, its size histogram."""
+    sizes = size_measurements(counts_path, level) if has_histograms(counts_path) else {}
+    sd = count_sd_at(counts_path, level)
+    return {n: NodeCount(g, sd[n], sizes.get(n)) for n, g in nodes_at(counts_path, level).items()}
+
+
 @flow(name="synthesize-states")
 def state_stage(ctx: RunContext, counts_path: str, workload: dict) -> dict[int, str]:
     """Per state in parallel, its posterior from its own measurements, its count-of-counts size
     histogram when that stage ran and its PUMAs' measurements."""
-    states = nodes_at(counts_path, "state")
-    sizes = size_measurements(counts_path, "state") if has_histograms(counts_path) else {}
-    sd = count_sd_at(counts_path, "state")
     pumas = pumas_by_state(counts_path)
     # the largest states first: the workers finish together (longest-processing-time order)
-    order = sorted(states.items(), key=lambda kv: -kv[1])
-    futures = [state_update_task.submit(ctx, st[0], g, workload["state"], sizes.get(st), sd[st], list(pumas.get(st[0], {})), workload["puma"],
+    order = sorted(node_counts(counts_path, "state").items(), key=lambda kv: -kv[1].households)
+    futures = [state_update_task.submit(ctx, st[0], c.households, workload["state"], c.sizes, c.sd, list(pumas.get(st[0], {})), workload["puma"],
                                         workload.get("completed", []))
-               for st, g in order]
+               for st, c in order]
     return dict(zip((st[0] for st, _ in order), wait_all(futures, get_run_logger(), "state posteriors")))
 
 
@@ -331,10 +338,9 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
     invariant), its posterior updated with the count-of-counts size histogram when that stage ran,
     the state's PUMA posteriors held to the state posterior, and the sampled households (the PUMAs'
     fitted totals summing to the state's count)."""
-    sizes = size_measurements(counts_path, "puma") if has_histograms(counts_path) else {}
-    sd = count_sd_at(counts_path, "puma")
-    by_state = {st: [PumaJob(node, g, sizes.get(node), sd[node]) for node, g in pumas.items()]
-                for st, pumas in pumas_by_state(counts_path).items()}
+    by_state: dict[int, list[PumaJob]] = {}
+    for node, c in node_counts(counts_path, "puma").items():
+        by_state.setdefault(node[0], []).append(PumaJob((node[0], node[1]), c.households, c.sizes, c.sd))
     # one task per state (its PUMAs are held together to the state posterior), the largest first
     futures = [
         puma_batch_task.submit(

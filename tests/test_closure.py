@@ -279,11 +279,9 @@ def test_the_engine_api_on_the_runs_stored_measurements_draws_the_flows_microdat
     a copy of its ledger and stored measurements — draws byte for byte the households and persons
     the flow drew; nothing is charged again. The negative control: another sampling seed differs."""
     import engine as dp
-    from engine.state_release import NodeCount
-    from flows.release import count_sd_at, nodes_at
+    from flows.release import node_counts
     from schemas.release_config import load_config
     from tasks.context import budget_plan
-    from tasks.count_of_counts import size_measurements
     from tasks.ingest import release_geography
 
     work = first_run / "work" / "a"
@@ -300,10 +298,7 @@ def test_the_engine_api_on_the_runs_stored_measurements_draws_the_flows_microdat
     session = dp.PrivateSession(dp.HierarchicalData.from_npz(private_npz), cfg.privacy_unit, ledger,
                                 dp.MeasurementStore(tmp_path / "measurements"), geography=release_geography(cfg, str(private_npz)))
     counts_path = str(work / "nodes" / "count_of_counts" / "hierarchy.npz")
-    counts = {}
-    for level in ("state", "puma"):
-        sizes, sd = size_measurements(counts_path, level), count_sd_at(counts_path, level)
-        counts.update({n: NodeCount(g, sd[n], sizes.get(n)) for n, g in nodes_at(counts_path, level).items()})
+    counts = {**node_counts(counts_path, "state"), **node_counts(counts_path, "puma")}  # what the flow's tasks were given
     settings = cfg.synthesis_settings(public.domain)
 
     def engine_release(seed: int) -> dp.HierarchicalData:
