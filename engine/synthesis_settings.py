@@ -13,8 +13,10 @@ comparison: ``benchmarks/results/HISTORY.md``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from engine.adaptive import AdaptiveRounds
 from engine.prior_mixture import Flip
@@ -62,6 +64,15 @@ class SynthesisSettings:
             raise ValueError(f"prior_flips names an attribute twice: {[f.attribute for f in self.prior_flips]}")
         if self.adaptive is not None and not self.adaptive.active:
             object.__setattr__(self, "adaptive", None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, every default resolved (the adaptive rounds' shares as exact fractions such
+        as ``"3/10"``): what the manifest records."""
+        d = asdict(self)
+        if self.adaptive is not None:
+            d["adaptive"] = {**d["adaptive"], "share": str(self.adaptive.share), "select_share": str(self.adaptive.select_share)}
+        out: dict[str, Any] = json.loads(json.dumps(d))  # tuples as lists, as the manifest reads back
+        return out
 
     def adaptive_at(self, level: str) -> AdaptiveRounds | None:
         """The adaptive rounds at ``level`` (the state's; none at the PUMA level)."""

@@ -16,7 +16,7 @@ import math
 import os
 import secrets
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -480,7 +480,7 @@ def synthesizer_settings(cfg: ReleaseConfig, settings: SynthesisSettings) -> dic
     ``hgem`` under ``synthesizer: hgem``."""
     if cfg.synthesizer == "public_baseline":
         return {}
-    out = json.loads(json.dumps(asdict(settings), default=str))  # the adaptive rounds' shares as exact fractions
+    out = settings.to_dict()
     return {**out, "hgem": cfg.advanced.hgem.settings().to_dict()} if cfg.synthesizer == "hgem" else out
 
 
