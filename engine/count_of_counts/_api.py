@@ -24,11 +24,11 @@ from numpy.typing import ArrayLike
 
 from engine.queries import PrivacyUnit
 
-from .consistency import consistent_histograms, leaves_only, top_down
-from .estimators import Query, estimate_hc, estimate_hg, estimate_naive, hc_query, hg_query, naive_query
-from .forms import RunsTable
-from .group_counts import consistent_group_counts, inverse_variance_merge
-from .hierarchy import Hierarchy
+from ._consistency import consistent_histograms, leaves_only, top_down
+from ._estimators import Query, estimate_hc, estimate_hg, estimate_naive, hc_query, hg_query, naive_query
+from ._forms import RunsTable
+from ._group_counts import consistent_group_counts, inverse_variance_merge
+from ._hierarchy import Hierarchy
 
 __all__ = ["CountOfCountsResult", "estimate_level", "fit_histograms", "fit_household_counts", "hierarchy_queries", "run_hierarchy"]
 
@@ -126,7 +126,7 @@ def run_hierarchy(
       "hg" it defaults to the vectors' lengths.
     - ``noisy_group_counts`` (+ ``group_count_variances``): private-G option, (N,) with NaN
       for unmeasured nodes; made consistent by exact integer least squares
-      (:func:`~engine.count_of_counts.group_counts.consistent_group_counts`).  With "hg" the
+      (:func:`~engine.count_of_counts._group_counts.consistent_group_counts`).  With "hg" the
       vectors' lengths must then already be those counts.
     - ``consistency``: "weighted" (top-down, inverse-variance merge; default), "average"
       (top-down, plain mean), "leaves" (leaves' estimates summed up), or "none" (the

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .forms import RunsTable
-from .hierarchy import Hierarchy
+from ._forms import RunsTable
+from ._hierarchy import Hierarchy
 
 __all__ = ["Matching", "match_runs", "merge_matching", "top_down", "leaves_only", "consistent_histograms"]
 

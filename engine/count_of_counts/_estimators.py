@@ -5,10 +5,10 @@ Measurement and estimation are separate:
 - ``*_query`` functions say WHAT to measure: they return the exact vector and its L1
   sensitivity under the given privacy unit (``"person"``: one person added or removed, the
   paper's neighbours, group count public; ``"household"``: one group added or removed with all
-  its members).  The pipeline measures household sizes through ``engine.privacy.session``
+  its members).  The pipeline measures household sizes through ``engine.privacy._session``
   (discrete Gaussian by default, its sensitivities from ``size_counts_sensitivity``).
 - ``estimate_*`` functions are pure post-processing of the NOISY vectors; they never see
-  the data.  Each returns a :class:`~engine.count_of_counts.forms.RunsTable` of
+  the data.  Each returns a :class:`~engine.count_of_counts._forms.RunsTable` of
   (node, size, count, variance) runs, the input of the top-down consistency.
 
 The estimators take ``variance``, the noise variance v of one entry of the measured vector
@@ -35,8 +35,8 @@ from numpy.typing import ArrayLike
 
 from engine.queries import PrivacyUnit
 
-from .forms import RunsTable, clip_histogram, h_to_hc
-from .isotonic import equal_value_blocks, isotonic_segments
+from ._forms import RunsTable, clip_histogram, h_to_hc
+from ._isotonic import equal_value_blocks, isotonic_segments
 
 __all__ = [
     "Query",

@@ -1,5 +1,5 @@
 """From a HierarchicalData geography to the count-of-counts hierarchy (the sensitivities of what the
-pipeline measures live with the measurement: ``engine.privacy.session.size_counts_sensitivity``).
+pipeline measures live with the measurement: ``engine.privacy._session.size_counts_sensitivity``).
 
 Nodes: ``"nation"``, ``"ST=10"``, ``"ST=10/PUMA=00101"`` (geography codes are public).
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.count_of_counts.hierarchy import Hierarchy
-from engine.geography import node_key
+from engine.count_of_counts._hierarchy import Hierarchy
+from engine.data import node_key
 
 
 def geography_hierarchy(geo: np.ndarray) -> Hierarchy:

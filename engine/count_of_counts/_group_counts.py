@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .hierarchy import Hierarchy
+from ._hierarchy import Hierarchy
 
 __all__ = ["consistent_group_counts", "inverse_variance_merge", "tree_objective"]
 

@@ -112,7 +112,7 @@ class Geography:
         raise ValueError(f"unknown level {level!r}: state or puma")
 
     def leaves(self) -> np.ndarray:
-        """The PUMAs as an (n, 2) int64 array (:func:`engine.count_of_counts.geography.geography_hierarchy`)."""
+        """The PUMAs as an (n, 2) int64 array (:func:`engine.count_of_counts._geography.geography_hierarchy`)."""
         return np.array(self.pumas, dtype=np.int64).reshape(-1, 2)
 
     def outside(self, geo: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import ArrayLike
 
-from engine.domain import Domain
+from engine.data._domain import Domain
 
 
 def _code_dtype(sizes: Iterable[int]) -> np.dtype[np.unsignedinteger]:

@@ -149,7 +149,7 @@ def exponential_mechanism_rho(epsilon: Number) -> Fraction:
     when max_r − min_r of the score differences q(D,r) − q(D',r) is at most 2Δ — implied by
     |q(D,r) − q(D',r)| ≤ Δ for every candidate r, i.e. Δ a true sensitivity of every score.
     ``tests/privacy/test_bounded_range.py`` checks this for the scores the pipeline builds
-    (``engine.privacy.session.max_abs_error_scores`` with ``engine.hgem.privacy.score_sensitivity``),
+    (``engine.privacy._session.max_abs_error_scores`` with ``engine.hgem.privacy.score_sensitivity``),
     and ``tests/engine/test_adaptive.py`` for the adaptive rounds' L1 scores
     (``PrivateSession.select_worst_fit``).
     Do NOT use this for permute-and-flip, see :func:`permute_and_flip_rho`.

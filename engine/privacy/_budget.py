@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from engine.privacy.accountant import ConversionMethod, Number, as_fraction, eps_delta_to_rho, rho_to_eps
+from engine.privacy._accountant import ConversionMethod, Number, as_fraction, eps_delta_to_rho, rho_to_eps
 
 __all__ = ["BudgetPlan"]
 

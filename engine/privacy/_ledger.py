@@ -20,7 +20,7 @@ Crash safety: a process killed in the middle of an append leaves a torn last lin
 newline; it was never acknowledged (and the caller draws noise only after ``charge`` returned), so
 the next writer truncates it.
 
-Accounting (ρ-zCDP, see :mod:`engine.privacy.accountant`):
+Accounting (ρ-zCDP, see :mod:`engine.privacy._accountant`):
 - a node's spend in (stage, level) is the exact sum of its charges (sequential composition);
 - a level's spend is the maximum over its disjoint nodes (parallel composition);
 - a stage's spend is the sum over its levels, the total the sum over stages.
@@ -48,11 +48,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from engine.data import LEVELS, Node, node_key, node_level, parse_node_key
 from engine.errors import EXIT_PRIVACY, DPReleaseError, PrivacyInvariantError
-from engine.geography import LEVELS, Node, node_key, node_level, parse_node_key
-from engine.privacy.accountant import Number, as_fraction, rho_to_eps
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.file_lock import exclusive_lock
+from engine.privacy._accountant import Number, as_fraction, rho_to_eps
+from engine.privacy._budget import BudgetPlan
+from engine.privacy._file_lock import exclusive_lock
 
 __all__ = ["BudgetExceededError", "Charge", "PrivacyLedger"]
 

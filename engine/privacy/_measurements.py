@@ -3,8 +3,8 @@
 One record = one noisy answer of one workload at one geographic node with its provenance
 (mechanism, sensitivity, noise scale, ρ, hash), identified by a caller-chosen ``key`` (e.g.
 ``"state_synthesis/ST=06/round3/group:NP|SEX"``). The synthesis works on
-:class:`engine.measurement.Measurement` (workload, noisy counts, σ, ρ), made from a record by the
-session's measure callable (``engine.state_release.session_measure``).
+:class:`engine.queries._measurement.Measurement` (workload, noisy counts, σ, ρ), made from a record by the
+session's measure callable (``engine.synthesis._state_release.session_measure``).
 
 Protocol of :meth:`MeasurementStore.measure` (under a per-key ``flock``):
 
@@ -41,12 +41,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from engine.data import Node, node_key
 from engine.errors import EXIT_INTEGRITY, DPReleaseError, PrivacyInvariantError
-from engine.geography import Node, node_key
-from engine.privacy import mechanisms
-from engine.privacy.accountant import Number, as_fraction, epsilon_for_pure_rho, exponential_mechanism_rho, pure_dp_rho
-from engine.privacy.file_lock import exclusive_lock, write_atomic
-from engine.privacy.ledger import PrivacyLedger
+from engine.privacy import _mechanisms as mechanisms
+from engine.privacy._accountant import Number, as_fraction, epsilon_for_pure_rho, exponential_mechanism_rho, pure_dp_rho
+from engine.privacy._file_lock import exclusive_lock, write_atomic
+from engine.privacy._ledger import PrivacyLedger
 
 __all__ = ["MeasurementRecord", "MeasurementStore", "MeasurementIntegrityError"]
 
@@ -375,7 +375,7 @@ class MeasurementStore:
     ) -> MeasurementRecord:
         """Exponential mechanism over ``scores`` (Δ = ``sensitivity``), exactly once per key.
 
-        ε-bounded range, charged ρ = ε²/8 (:func:`~engine.privacy.accountant.exponential_mechanism_rho`)
+        ε-bounded range, charged ρ = ε²/8 (:func:`~engine.privacy._accountant.exponential_mechanism_rho`)
         before the draw. The chosen index is persisted like a measurement (a one-entry int64
         vector, ``mechanism="exponential_mechanism"``, scale 2Δ/ε), so a rerun reuses the draw
         and charges nothing.

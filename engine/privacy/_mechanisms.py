@@ -30,7 +30,7 @@ import numpy as np
 import opendp.prelude as dp
 from numpy.typing import ArrayLike
 
-from engine.privacy.accountant import Number, as_fraction, sigma_for_rho
+from engine.privacy._accountant import Number, as_fraction, sigma_for_rho
 
 dp.enable_features("contrib")
 

@@ -1,7 +1,7 @@
 """PrivateSession: the confidential input behind charged measurements.
 
 In the spirit of Tumult Analytics' ``Session``: synthesis never holds the private
-:class:`~engine.hierarchical_data.HierarchicalData`; it holds a session whose only operations
+:class:`~engine.data._hierarchical_data.HierarchicalData`; it holds a session whose only operations
 that read the data are measurements, each charged to the :class:`PrivacyLedger` before any
 noise is drawn and persisted in the :class:`MeasurementStore` before it is used (a rerun reads
 the stored answer back and charges nothing). The sensitivity of every measurement is computed
@@ -10,7 +10,7 @@ here, from the workload and the privacy unit, never supplied by the caller.
 What a session gives without a charge is public by declaration:
 
 - the domain (from the public domain spec) and the privacy unit;
-- the geography (:class:`~engine.geography.Geography`), declared by the caller, never read off
+- the geography (:class:`~engine.data._geography.Geography`), declared by the caller, never read off
   the private rows: the states the release covers (its design: the config's ``geography.states``,
   else the states of the private files) and each one's PUMAs from a published PUMA list
   (``schemas.geography``). A declared PUMA without private households is a node like every other,
@@ -20,9 +20,9 @@ What a session gives without a charge is public by declaration:
   asking for them raises :class:`InvariantNotDeclared`.
 
 Measurement keys are ``<stage>/<node key>/[<tag>/]<name>`` (node keys from
-:func:`engine.geography.node_key`), one key per measurement of a run.
+:func:`engine.data._geography.node_key`), one key per measurement of a run.
 
-Neighbouring relations (``unit``, :data:`engine.queries.PrivacyUnit`): ``household`` — add or
+Neighbouring relations (``unit``, :data:`engine.queries._queries.PrivacyUnit`): ``household`` — add or
 remove one household with all its persons; ``person`` — add or remove one person, who joins (or
 leaves) an existing household or forms (or was) a one-person household, and which — through the
 ingestion rules — may also replace a kept person of a household at the size cap, or add or
@@ -38,12 +38,10 @@ from typing import Any, Literal, NoReturn
 
 import numpy as np
 
-from engine.domain import Domain
+from engine.data import Domain, Geography, HierarchicalData, Node, node_households, node_key
 from engine.errors import EXIT_PRIVACY, DPReleaseError
-from engine.geography import Geography, Node, node_households, node_key
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.ledger import PrivacyLedger
-from engine.privacy.measurements import MeasurementRecord, MeasurementStore
+from engine.privacy._ledger import PrivacyLedger
+from engine.privacy._measurements import MeasurementRecord, MeasurementStore
 from engine.queries import PrivacyUnit, Workload, answer, exact_answers
 
 __all__ = ["INVARIANTS", "InvariantNotDeclared", "NoisySizes", "PrivateSession", "max_abs_error_scores", "size_counts",
@@ -90,7 +88,7 @@ def size_counts_sensitivity(K: int, unit: PrivacyUnit, form: SizeForm | None = N
     """(L1, L2) sensitivity of a node's size measurement in ``form`` (default: :func:`size_form`),
     K the size cap of the measurement, at most the ingestion's M (sizes above K count as K).
 
-    The neighbours (:data:`engine.queries.PrivacyUnit`): household unit — one household of size
+    The neighbours (:data:`engine.queries._queries.PrivacyUnit`): household unit — one household of size
     s ≤ M appears or disappears; person unit — a household goes from size s to s ± 1, a kept
     person is replaced at the cap (size unchanged), or a whole household of size s ≤ M appears
     or disappears (a new one-person household; oversize ``exclude``: a household of M gains a
@@ -239,7 +237,7 @@ class PrivateSession:
 
     def _node_index(self, depth: int) -> dict[Node, np.ndarray]:
         """{node: its households, in input order} for the nodes ``depth`` levels down, built once
-        per depth (``engine.geography.node_households``)."""
+        per depth (``engine.data._geography.node_households``)."""
         got = self._index.get(depth)
         if got is None:
             got = self._index[depth] = node_households(self.__data.geo, depth)

@@ -1,11 +1,11 @@
 """A measurement: the noisy answer of one workload at one geography node.
 
-The one type the synthesis (:mod:`engine.synthesis`), the prior updates (:mod:`engine.map_update`,
-:mod:`engine.prior_update`) and the count-of-counts size marginal hand around: the noisy counts
+The one type the synthesis (:mod:`engine.synthesis._node`), the prior updates (:mod:`engine.synthesis._map_update`,
+:mod:`engine.synthesis._prior_update`) and the count-of-counts size marginal hand around: the noisy counts
 (households, or persons, of the node in each cell of the workload), the standard deviation σ of
 one cell's noise in the same units, and the ρ-zCDP it cost. Measurements come from a measure
-callable (:data:`engine.synthesis.MeasureFn`: the pipeline's charges the private session and
-persists a :class:`~engine.privacy.measurements.MeasurementRecord`, the provenance record with
+callable (:data:`engine.synthesis._node.MeasureFn`: the pipeline's charges the private session and
+persists a :class:`~engine.privacy._measurements.MeasurementRecord`, the provenance record with
 key, mechanism, sensitivity and hash; a benchmark's adds local noise).
 
 Scale: the counts are kept as measured. The updates work per household of the node
@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from engine.queries import Workload
+from engine.queries._queries import Workload
 
 __all__ = ["Measurement", "normalise_counts"]
 

@@ -18,9 +18,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
-from engine.queries import Level, Workload, counted_person_cells, household_cell_pairs
+from engine.data import Domain, HierarchicalData
+from engine.queries._queries import Level, Workload, counted_person_cells, household_cell_pairs
 
 
 def node_index(data: HierarchicalData, level: str, nodes: np.ndarray) -> np.ndarray:

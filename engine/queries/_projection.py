@@ -1,6 +1,6 @@
 """Projections on a support of public households (Tao, Bater, Machanavajjhala — "Prior-Aware
 Distribution Estimation for Differential Privacy"), the building blocks of the prior update
-(:mod:`engine.prior_update`):
+(:mod:`engine.synthesis._prior_update`):
 
 - :func:`project_simplex_l1` — Algorithm 1 lines 6–10, the L1-optimal feasible answers
   ``y_s = argmin ||y − ỹ_s||₁  s.t. y ≥ 0, Σy = 1`` (or ``Σy ≤ 1`` for a partial workload);
@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import linprog
 
-from engine.queries import Patterns
+from engine.queries._queries import Patterns
 
 __all__ = ["ProjectionInfo", "SimplexMethod", "entropy_projection", "kl_divergence", "least_relative_entropy_update",
            "project_simplex_l1", "project_to_hull_l1"]
@@ -254,7 +254,7 @@ def entropy_projection(
     continues, warm-started, with ``interior = 1e-3``.
 
     ``lam0`` (cells,) warm-starts λ (the dual is convex, so any start gives the same solution); the
-    final λ is returned in ``info.lam`` — in the sweeps of :func:`engine.prior_update.prior_update` the multipliers of one
+    final λ is returned in ``info.lam`` — in the sweeps of :func:`engine.synthesis._prior_update.prior_update` the multipliers of one
     workload change little from sweep to sweep, so warm starts cut Newton iterations to a few.
     """
     if interior is None:

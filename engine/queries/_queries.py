@@ -7,12 +7,12 @@ A workload W_S is one attribute set S = S_G ∪ S_I at one level:
 Answers are count vectors over dom(S_G) × dom(S_I) in C order (group attributes first, in the
 order given, then person attributes). Everything is vectorised with numpy.
 
-For repeated evaluation on a weighted support (public households + weights, ``engine.support``)
+For repeated evaluation on a weighted support (public households + weights, ``engine.queries._support``)
 each workload is also available as a sparse incidence A (cells × households, scipy CSR:
 :func:`incidence_matrix`), so that answering for any weights x is the mat-vec ``A @ x``;
 :class:`IncidenceCache` builds them once per set of households, and :func:`incidence_patterns`
 groups households with identical incidence columns (used by the entropy projections of
-``engine.prior_update``).
+``engine.synthesis._prior_update``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from typing import Literal, cast
 import numpy as np
 import scipy.sparse as sp
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data import Domain, HierarchicalData
 
 Level = Literal["group", "person"]
 PrivacyUnit = Literal["household", "person"]
@@ -473,7 +472,7 @@ class IncidenceCache:
 
     ``copies_of`` (a cache of other households and a set of attribute names): ``data`` is those
     households repeated, the repeats differing from them only in the named attributes (the prior
-    mixture's widened support, ``engine.prior_mixture.widen``). A workload that reads none of them
+    mixture's widened support, ``engine.synthesis._prior_mixture.widen``). A workload that reads none of them
     has the same column for every repeat of a household, so its incidence is the other cache's
     repeated and its patterns are the other cache's, each household's repeated — taken from there,
     exactly, instead of grouping all the repeats again.
@@ -556,7 +555,7 @@ class IncidenceCache:
     def joint_incidence(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
         """:meth:`joint_patterns` with the transpose of its matrix: ``(matrix, its transpose,
         pattern_of)``, both CSR and both cached — what every MAP fit on these workloads multiplies
-        by (``engine.map_update``)."""
+        by (``engine.synthesis._map_update``)."""
         M, pattern_of = self.joint_patterns(workloads)
         return M, self._joint[tuple(workloads)][2], pattern_of
 

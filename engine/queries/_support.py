@@ -10,7 +10,7 @@ dataset instead of the full attribute universe:
 Here a support point is a whole public household with its persons (so household–person structure,
 e.g. who lives with whom, is never invented), and a distribution is a weight vector over the
 households. Repeated identical households are allowed; they behave as one point with the summed
-weight under every update in ``engine.prior_update`` (the updates are multiplicative and depend on
+weight under every update in ``engine.synthesis._prior_update`` (the updates are multiplicative and depend on
 a household only through its incidence column).
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from engine.hierarchical_data import HierarchicalData
-from engine.queries import IncidenceCache, Patterns, Workload
+from engine.data import HierarchicalData
+from engine.queries._queries import IncidenceCache, Patterns, Workload
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,7 +32,7 @@ class Support:
 
     ``weights`` need not sum to one: they may be a distribution (the prior-update engine keeps them
     normalised) or expected counts. All supports derived with :meth:`with_weights` share one
-    :class:`~engine.queries.IncidenceCache`, so incidences are built once per set of households.
+    :class:`~engine.queries._queries.IncidenceCache`, so incidences are built once per set of households.
     """
 
     data: HierarchicalData

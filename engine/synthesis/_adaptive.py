@@ -7,7 +7,7 @@ the exponential mechanism, measure by the Gaussian mechanism, re-estimate; PMW-P
 2021, does the same over the public support). Each round costs
 
     ρ_select = ε₀²/8       (exponential mechanism, bounded range: Cesar & Rogers 2021, Lemma 3.2;
-                            ``engine.privacy.accountant.exponential_mechanism_rho``)
+                            ``engine.privacy._accountant.exponential_mechanism_rho``)
     ρ_measure               (Gaussian mechanism, ρ = Δ₂²/(2σ²): Bun & Steinke 2016, Prop. 1.6)
 
 charged to the ledger by the private session before the draw and persisted, so a rerun reuses
@@ -26,11 +26,11 @@ Candidates (:func:`candidate_workloads`): every workload on two or three attribu
 group-level partition otherwise) within a cell cap, minus the attribute sets the node already
 measured at that level.
 
-Where the node's workloads are normalised (``engine.queries.Workload.normalised``), the chosen
+Where the node's workloads are normalised (``engine.queries._queries.Workload.normalised``), the chosen
 workload is measured in that form too (:func:`measured_form`), and the candidates are scored on
 the plain counts of each household's first ``select_first`` persons (:data:`SELECT_FIRST`, 2, by
 default): the scores need the model's answers of every candidate, which plain counts give from one
-grouping of the support's persons (:class:`engine.queries.CandidateAnswers`), and their L1 sensitivity is 2 where
+grouping of the support's persons (:class:`engine.queries._queries.CandidateAnswers`), and their L1 sensitivity is 2 where
 every person's counts have M. Two persons, not more: each further person lets the children of
 large households into the scores, which helps a state whose large households the public data
 mis-states, but raises the selection's sensitivity and with it its noise, which costs most at small
@@ -49,10 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.domain import Domain
+from engine.data import Domain
 from engine.errors import DPReleaseError
-from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
-from engine.privacy.ledger import BudgetExceededError
+from engine.privacy import BudgetExceededError, epsilon_for_exponential_rho, exponential_mechanism_rho
 from engine.queries import PrivacyUnit, Workload
 
 # select(candidates, model counts (concatenated), penalty per candidate, ε₀, round tag) -> index

@@ -3,7 +3,7 @@
 Releasing microdata means drawing whole households: ``n`` integer copies of support households
 whose expected counts are ``n·q``. Every released marginal then carries the draw's noise on top of
 the posterior's own error. Systematic sampling along the household order
-(:func:`engine.household_sampling.household_order`) removes that noise from the household
+(:func:`engine.synthesis._household_sampling.household_order`) removes that noise from the household
 attributes' leading runs only; person attributes and their combinations keep all of it, and at
 large budgets that noise is a large part of the released error (``benchmarks/results/HISTORY.md``).
 
@@ -46,8 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data import Domain, HierarchicalData
 from engine.queries import Workload, household_cell_pairs
 
 __all__ = ["BalanceTargets", "balance_workloads", "balanced_draw", "balanced_draws", "systematic_positions"]

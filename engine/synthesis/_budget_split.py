@@ -4,7 +4,7 @@ simulated on the public data: no privacy cost, no confidential input.
 Each public state in turn plays the private state, the other public states pooled are its prior.
 For every cell c of every workload, with the Gaussian noise σ of a measurement at a level's ρ
 (σ_w = L2(w)/√(2ρ_w), the workloads splitting the level's measured ρ evenly as
-:func:`engine.synthesis.measure_node` does), the update is modelled as the Bayes shrinkage of the
+:func:`engine.synthesis._node.measure_node` does), the update is modelled as the Bayes shrinkage of the
 prior towards the measurement, whose mean squared error is
 
     v = e²σ² / (e² + σ²)        (e: the prior's error in the cell, σ: the measurement's noise)
@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.hierarchical_data import HierarchicalData
-from engine.metrics import counts_by_node
-from engine.queries import PrivacyUnit, Workload
+from engine.data import HierarchicalData
+from engine.queries import PrivacyUnit, Workload, counts_by_node
 
 __all__ = ["STATE_FRACTIONS", "SplitChoice", "choose_state_fraction", "expected_errors"]
 
@@ -50,7 +49,7 @@ class SplitChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "method": "expected error simulated on the public data (engine.budget_split): each public state as the private one, the others as its prior",
+            "method": "expected error simulated on the public data (engine.synthesis._budget_split): each public state as the private one, the others as its prior",
             "state_fraction": str(self.state_fraction),
             "candidates": [{"state_fraction": str(f), "expected_l1_state": s, "expected_l1_puma": p, "objective": (s + p) / 2}
                            for f, s, p in self.table],

@@ -2,7 +2,7 @@
 Alg. 2 line 16: "sample ñ_g tuples from p_g"), optionally with exactly the household-size counts
 fixed by the count-of-counts stage; :func:`household_order` stratifies a systematic draw on the
 household attributes; ``method="balanced"`` holds the draw's low-order marginals to the
-posterior's (:mod:`engine.balanced_sampling`), and :func:`sample_sibling_households` draws a state's
+posterior's (:mod:`engine.synthesis._balanced_sampling`), and :func:`sample_sibling_households` draws a state's
 PUMAs so that their sum stays balanced too."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Literal
 
 import numpy as np
 
-from engine.balanced_sampling import BalanceTargets, balanced_draw, balanced_draws, systematic_positions
-from engine.hierarchical_data import HierarchicalData
-from engine.support import Support
+from engine.data import HierarchicalData
+from engine.queries import Support
+from engine.synthesis._balanced_sampling import BalanceTargets, balanced_draw, balanced_draws, systematic_positions
 
 __all__ = ["household_order", "sample_households", "sample_sibling_households"]
 
@@ -67,8 +67,8 @@ def sample_households(
     ⌊n q_h⌋ or ⌈n q_h⌉ times, unbiased, far less sampling noise than i.i.d. draws;
     ``"multinomial"``: i.i.d. draws; ``"balanced"``: a systematic pool of draws thinned to ``n``
     so that the sample's low-order marginals match the posterior's expected counts
-    (:func:`engine.balanced_sampling.balanced_draw`; needs ``balance``, the support's
-    :class:`~engine.balanced_sampling.BalanceTargets`, and ``n`` without ``sizes``). Output order is shuffled. ``geo``: optional full geography
+    (:func:`engine.synthesis._balanced_sampling.balanced_draw`; needs ``balance``, the support's
+    :class:`~engine.synthesis._balanced_sampling.BalanceTargets`, and ``n`` without ``sizes``). Output order is shuffled. ``geo``: optional full geography
     row written into every sampled household (otherwise the public households' own codes are kept).
     ``order``: a permutation of the support along which the systematic draw walks (e.g.
     :func:`household_order`, which stratifies the sample on the household attributes); default the
@@ -134,7 +134,7 @@ def sample_sibling_households(
 ) -> list[HierarchicalData]:
     """The households of sibling nodes (a state's PUMAs), each drawn from its own posterior by
     balanced sampling with the earlier siblings' residual carried over
-    (:func:`engine.balanced_sampling.balanced_draws`), so that the parent's balance marginals stay
+    (:func:`engine.synthesis._balanced_sampling.balanced_draws`), so that the parent's balance marginals stay
     near the posteriors' sum; otherwise as :func:`sample_households` with ``method="balanced"``,
     node by node (``totals``, ``rngs`` and ``geos`` one per node, in drawing order)."""
     if not (len(weights) == len(totals) == len(rngs) == len(geos)):

@@ -8,7 +8,7 @@ own measurements with the state's larger budget, so the sum is the less accurate
 
 :func:`rake_to_parent` tilts every child by one common factor per household so that the children's
 sum comes close to the parent's answers on the parent's measured workloads, by the noise-aware MAP
-update of :mod:`engine.map_update` on the sum (prior: the children's sum; "measurements": the
+update of :mod:`engine.synthesis._map_update` on the sum (prior: the children's sum; "measurements": the
 parent posterior's counts on those workloads, each with the parent measurement's σ, so the pull is
 as strong as the parent's evidence):
 
@@ -25,7 +25,7 @@ noise variances — so the parent's own fit takes its children's measurements in
 and what the PUMA level measures informs its state too. Post-processing of measurements already charged at the children's level: no privacy cost.
 
 The children's household totals, :func:`totals_to_parent`: each child's total is fitted jointly with
-its posterior (``engine.synthesis``), which tells the children apart far better than their own
+its posterior (``engine.synthesis._node``), which tells the children apart far better than their own
 counts, but leans upward: the noisy answers are regressed on the answers of a posterior that is
 drawn toward its prior, and a regressor shrunk toward its mean inflates the slope. The lean is
 common to the children and adds up in the parent's total. The consistent household counts (an
@@ -41,11 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.count_of_counts.estimators import largest_remainder_round
-from engine.map_update import map_fit
-from engine.measurement import Measurement
-from engine.queries import Workload
-from engine.support import Support
+from engine.count_of_counts import largest_remainder_round
+from engine.queries import Measurement, Support, Workload
+from engine.synthesis._map_update import map_fit
 
 __all__ = ["children_sum", "rake_to_parent", "totals_to_parent"]
 

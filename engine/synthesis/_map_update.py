@@ -1,6 +1,6 @@
 """Noise-aware prior update: the maximum a-posteriori distribution on the support.
 
-Tao et al.'s update (``engine.prior_update.prior_update``) first projects the noisy answers onto
+Tao et al.'s update (``engine.synthesis._prior_update.prior_update``) first projects the noisy answers onto
 what the support can produce and then matches them *exactly* at least relative entropy. That is
 the right thing when the noise is small, but at small budgets it fits the noise: every cell is
 forced to its noisy value, however large σ is relative to the signal. Here the same two pieces of
@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize
 
-from engine.measurement import Measurement
-from engine.support import Support
+from engine.queries import Measurement, Support
 
 
 def map_update(
@@ -50,7 +49,7 @@ def map_update(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The MAP distribution on the support (module docstring). ``measurements``: noisy counts of
     the node with their σ, divided here by the household total G = ``total``
-    (:meth:`~engine.measurement.Measurement.answers`). Returns (weights, diagnostics)."""
+    (:meth:`~engine.queries._measurement.Measurement.answers`). Returns (weights, diagnostics)."""
     fit = map_fit(support, prior, measurements, total, prior_strength=prior_strength, max_iter=max_iter, tol=tol, dual0=dual0)
     return fit.weights, fit.diagnostics
 

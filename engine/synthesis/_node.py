@@ -8,13 +8,13 @@ support of public households) into the node's posterior. Per state the prior is 
 distribution; per PUMA it is the state's posterior. The measurement is an injected callable bound to
 the node's private households: the pipeline's comes from the private session (charged to the ledger,
 persisted in the store), so this module never sees the private data; benchmarks bind a local
-sampler. Every measured workload becomes an :class:`engine.measurement.Measurement` (noisy counts,
+sampler. Every measured workload becomes an :class:`engine.queries._measurement.Measurement` (noisy counts,
 σ, ρ_w); the update rules divide the counts by the node's household total themselves.
 
 Two update rules:
-- ``"map"`` (default): the noise-aware MAP update of :mod:`engine.map_update` — relative entropy
+- ``"map"`` (default): the noise-aware MAP update of :mod:`engine.synthesis._map_update` — relative entropy
   to the prior plus the Gaussian likelihood of every measurement, fitted jointly;
-- ``"ide"``: Tao et al.'s iterative distribution estimation (:func:`engine.prior_update.prior_update`),
+- ``"ide"``: Tao et al.'s iterative distribution estimation (:func:`engine.synthesis._prior_update.prior_update`),
   which matches the (feasible) noisy answers exactly.
 
 Budget inside a node: the node's ρ is split evenly over its workloads; workload w gets
@@ -34,7 +34,7 @@ are measured, other household sizes can meet them and G is pinned only weakly).
 At small budgets the synthesis workloads hold several times the count's information, so the
 node's totals (normalisers and sample sizes) are far less noisy than the count alone. The fit
 leans upward, though, so a parent's children are drawn at their fitted totals scaled to the
-parent's count (:func:`engine.level_consistency.totals_to_parent`).
+parent's count (:func:`engine.synthesis._level_consistency.totals_to_parent`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from engine.adaptive import (
+from engine.data import Domain, HierarchicalData
+from engine.queries import CandidateAnswers, Measurement, PrivacyUnit, Support, Workload, answer
+from engine.synthesis._adaptive import (
     AdaptiveRounds,
     SelectFn,
     candidate_workloads,
@@ -56,17 +58,12 @@ from engine.adaptive import (
     round_budget,
     selection_first,
 )
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
-from engine.map_update import map_fit
-from engine.measurement import Measurement
-from engine.prior_strength import choose_prior_strength
-from engine.prior_update import prior_update
-from engine.queries import CandidateAnswers, PrivacyUnit, Workload, answer
-from engine.support import Support
+from engine.synthesis._map_update import map_fit
+from engine.synthesis._prior_strength import choose_prior_strength
+from engine.synthesis._prior_update import prior_update
 
 # measure(workload, rho) -> (noisy counts of the node's households, noise sigma per cell): the one
-# measure callable (the pipeline's charges the private session, engine.state_release.session_measure)
+# measure callable (the pipeline's charges the private session, engine.synthesis._state_release.session_measure)
 MeasureFn = Callable[[Workload, Fraction], tuple[np.ndarray, float]]
 UpdateRule = Literal["map", "ide"]
 
@@ -98,8 +95,8 @@ def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureF
 def initial_measurements(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn | None,
                          adaptive: AdaptiveRounds | None = None) -> list[Measurement]:
     """The measurements :func:`synthesize_node` makes of a node's given ``workloads`` before any
-    adaptive round: ρ less the rounds' share (:func:`engine.adaptive.initial_rho`), split evenly
-    (:func:`measure_node`). A node's parent takes them in too (:func:`engine.level_consistency.children_sum`)
+    adaptive round: ρ less the rounds' share (:func:`engine.synthesis._adaptive.initial_rho`), split evenly
+    (:func:`measure_node`). A node's parent takes them in too (:func:`engine.synthesis._level_consistency.children_sum`)
     by calling this with the node's own arguments: the same workloads at the same ρ, so the
     session's measurements are the ones the node's fit reads back (charged once)."""
     if not (rho > 0 and workloads and measure is not None):
@@ -137,8 +134,8 @@ def start_total(measured: Sequence[Measurement], total: float, total_sd: float) 
 
 def local_measure(private: HierarchicalData, unit: PrivacyUnit, noise: Callable[[np.ndarray, float, Fraction], tuple[np.ndarray, float]]) -> MeasureFn:
     """A :data:`MeasureFn` over in-memory data (benchmarks, notebooks): ``noise(counts, l2, rho)``
-    adds the noise (e.g. ``engine.privacy.mechanisms.discrete_gaussian``). Nothing is charged: the
-    pipeline measures through ``engine.privacy.session.PrivateSession`` instead."""
+    adds the noise (e.g. ``engine.privacy._mechanisms.discrete_gaussian``). Nothing is charged: the
+    pipeline measures through ``engine.privacy._session.PrivateSession`` instead."""
 
     def measure(w: Workload, rho: Fraction) -> tuple[np.ndarray, float]:
         return noise(np.rint(answer(private, w)).astype(np.int64), w.sensitivity(private.domain, unit)[1], rho)
@@ -151,7 +148,7 @@ def update_node(support: Support, prior: np.ndarray, measurements: Sequence[Meas
     """Update ``prior`` with the node's measurements (noisy counts, divided by the household
     ``total``). ``prior_strength`` is relative to the node's household total (α = prior_strength ·
     total pseudo-households) for the MAP rule; ``dual0`` and ``tol``: its solver's starting point
-    and tolerance (:func:`engine.map_update.map_fit`)."""
+    and tolerance (:func:`engine.synthesis._map_update.map_fit`)."""
     if rule == "map":
         fit = map_fit(support, prior, measurements, total, prior_strength=max(prior_strength * float(total), 1e-6), dual0=dual0, tol=tol)
         return NodeResult(fit.weights, fit.diagnostics, dual=fit.dual)
@@ -193,12 +190,12 @@ def adaptive_measure(
     prior_strength: float = 0.1,
     completion: Sequence[Workload] = (),
 ) -> tuple[list[Measurement], list[str], NodeResult]:
-    """The adaptive rounds of one node (:mod:`engine.adaptive`): ``plan.rounds`` times, fit the
+    """The adaptive rounds of one node (:mod:`engine.synthesis._adaptive`): ``plan.rounds`` times, fit the
     posterior to everything measured so far at the household total ``total`` (a DP value), choose
     the candidate workload it answers worst (``select``: the private session's exponential
     mechanism) and measure it (``measure``; in the form of the node's workloads,
-    :func:`engine.adaptive.measured_form`). ``rho``: the node's whole ρ (split by
-    :func:`engine.adaptive.round_budget`). ``completion``: workloads of ``measured`` the rounds'
+    :func:`engine.synthesis._adaptive.measured_form`). ``rho``: the node's whole ρ (split by
+    :func:`engine.synthesis._adaptive.round_budget`). ``completion``: workloads of ``measured`` the rounds'
     fits leave out (:func:`synthesize_node`). Returns the new measurements, the chosen ids and the
     last fit (at ``total``), its dual laid out for the final fit's ``[*extra, *measured, *new]``
     (zero on the completion's cells)."""
@@ -270,10 +267,10 @@ def synthesize_node(
     privacy unit of the selection's sensitivity): part of ρ goes to adaptive rounds after the
     given workloads (:func:`adaptive_measure`). ``strengths`` (two or more, MAP rule): the prior
     strength is chosen among them from the given workloads' measurements by empirical Bayes
-    (:func:`engine.prior_strength.choose_prior_strength`) instead of ``prior_strength``, at least
-    ``strength_floor`` (:mod:`engine.strength_floor`); the choice is in the diagnostics.
+    (:func:`engine.synthesis._prior_strength.choose_prior_strength`) instead of ``prior_strength``, at least
+    ``strength_floor`` (:mod:`engine.synthesis._strength_floor`); the choice is in the diagnostics.
     ``completion``: workloads among ``workloads`` (a state's pair completion,
-    :func:`engine.workload_selection.pair_completion`) measured with the others and fitted by the
+    :func:`engine.synthesis._workload_selection.pair_completion`) measured with the others and fitted by the
     final fit, but left out of the adaptive rounds' fits, which then rank the candidates on a model
     of the selection's workloads alone — far cheaper than with the completion's cells, and the
     rounds' choices no worse (``benchmarks/results/HISTORY.md``).
@@ -308,7 +305,7 @@ def synthesize_node(
     dual0 = None if last is None or last.dual is None else last.dual * (max(G, 1.0) / max(G0, 1.0))  # as the rounds below
     res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, dual0)
     for r in range(TOTAL_ROUNDS if joint else 1):
-        if r > 0:  # warm start: the previous round's dual, which scales with the total (engine.map_update.map_fit)
+        if r > 0:  # warm start: the previous round's dual, which scales with the total (engine.synthesis._map_update.map_fit)
             dual0 = None if res.dual is None else res.dual * (max(G, 1.0) / max(res.total, 1.0))
             res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, dual0)
         res.total = G

@@ -1,8 +1,8 @@
 """A prior that can be wrong: the public support widened by relabelled copies of its households,
 their weight in the prior read off the node's own measurements.
 
-The support (:mod:`engine.support`) holds only public households, and the MAP prior
-(:mod:`engine.map_update`) pulls every interaction the measurements do not pin toward the public
+The support (:mod:`engine.queries._support`) holds only public households, and the MAP prior
+(:mod:`engine.synthesis._map_update`) pulls every interaction the measurements do not pin toward the public
 one. Where the private state's population differs from the public states' in one attribute, the
 few public households with the private state's common value stand in for all of them, and they
 need not be typical of that value in the private state (New Mexico's Hispanic households against
@@ -19,7 +19,7 @@ The node's prior is the mixture
 least-squares fit of the prior's expected answers G·A p_λ to the node's noisy answers, each
 weighted by its precision (method of moments on answers already charged and stored: post-processing,
 no privacy cost), within [0, 1]; it keeps λ = 0 (the public support alone, the release as before)
-unless the fit improves by at least :data:`engine.prior_strength.MIN_GAIN` in Gaussian log-likelihood. Where the private
+unless the fit improves by at least :data:`engine.synthesis._prior_strength.MIN_GAIN` in Gaussian log-likelihood. Where the private
 state's share matches the public data's, λ stays 0; where the measurements contradict the prior,
 they move it.
 """
@@ -33,12 +33,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
-from engine.measurement import Measurement
-from engine.prior_strength import MIN_GAIN
-from engine.queries import IncidenceCache
-from engine.support import Support
+from engine.data import Domain, HierarchicalData
+from engine.queries import IncidenceCache, Measurement, Support
+from engine.synthesis._prior_strength import MIN_GAIN
 
 __all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "choose_swaps", "flipped", "named_flips", "node_prior", "resolve_flips", "shared_within_households",
            "used_flips",

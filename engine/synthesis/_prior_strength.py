@@ -1,7 +1,7 @@
 """How far to trust the public prior: the MAP update's prior strength chosen from the node's own
 noisy measurements by empirical Bayes (type-II maximum likelihood).
 
-The MAP update (:mod:`engine.map_update`) weighs the prior by α = r·G pseudo-households. The right
+The MAP update (:mod:`engine.synthesis._map_update`) weighs the prior by α = r·G pseudo-households. The right
 r depends on how far the private node is from the public data and on the budget, which no fixed
 value knows (the best value differs between states and between budgets of one state:
 ``benchmarks/results/HISTORY.md``). Here r is read off the
@@ -36,9 +36,7 @@ from typing import Any
 import numpy as np
 from scipy.linalg import eigh
 
-from engine.measurement import Measurement
-from engine.queries import centred_gram
-from engine.support import Support
+from engine.queries import Measurement, Support, centred_gram
 
 __all__ = ["DEFAULT_CANDIDATES", "MIN_GAIN", "PriorStrengthChoice", "choose_prior_strength", "marginal_log_likelihood"]
 
@@ -49,7 +47,7 @@ DEFAULT_CANDIDATES: tuple[float, ...] = (0.03, 0.05, 0.1)  # the range the bench
 class PriorStrengthChoice:
     """The chosen relative strength ``strength`` (α = strength · G), the log-likelihood of every
     candidate (``loglik``, same order as ``candidates``) and the floor the choice was held to
-    (``floor``, :mod:`engine.strength_floor`; 0: none). The log-likelihoods are NaN when the floor
+    (``floor``, :mod:`engine.synthesis._strength_floor`; 0: none). The log-likelihoods are NaN when the floor
     left a single candidate, which is then the choice without them."""
 
     strength: float
@@ -83,7 +81,7 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     on = A @ (p > 0).astype(np.float64) > 0
     B = centred_gram(A[on], p)  # A Σ_p Aᵀ
     C = (G * G) * (inv_sd[on][:, None] * B * inv_sd[on][None, :])
-    lam, U = eigh((C + C.T) / 2, driver="evr", overwrite_a=True, check_finite=False)  # as engine.uncertainty's
+    lam, U = eigh((C + C.T) / 2, driver="evr", overwrite_a=True, check_finite=False)  # as engine.synthesis._uncertainty's
     lam = np.maximum(lam, 0.0)
     z2 = (U.T @ (inv_sd * (y - G * Ap))[on]) ** 2
     off = float(np.sum((inv_sd * y)[~on] ** 2))
@@ -94,7 +92,7 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     return np.asarray(out)
 
 
-MIN_GAIN = 2.0  # log-likelihood: a weaker prior (or, in engine.prior_mixture, a wider one) is taken only at a likelihood ratio of at least e² ≈ 7.4
+MIN_GAIN = 2.0  # log-likelihood: a weaker prior (or, in engine.synthesis._prior_mixture, a wider one) is taken only at a likelihood ratio of at least e² ≈ 7.4
 
 
 def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Sequence[Measurement], total: float,
@@ -103,7 +101,7 @@ def choose_prior_strength(support: Support, prior: np.ndarray, measurements: Seq
     unless the best beats it by ``min_gain`` in log-likelihood: where the measurements carry little
     information (tiny budgets, small states) the likelihood is nearly flat, and a weak prior would
     let their noise in for nothing (``benchmarks/results/HISTORY.md``). ``floor``: the choice is raised to the smallest candidate
-    of at least ``floor`` (the public simulation's weakest useful prior, :mod:`engine.strength_floor`;
+    of at least ``floor`` (the public simulation's weakest useful prior, :mod:`engine.synthesis._strength_floor`;
     the largest candidate if none is that strong). When at most one candidate is at or above the
     floor, that rule alone decides and the likelihood (a dense eigendecomposition in the measured
     cells) is not computed."""

@@ -1,18 +1,18 @@
 """The prior update of Tao, Bater, Machanavajjhala — "Prior-Aware Distribution Estimation for
 Differential Privacy": :func:`prior_update` is Algorithm 1 (IDE) as T sweeps over the measured
-workloads on the weighted support of :mod:`engine.support` (the distribution q is a weight vector
+workloads on the weighted support of :mod:`engine.queries._support` (the distribution q is a weight vector
 over whole public households, Tao et al. §3.2 / PMW-Pub §3.2), the per-node step PRIOR_UPDATE of
 Algorithm 2 (state level, then every PUMA from the state's posterior). Each step is a projection of
-:mod:`engine.projection`: Definition 3.1 for a workload that partitions the households, the
+:mod:`engine.queries._projection`: Definition 3.1 for a workload that partitions the households, the
 two-stage L1 / I-projection otherwise.
 
 Scale convention: every answer handled here is **per household of the node**: a noisy count
 vector divided by the (noisy or public) number of households Ñ_G of the node (Alg. 2 line 5,
-:meth:`engine.measurement.Measurement.answers`). For a group-level workload this is the usual proportion; for a
+:meth:`engine.queries._measurement.Measurement.answers`). For a group-level workload this is the usual proportion; for a
 person-level workload it is persons-per-household in each cell, which is linear in the household
 distribution q (the person-normalised H-GEM answer, counts / N_I, is not linear in q).
 
-The synthetic households are then drawn from the posterior by :mod:`engine.household_sampling`.
+The synthetic households are then drawn from the posterior by :mod:`engine.synthesis._household_sampling`.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from engine.measurement import Measurement
-from engine.projection import (
+from engine.queries import (
+    Measurement,
     SimplexMethod,
+    Support,
     entropy_projection,
     kl_divergence,
     least_relative_entropy_update,
     project_simplex_l1,
     project_to_hull_l1,
 )
-from engine.support import Support
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """How many attributes the PUMA level measures: as many as its budget can tell apart from the state.
 
 A PUMA's one-way marginal of attribute ``a`` is measured to move the PUMA's posterior (its state's
-posterior, :mod:`engine.synthesis`) where the PUMA differs from its state. Both sides of that
+posterior, :mod:`engine.synthesis._node`) where the PUMA differs from its state. Both sides of that
 trade are known before any private measurement (no privacy cost):
 
 - the signal, from the public data: :func:`between_puma_variation`, the L1 distance between a public
@@ -9,13 +9,13 @@ trade are known before any private measurement (no privacy cost):
   their households; states with a single PUMA left out);
 - the noise, from the budget: the marginal measured at a PUMA of ``G`` households with
   ``ρ_w = ρ / (k + pairs)`` (the PUMA workload's ``k`` one-way marginals and its two-way pairs share
-  the level's ρ evenly, as :func:`engine.synthesis.measure_node` does) has Gaussian noise
+  the level's ρ evenly, as :func:`engine.synthesis._node.measure_node` does) has Gaussian noise
   ``σ = L2 / √(2ρ_w)`` per cell, an expected L1 of ``√(2/π)·cells·σ``, and on the normalised scale
   :func:`expected_noise_l1` = ``√(2/π)·cells·σ / (G·m)``, ``m`` the workload's answer total per
   household on the public data (1 for a count of households).
 
 The rule (:func:`choose_puma_attributes`): the ``minimum`` highest-ranked attributes of the public
-ranking (:func:`engine.workload_selection.select_workloads`, the attributes that vary most between
+ranking (:func:`engine.synthesis._workload_selection.select_workloads`, the attributes that vary most between
 PUMAs) are always measured; the next one is added while its own expected noise, at the ρ split
 over the enlarged workload, is at most its signal — a measurement noisier than the difference it is
 there to capture spreads the level's ρ thinner for the others — stopping at the first that fails
@@ -37,10 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.hierarchical_data import HierarchicalData
-from engine.metrics import counts_by_node
-from engine.queries import PrivacyUnit, Workload, answer
-from engine.workload_selection import WorkloadSelection
+from engine.data import HierarchicalData
+from engine.queries import PrivacyUnit, Workload, answer, counts_by_node
+from engine.synthesis._workload_selection import WorkloadSelection
 
 __all__ = ["PumaAttributeChoice", "between_puma_variation", "choose_puma_attributes", "expected_noise_l1", "keep_puma_attributes"]
 
@@ -95,7 +94,7 @@ class PumaAttributeChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "method": "signal to noise from the public data (engine.puma_attributes): the ranked PUMA attributes beyond the minimum "
+            "method": "signal to noise from the public data (engine.synthesis._puma_attributes): the ranked PUMA attributes beyond the minimum "
                       "are added while the expected noise of the added one-way marginal at the PUMA level's rho is at most "
                       "its between-PUMA variation on the public data",
             "puma_attributes": self.count,

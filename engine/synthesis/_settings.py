@@ -2,7 +2,7 @@
 
 :class:`SynthesisSettings` is built once per run (``schemas.release_config.ReleaseConfig.synthesis_settings``
 from the config's ``advanced.synthesis`` overrides) or by a notebook, and handed whole to the one
-composition of a state's release (:mod:`engine.state_release`): the flow's tasks and the engine
+composition of a state's release (:mod:`engine.synthesis._state_release`): the flow's tasks and the engine
 API read the same object, so they cannot drift apart.
 
 What is not here is not a choice: the MAP update, normalised workloads counting every person, the
@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from engine.adaptive import AdaptiveRounds
-from engine.prior_mixture import Flip
-from engine.prior_strength import DEFAULT_CANDIDATES
-from engine.workload_selection import PUMA_ATTRIBUTES, PUMA_ATTRIBUTES_MAX
+from engine.synthesis._adaptive import AdaptiveRounds
+from engine.synthesis._prior_mixture import Flip
+from engine.synthesis._prior_strength import DEFAULT_CANDIDATES
+from engine.synthesis._workload_selection import PUMA_ATTRIBUTES, PUMA_ATTRIBUTES_MAX
 
 __all__ = ["DEFAULT_ADAPTIVE", "SynthesisSettings"]
 
@@ -36,14 +36,14 @@ class SynthesisSettings:
     """``prior_strength``: the MAP prior's strength α as a fraction of the node's households (a
     PUMA's fit, the state's where empirical Bayes is not used, H-GEM's relative-entropy prior);
     ``strength_candidates``: the state's strengths empirical Bayes chooses among
-    (:mod:`engine.prior_strength`), held at or above the public simulation's floor
-    (:mod:`engine.strength_floor`); ``adaptive``: the state level's adaptive rounds
-    (:mod:`engine.adaptive`; ``None``: none); ``puma_attributes`` .. ``puma_attributes_max``: how many
+    (:mod:`engine.synthesis._prior_strength`), held at or above the public simulation's floor
+    (:mod:`engine.synthesis._strength_floor`); ``adaptive``: the state level's adaptive rounds
+    (:mod:`engine.synthesis._adaptive`; ``None``: none); ``puma_attributes`` .. ``puma_attributes_max``: how many
     one-way marginals the PUMA level measures, more than the minimum while the PUMA level's ρ carries
-    them (:mod:`engine.puma_attributes`); ``prior_flips``: the person attributes whose relabelled
+    them (:mod:`engine.synthesis._puma_attributes`); ``prior_flips``: the person attributes whose relabelled
     public households may widen the state prior — a binary attribute flipped, a multi-valued one's
     two codes swapped where the state's measurements contradict the prior
-    (:mod:`engine.prior_mixture`; the release config's default is every person attribute its
+    (:mod:`engine.synthesis._prior_mixture`; the release config's default is every person attribute its
     domain spec can relabel, whatever the domain)."""
 
     prior_strength: float = 0.1

@@ -2,21 +2,21 @@
 
 The flow's tasks (``tasks/synthesize.py``) run the steps below on Dask workers and persist each
 result; :func:`synthesize_state` runs them in one call. Both take the same
-:class:`~engine.synthesis_settings.SynthesisSettings`, so a notebook reproduces the release a
+:class:`~engine.synthesis._settings.SynthesisSettings`, so a notebook reproduces the release a
 configuration ships (the flow-vs-engine identity test holds them to the same bytes).
 
 1. the workloads, chosen from the **public** data by mutual information (:func:`choose_workloads`,
    no privacy cost), and how many one-way marginals the PUMA level's ρ carries
    (:func:`choose_puma_workloads`, public data and the DP PUMA household counts);
 2. the state posterior (:func:`fit_state`): the public households, widened by their flipped copies
-   where the state's measurements ask for them (:mod:`engine.prior_mixture`), reweighted by the
+   where the state's measurements ask for them (:mod:`engine.synthesis._prior_mixture`), reweighted by the
    state's measured workloads, its adaptive rounds, its count-of-counts size histogram and the sums
-   of its PUMAs' measurements (:func:`engine.level_consistency.children_sum`), the prior strength
-   chosen by empirical Bayes above the public simulation's floor (:mod:`engine.strength_floor`);
+   of its PUMAs' measurements (:func:`engine.synthesis._level_consistency.children_sum`), the prior strength
+   chosen by empirical Bayes above the public simulation's floor (:mod:`engine.synthesis._strength_floor`);
 3. the PUMAs (:func:`release_pumas`): each PUMA's posterior updated from the state's with its own
    measurements, the fitted totals held to the state's count, the posteriors raked together to the
    state posterior on its measured workloads, and the households drawn balanced on the support's
-   low-order marginals, the state's PUMAs with error diffusion (:mod:`engine.balanced_sampling`).
+   low-order marginals, the state's PUMAs with error diffusion (:mod:`engine.synthesis._balanced_sampling`).
 
 Every read of the confidential data is a charged measurement of the :class:`PrivateSession`; a
 rerun reads the stored answers back, so everything after the measurements is a deterministic
@@ -32,24 +32,20 @@ from typing import Any
 
 import numpy as np
 
-from engine.adaptive import SelectFn, initial_rho
-from engine.balanced_sampling import BalanceTargets
-from engine.geography import Node, node_key
-from engine.hierarchical_data import HierarchicalData
-from engine.household_sampling import household_order, sample_sibling_households
-from engine.level_consistency import children_sum, rake_to_parent, totals_to_parent
-from engine.measurement import Measurement
-from engine.prior_mixture import Flip, MixtureChoice, WidenedSupport, node_prior, resolve_flips, used_flips, widen
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.session import PrivateSession
-from engine.puma_attributes import PumaAttributeChoice, keep_puma_attributes
-from engine.queries import PrivacyUnit, Workload
-from engine.strength_floor import simulate_strength_floor
-from engine.support import Support
-from engine.synthesis import MeasureFn, NodeResult, initial_measurements, size_measurement, synthesize_node
-from engine.synthesis_settings import SynthesisSettings
-from engine.uncertainty import Recording, recording_measure
-from engine.workload_selection import WorkloadSelection, select_workloads
+from engine.data import HierarchicalData, Node, node_key
+from engine.privacy import BudgetPlan, PrivateSession
+from engine.queries import Measurement, PrivacyUnit, Support, Workload
+from engine.synthesis._adaptive import SelectFn, initial_rho
+from engine.synthesis._balanced_sampling import BalanceTargets
+from engine.synthesis._household_sampling import household_order, sample_sibling_households
+from engine.synthesis._level_consistency import children_sum, rake_to_parent, totals_to_parent
+from engine.synthesis._node import MeasureFn, NodeResult, initial_measurements, size_measurement, synthesize_node
+from engine.synthesis._prior_mixture import Flip, MixtureChoice, WidenedSupport, node_prior, resolve_flips, used_flips, widen
+from engine.synthesis._puma_attributes import PumaAttributeChoice, keep_puma_attributes
+from engine.synthesis._settings import SynthesisSettings
+from engine.synthesis._strength_floor import simulate_strength_floor
+from engine.synthesis._uncertainty import Recording, recording_measure
+from engine.synthesis._workload_selection import WorkloadSelection, select_workloads
 
 __all__ = ["STATE_SHARES", "NodeCount", "PumaFit", "StateFit", "StateRelease", "choose_puma_workloads", "choose_workloads", "fit_state",
            "floor_rho", "node_rng", "release_pumas", "session_measure", "session_puma_sums", "session_select", "state_plan",
@@ -84,7 +80,7 @@ def node_rng(seed: int, node: Node) -> np.random.Generator:
 
 
 def session_select(session: PrivateSession, stage: str, level: str, node: Node) -> SelectFn:
-    """The select callable of the adaptive rounds (:mod:`engine.adaptive`) for one node: the
+    """The select callable of the adaptive rounds (:mod:`engine.synthesis._adaptive`) for one node: the
     session's exponential mechanism over the private answers, charged and persisted before use."""
 
     def select(candidates: Sequence[Workload], model_counts: np.ndarray, penalty: np.ndarray, epsilon: float, tag: str) -> int:
@@ -94,7 +90,7 @@ def session_select(session: PrivateSession, stage: str, level: str, node: Node) 
 
 
 def session_measure(session: PrivateSession, stage: str, level: str, node: Node) -> MeasureFn:
-    """The measure callable of :func:`engine.synthesis.synthesize_node` for one node: every noisy
+    """The measure callable of :func:`engine.synthesis._node.synthesize_node` for one node: every noisy
     answer is charged and persisted by the session before it is used (read back on a rerun)."""
 
     def measure(w: Workload, rho: Fraction) -> tuple[np.ndarray, float]:
@@ -107,7 +103,7 @@ def session_measure(session: PrivateSession, stage: str, level: str, node: Node)
 def session_puma_sums(session: PrivateSession, pumas: Sequence[Node], workloads: Sequence[Workload], rho: Fraction) -> list[Measurement]:
     """A state's measurements implied by its PUMAs': every PUMA workload's noisy answers summed over
     the state's ``pumas`` (all of them), their variances summed
-    (:func:`engine.level_consistency.children_sum`). Each PUMA is measured through the session with
+    (:func:`engine.synthesis._level_consistency.children_sum`). Each PUMA is measured through the session with
     its own fit's arguments (``workloads`` at the PUMA level's ``rho``), so each answer is charged
     once, at the PUMA level, and the PUMA's fit reads the stored answer back."""
     return children_sum([initial_measurements(workloads, rho, session_measure(session, "puma_synthesis", "puma", tuple(n)), None)
@@ -145,7 +141,7 @@ def choose_workloads(public: HierarchicalData, settings: SynthesisSettings, *, s
 def choose_puma_workloads(public: HierarchicalData, selection: WorkloadSelection, unit: PrivacyUnit, rho_puma: Fraction,
                           puma_households: Sequence[float], settings: SynthesisSettings) -> tuple[WorkloadSelection, PumaAttributeChoice]:
     """The selection with as many ranked PUMA one-way marginals as the PUMA level's ρ carries at the
-    median of the PUMAs' DP household counts (:mod:`engine.puma_attributes`; post-processing)."""
+    median of the PUMAs' DP household counts (:mod:`engine.synthesis._puma_attributes`; post-processing)."""
     rho = initial_rho(rho_puma, settings.adaptive_at("puma"))
     median = float(np.median(puma_households)) if len(puma_households) else 0.0
     return keep_puma_attributes(public, selection, unit, float(rho), median, minimum=settings.puma_attributes, maximum=settings.puma_attributes_max)
@@ -153,7 +149,7 @@ def choose_puma_workloads(public: HierarchicalData, selection: WorkloadSelection
 
 def floor_rho(rho_state: Fraction, settings: SynthesisSettings) -> float:
     """The ρ per state at which the public simulation plays the state's workloads: the part of the
-    state's ρ its public-chosen workloads get (:mod:`engine.strength_floor`)."""
+    state's ρ its public-chosen workloads get (:mod:`engine.synthesis._strength_floor`)."""
     return float(initial_rho(rho_state, settings.adaptive_at("state")))
 
 
@@ -187,7 +183,7 @@ def fit_state(session: PrivateSession, state: int, support: Support, widen_by: C
               strength_floor: float) -> StateFit:
     """The state posterior (module docstring, step 2). ``support``: the public support (uniform
     weights); ``widen_by``: it widened by the given flips (``settings.prior_flips``, then those the
-    prior mixture weighs in: a cache's, or :func:`engine.prior_mixture.widen`); ``pumas``:
+    prior mixture weighs in: a cache's, or :func:`engine.synthesis._prior_mixture.widen`); ``pumas``:
     every PUMA of the state, whose measurements (made here, read back by :func:`release_pumas`) it
     takes in as their sums; ``strength_floor``: the public simulation's floor of the prior strength."""
     plan = session.ledger.plan
@@ -300,7 +296,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     seed; ``counts``: the state's and its PUMAs' household counts (:class:`NodeCount`; the flow's come
     from its count-of-counts stage) — when None every PUMA's count is measured here
     (:func:`state_plan` budgets it); ``strength_floor``: the prior strength's floor (None: simulated
-    on ``public``, :func:`engine.strength_floor.simulate_strength_floor`); ``sizes_measured``: the
+    on ``public``, :func:`engine.synthesis._strength_floor.simulate_strength_floor`); ``sizes_measured``: the
     counts carry size histograms of every PUMA, so the PUMA level does not measure the size
     marginal again (:func:`choose_workloads`)."""
     settings = SynthesisSettings() if settings is None else settings

@@ -1,17 +1,17 @@
 """The weakest prior a state's update may use, simulated on the public data.
 
-Empirical Bayes (:mod:`engine.prior_strength`) reads the prior strength off the node's measured
+Empirical Bayes (:mod:`engine.synthesis._prior_strength`) reads the prior strength off the node's measured
 workloads alone. At large budgets it fits those closely by concentrating the posterior on few
 public households, and the marginals nobody measured pay for it: it can choose a weaker prior
 than the one that scores best on the marginals the state did not measure
 (``benchmarks/results/HISTORY.md``). The measured answers cannot show this; the public data can.
 
 Each public state in turn plays the private one, the other public states pooled are its prior (as
-in :mod:`engine.budget_split`). Its workloads are answered exactly and given Gaussian noise of the
-state's measured ρ, split evenly as :func:`engine.synthesis.measure_node` splits it
-(σ_w = L2(w)/√(2ρ_w)); the MAP update (:func:`engine.map_update.map_fit`) is fitted at every
+in :mod:`engine.synthesis._budget_split`). Its workloads are answered exactly and given Gaussian noise of the
+state's measured ρ, split evenly as :func:`engine.synthesis._node.measure_node` splits it
+(σ_w = L2(w)/√(2ρ_w)); the MAP update (:func:`engine.synthesis._map_update.map_fit`) is fitted at every
 candidate strength, and each fit is scored on held-out marginals: the person-level 3-way marginals
-of the domain's attributes (:func:`engine.metrics.k_way_workloads`, a fixed sample of
+of the domain's attributes (:func:`engine.queries._metrics.k_way_workloads`, a fixed sample of
 :data:`HELD_OUT` when there are more), mean L1 between normalised vectors. Each played state's best
 candidate is read off; the **floor** is the smallest of them — the weakest prior that any public
 state, played as the private one at this budget, is best with. Empirical Bayes still chooses above
@@ -31,12 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.hierarchical_data import HierarchicalData
-from engine.map_update import map_fit
-from engine.measurement import Measurement
-from engine.metrics import k_way_workloads
-from engine.queries import PrivacyUnit, Workload, answer, counted_person_cells
-from engine.support import Support
+from engine.data import HierarchicalData
+from engine.queries import Measurement, PrivacyUnit, Support, Workload, answer, counted_person_cells, k_way_workloads
+from engine.synthesis._map_update import map_fit
 
 __all__ = ["FIT_TOL", "HELD_OUT", "StrengthFloor", "play_state", "played_states", "simulate_strength_floor", "strength_floor"]
 
@@ -57,7 +54,7 @@ class StrengthFloor:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "method": "held-out error simulated on the public data (engine.strength_floor): each public state as the private one, "
+            "method": "held-out error simulated on the public data (engine.synthesis._strength_floor): each public state as the private one, "
                       "the others as its prior; the floor is the smallest candidate any of them is best with",
             "floor": self.floor,
             "candidates": list(self.candidates),
@@ -89,7 +86,7 @@ class _HeldOut:
         return float(np.mean(out))
 
 
-FIT_TOL = 1e-7  # the fits only rank the candidates, as the adaptive rounds' (engine.synthesis.ROUND_FIT_TOL)
+FIT_TOL = 1e-7  # the fits only rank the candidates, as the adaptive rounds' (engine.synthesis._node.ROUND_FIT_TOL)
 
 
 def played_states(public: HierarchicalData, max_played: int = MAX_PLAYED, seed: int = SEED) -> np.ndarray:

@@ -17,7 +17,7 @@ Two estimators, two methods:
   ``released − bias ± z·se`` (:func:`bootstrap_summary`). Assumption: the estimator's error
   around the truth is distributed like its error around the released histograms (plug-in).
 - **Synthesis marginals** (:func:`posterior_count_sd`): the noise-aware MAP update
-  (``engine.map_update``) is smooth, so its error is estimated analytically by the Laplace
+  (``engine.synthesis._map_update``) is smooth, so its error is estimated analytically by the Laplace
   approximation of its posterior. In the answer space a = A q the prior term α·KL(q ‖ p) has
   curvature J⁻¹ with J = Cov_q(A)/α (the exponential family q ∝ p·exp(Aᵀλ/α)) and the Gaussian
   likelihood has precision S⁻¹ = diag(G²/σ²); the posterior covariance of the fitted answers is
@@ -57,11 +57,9 @@ import scipy.sparse as sp
 from numpy.typing import ArrayLike
 from scipy.linalg import cholesky, eigh, solve_triangular
 
-from engine.count_of_counts.hierarchy import Hierarchy
-from engine.measurement import Measurement
-from engine.queries import Workload, centred_gram
-from engine.support import Support
-from engine.synthesis import MeasureFn
+from engine.count_of_counts import Hierarchy
+from engine.queries import Measurement, Support, Workload, centred_gram
+from engine.synthesis._node import MeasureFn
 
 __all__ = [
     "EB_BANDS", "Z90", "CountNoise", "FitErrors", "Intervals", "Recording", "SizeNoise", "band_scales", "bootstrap_summary",
@@ -143,7 +141,7 @@ CountOfCountsEstimator = Callable[[dict[int, np.ndarray], list[tuple[np.ndarray,
 
 def simulate_at_least(rng: np.random.Generator, sizes: np.ndarray, noise: SizeNoise) -> tuple[np.ndarray, float]:
     """Households of size ≥ k (and the variance of entry 0, the count) of one simulated size
-    measurement of the histograms ``sizes`` (n, K), as ``engine.privacy.session.NoisySizes``."""
+    measurement of the histograms ``sizes`` (n, K), as ``engine.privacy._session.NoisySizes``."""
     K = sizes.shape[1]
     at_least = np.cumsum(sizes[:, ::-1], axis=1)[:, ::-1].astype(np.float64)
     if noise.form == "histogram":
@@ -212,7 +210,7 @@ def recording_measure(measure: MeasureFn) -> tuple[MeasureFn, Recording]:
 
 
 def total_variance(support: Support, q: np.ndarray, measured: Sequence[tuple[Workload, float]], total_sd: float) -> float:
-    """Variance of the jointly fitted household total (``engine.synthesis.fit_total``, weighted
+    """Variance of the jointly fitted household total (``engine.synthesis._node.fit_total``, weighted
     least squares in one unknown with the answers A_w q held fixed): 1 / (Σ_w ‖a_w‖²/σ_w² +
     1/total_sd²); 0 when the total was taken as given (``total_sd`` = 0)."""
     if total_sd <= 0 or not measured:
@@ -226,7 +224,7 @@ def total_variance(support: Support, q: np.ndarray, measured: Sequence[tuple[Wor
 
 def by_pattern(support: Support, workloads: Sequence[Workload], q: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:
     """The stacked incidence of ``workloads`` on the households' joint patterns
-    (``engine.queries.IncidenceCache.joint_patterns``) and ``q`` summed per pattern: every product
+    (``engine.queries._queries.IncidenceCache.joint_patterns``) and ``q`` summed per pattern: every product
     below (A q, A diag(q) Aᵀ, B diag(q) Aᵀ) is the same on patterns, exactly, with far fewer
     columns than households."""
     M, pattern_of = support.cache.joint_patterns(list(workloads))
@@ -259,7 +257,7 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
     posterior; with it (the noisy answers over G minus the prior's answers, every cell of
     ``fitted`` in order): the MAP estimator's error with the prior's error scaled per band by
     empirical Bayes (module docstring). ``q``: the fitted posterior; ``total``: G;
-    ``prior_strength``: α in households (as ``engine.synthesis.update_node`` passes it);
+    ``prior_strength``: α in households (as ``engine.synthesis._node.update_node`` passes it);
     ``total_var``: the variance of G. One array per workload, in ``fitted``'s order."""
     G = max(float(total), 1.0)
     sig = np.concatenate([np.full(w.n_cells(support.data.domain), float(s)) for w, s in fitted])
@@ -351,7 +349,7 @@ def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequ
                   *, rule: str, prior_strength: float, total_sd: float = 0.0, size: tuple[np.ndarray, float] | None = None,
                   queries: Sequence[Workload] = (), prior: np.ndarray | None = None,
                   extra: Sequence[Measurement] = ()) -> FitErrors:
-    """The error estimates of one node's synthesis fit (``engine.synthesis.synthesize_node``):
+    """The error estimates of one node's synthesis fit (``engine.synthesis._node.synthesize_node``):
     the measured ``workloads`` with their σ and noisy answers as recorded by
     :func:`recording_measure`, and the count-of-counts size marginal (``group:NP|``; ``size``:
     its histogram and σ) fitted with them when given (the released size histogram of a state or
@@ -363,11 +361,11 @@ def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequ
     PUMAs', whose totals were fitted separately. ``queries``: workloads on which the fit's
     response to its noise is kept (a PUMA fit's on its state's workloads). Empty when nothing
     was measured. ``extra``: further measurements the fit took in (a state's PUMA sums,
-    :func:`engine.level_consistency.children_sum`), in its precision but not in the result."""
+    :func:`engine.synthesis._level_consistency.children_sum`), in its precision but not in the result."""
     measured = [(w, float(record.sigmas[w.id])) for w in workloads if w.id in record.sigmas]
     if not measured:
         return FitErrors({}, 0.0, {})
-    # the fit's own order (engine.synthesis.synthesize_node: the size marginal and the other
+    # the fit's own order (engine.synthesis._node.synthesize_node: the size marginal and the other
     # measurements made elsewhere, then the node's), so its joint patterns are the cached ones
     fitted = [(m.workload, float(m.sigma)) for m in extra] + measured
     noisy = [m.noisy_answer for m in extra] + [record.noisy[w.id] for w, _ in measured]

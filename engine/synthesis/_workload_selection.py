@@ -27,7 +27,7 @@ Hierarchical version (H-GEM Table 1 queries):
   highest entropy; on the ACS that picked SEX and the householder's sex, which barely vary between
   PUMAs, and left out the householder's age and education, which do. ``puma_max_attributes`` of
   them, ranked (:attr:`WorkloadSelection.puma_ranked`): the release takes four, or more where the
-  PUMA level's budget carries them (:mod:`engine.puma_attributes`, which keeps a prefix of the
+  PUMA level's budget carries them (:mod:`engine.synthesis._puma_attributes`, which keeps a prefix of the
   ranking, :meth:`WorkloadSelection.with_puma_attributes`).
 
 Everything is a deterministic function of the public data and the parameters (ties broken by
@@ -43,12 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data import Domain, HierarchicalData
 from engine.queries import Workload
 
 PUMA_ATTRIBUTES = 4  # the PUMA level's one-way marginals by default (module docstring; six: benchmarks/results/HISTORY.md)
-PUMA_ATTRIBUTES_MAX = 8  # the most a budget-driven choice may take (engine.puma_attributes; eight lost to six at ε = 2)
+PUMA_ATTRIBUTES_MAX = 8  # the most a budget-driven choice may take (engine.synthesis._puma_attributes; eight lost to six at ε = 2)
 
 # ---------------------------------------------------------------------------- mutual information
 
@@ -210,7 +209,7 @@ def pair_completion(domain: Domain, chosen: Sequence[Workload], max_cells: int) 
     prior was right the MAP fit barely moves (``benchmarks/results/HISTORY.md``). It roughly
     doubles the state level's measured cells, and with them the cost of the state's final fit and
     of the dense algebra of its error estimates; the adaptive rounds' fits leave the completion out
-    (``engine.synthesis.synthesize_node``) to keep that cost to the final fit."""
+    (``engine.synthesis._node.synthesize_node``) to keep that cost to the final fit."""
     held = [(set(w.group_attrs), set(w.person_attrs)) for w in chosen if w.level == "person"]
     names = [a.name for a in domain.person]
     out = [Workload("person", (), pair) for pair in itertools.combinations(names, 2)
