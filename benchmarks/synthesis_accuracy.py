@@ -11,7 +11,7 @@ node ρ/2 (nodes of one level are disjoint: parallel composition; state then PUM
 ρ). The count-of-counts stage is NOT run: household totals per node are the true counts (the
 pipeline treats housing-unit counts per PUMA as public), and every method samples exactly each
 PUMA's true number of households. Inside a node ρ is split evenly over its workloads
-(``engine.synthesis.measure_node``).
+(``engine.synthesis._node.measure_node``).
 
 Noise: BENCHMARK-ONLY numpy samplers (seeded, fast): continuous Gaussian N(0, σ²) with
 σ = Δ₂/√(2ρ) for measurements, and permute-and-flip as report-noisy-max with exponential noise of

@@ -15,7 +15,7 @@ silently):
 
 What each rule makes of a neighbour (one household, or one person, added or removed) is worked
 out in ``docs/privacy.md`` and charged by ``engine.queries.Workload.sensitivity`` and
-``engine.privacy.size_counts_sensitivity``.
+``engine.privacy._session.size_counts_sensitivity``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ charged measurements, unless the release declares ``invariants: [puma_household_
 
 - ``count_of_counts_task``: per node of every level, the household sizes 1..K measured with the
   discrete Gaussian (default) or the paper's discrete Laplace, in the form that is cheaper for the
-  privacy unit (``engine.privacy.size_form``: the size histogram under both units). The
+  privacy unit (``engine.privacy._session.size_form``: the size histogram under both units). The
   noisy G of every node (and of the ``group_counts`` stage, when it has a share) are merged by
   inverse variance and made consistent (nonnegative integers, children summing to their parent;
   exact integer least squares). Then

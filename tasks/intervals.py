@@ -117,7 +117,7 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
     released answer is the sum of its PUMAs', the sum of its PUMAs' total variances (they were
     fitted independently), not the state fit's, and the state fit's sd is widened by the sum of
     its PUMA fits' responses to their own noise on the state's workloads (``response_sd``,
-    :func:`engine.synthesis.response_count_sd`). A state's size histogram is left to the
+    :func:`engine.synthesis._uncertainty.response_count_sd`). A state's size histogram is left to the
     count-of-counts rows: the sum of its PUMAs' fitted sizes follows the PUMAs' count-of-counts
     histograms, i.e. the state's count-of-counts estimate, more than the state fit. The release is
     read one part (whole states, :class:`tasks.release_parts.ReleaseParts`) at a time."""

@@ -10,7 +10,7 @@ a resumed run reuses it.
   or the public-only baseline.
 
 When the count-of-counts stage ran, its size histogram of the node enters both updates as one more
-noisy measurement of the size marginal (``engine.synthesis.size_measurement``), weighed against
+noisy measurement of the size marginal (``engine.synthesis._node.size_measurement``), weighed against
 the node's own measurements by its precision: information, not a constraint imposed whatever its
 noise (the public-only baseline is updated with it alone).
 
