@@ -153,8 +153,8 @@ def acs(max_size: int = 20):
     """The 12-state ACS 2018 hierarchy (nation -> 12 states -> 117 PUMAs): exact household-size
     histograms of the housing units (group quarters excluded), sizes up to ``max_size`` (the
     largest ACS household here has 20 persons, so nothing is clipped at 20)."""
-    from engine.count_of_counts.geography import geography_hierarchy, size_histograms
-    from engine.hierarchical_data import HierarchicalData
+    from engine.count_of_counts import geography_hierarchy, size_histograms
+    from engine.data import HierarchicalData
     from schemas.domain_spec import load_domain_spec
     from schemas.ingestion import HouseholdRules, load_person_file
 

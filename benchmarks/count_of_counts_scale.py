@@ -12,7 +12,7 @@ and, at 10 M households in the same process, the speed ratio against a per-group
 top-down (one entry per household, sort-based matching, per-group merge).
 
 Noise here comes from ``double_geometric`` below: BENCHMARK-ONLY, NOT FOR RELEASES (the
-release path measures through engine.privacy.mechanisms / OpenDP).
+release path measures through engine.privacy / OpenDP).
 
     python benchmarks/count_of_counts_scale.py            # 240 M + 10 M comparison
     python benchmarks/count_of_counts_scale.py --quick    # small smoke run
@@ -31,15 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from engine.count_of_counts import (  # noqa: E402
-    Hierarchy,
-    RunsTable,
-    consistent_histograms,
-    emd_batch,
-    estimate_hc,
-    k_from_noisy_max,
-    top_down,
-)
+from engine.count_of_counts import Hierarchy, RunsTable, consistent_histograms, emd_batch, estimate_hc, k_from_noisy_max, top_down  # noqa: E402
 
 SF1_SHARES = np.array([0.267, 0.336, 0.158, 0.134, 0.062, 0.025, 0.018])  # sizes 1..7
 

@@ -7,7 +7,7 @@ budget split (``engine.hgem.privacy.state_budget``), the same normalisers (N_G, 
 mean household size) and the pipeline's mechanisms on in-memory data
 (:func:`engine.hgem.state.local_oracles`: discrete Gaussian on the integer counts, exponential
 mechanism on the session's scores; nothing charged). ρ from (ε, δ) by the pipeline's accountant
-(``engine.privacy.accountant.eps_delta_to_rho``, Canonne-Kamath-Steinke), δ = 1/N_G². Differences
+(``engine.privacy.eps_delta_to_rho``, Canonne-Kamath-Steinke), δ = 1/N_G². Differences
 from a release: N_G is the exact household count of the private state (the pipeline's is a DP
 count from the household-count stages), and the public fit may be cached across runs (it is a
 function of public data and settings only).
@@ -47,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.baselines.mwem import MWEMConfig, reduce_data, train_mwem  # noqa: E402
+from engine.data import HierarchicalData  # noqa: E402
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers  # noqa: E402
 from engine.hgem.config import make_generator  # noqa: E402
 from engine.hgem.mixture import default_device  # noqa: E402
@@ -55,9 +56,7 @@ from engine.hgem.privacy import score_sensitivity, state_budget  # noqa: E402
 from engine.hgem.settings import HGEMSettings  # noqa: E402
 from engine.hgem.state import Normalisers, fit_state, local_oracles, pretrained_generator, run_state  # noqa: E402
 from engine.hgem.workloads import candidate_workloads  # noqa: E402
-from engine.hierarchical_data import HierarchicalData  # noqa: E402
-from engine.privacy.accountant import eps_delta_to_rho  # noqa: E402
-from engine.privacy.mechanisms import discrete_gaussian, exponential_mechanism  # noqa: E402
+from engine.privacy import discrete_gaussian, eps_delta_to_rho, exponential_mechanism  # noqa: E402
 from engine.queries import PrivacyUnit, Workload, answer  # noqa: E402
 
 _log = functools.partial(print, flush=True)
@@ -208,7 +207,7 @@ def run_real(
     log=_log,
 ) -> list[dict]:
     """Released-data comparison per private state: every method outputs N_G synthetic households
-    of the state, scored with ``engine.metrics.query_errors`` at level "ST" on H-GEM's candidate
+    of the state, scored with ``engine.queries.query_errors`` at level "ST" on H-GEM's candidate
     workloads (group and person level) — the H-GEM paper's metric on what is released.
 
     hgem          :func:`engine.hgem.state.run_state`, the pipeline's per-state procedure, at
@@ -225,11 +224,9 @@ def run_real(
     B = the public household count). Ablations of the trainer's fields (e.g. ``network_lr_scale``)
     are fields of ``settings``.
     """
-    from engine.household_sampling import sample_households as support_sample
-    from engine.metrics import query_errors
-    from engine.support import Support
-    from engine.synthesis import local_measure, synthesize_node
-    from engine.workload_selection import select_workloads
+    from engine.queries import Support, query_errors
+    from engine.synthesis import local_measure, select_workloads, synthesize_node
+    from engine.synthesis import sample_households as support_sample
     from schemas.domain_spec import load_domain_spec
     from schemas.household_structure import household_structure
 

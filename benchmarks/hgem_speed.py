@@ -109,7 +109,7 @@ def time_rounds(domain, workloads, true, device: str, rounds: int, tmax: int, ba
 
 def synthetic_like(domain_source=None, n: int = 5000, seed: int = 0):
     """A random HierarchicalData on the ACS domain (no real data needed for timing)."""
-    from engine.hierarchical_data import HierarchicalData
+    from engine.data import HierarchicalData
 
     dom = domain_source.domain
     rng = np.random.default_rng(seed)

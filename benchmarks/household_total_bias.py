@@ -6,7 +6,7 @@ state and nation, for releases already run (``python -m flows.cli run <config> -
   fitted     each node's total fitted jointly with its posterior (``engine.synthesis``; the
              synthesis diagnostics beside each posterior; PUMAs and states)
   held       the PUMAs' fitted totals held to their state's consistent count, replayed from the
-             stored fits (``engine.level_consistency.totals_to_parent``)
+             stored fits (``engine.synthesis.totals_to_parent``)
   released   the household sizes of the released microdata (``count_of_counts.parquet``)
 
 each minus the confidential count (from ``work/<name>/inputs/private-merged.npz``: internal QA, which
@@ -35,9 +35,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from engine.geography import LEVELS, node_key, parse_node_key
-from engine.hierarchical_data import HierarchicalData
-from engine.level_consistency import totals_to_parent
+from engine.data import LEVELS, HierarchicalData, node_key, parse_node_key
+from engine.synthesis import totals_to_parent
 from tasks.run_context import RunPaths
 
 ROOT = Path(__file__).resolve().parent.parent

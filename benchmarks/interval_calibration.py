@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.hierarchical_data import HierarchicalData  # noqa: E402
+from engine.data import HierarchicalData  # noqa: E402
 from engine.queries import Workload, answer  # noqa: E402
 from schemas.release_config import load_config  # noqa: E402
 from tasks.ingest import load_input  # noqa: E402

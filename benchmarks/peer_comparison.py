@@ -95,8 +95,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine.hierarchical_data import HierarchicalData  # noqa: E402
-from engine.privacy.accountant import eps_delta_to_rho  # noqa: E402
+from engine.data import HierarchicalData  # noqa: E402
+from engine.privacy import eps_delta_to_rho  # noqa: E402
 from schemas.domain_spec import DomainSpec, load_domain_spec  # noqa: E402
 from schemas.ingestion import HouseholdRules, load_person_file  # noqa: E402
 

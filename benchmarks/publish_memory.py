@@ -32,9 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.count_of_counts.geography import geography_hierarchy, size_histograms  # noqa: E402
-from engine.geography import node_key  # noqa: E402
-from engine.hierarchical_data import HierarchicalData  # noqa: E402
+from engine.count_of_counts import geography_hierarchy, size_histograms  # noqa: E402
+from engine.data import HierarchicalData, node_key  # noqa: E402
 from schemas.domain_spec import load_domain_spec  # noqa: E402
 from schemas.ingestion import HouseholdRules, load_person_file  # noqa: E402
 from tasks.count_of_counts import as_table  # noqa: E402

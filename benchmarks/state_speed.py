@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import engine as dp  # noqa: E402
-from engine.hierarchical_data import HierarchicalData  # noqa: E402
+from engine.data import HierarchicalData  # noqa: E402
 from schemas.domain_spec import load_domain_spec  # noqa: E402
 from schemas.geography import shipped_puma_list  # noqa: E402
 from schemas.ingestion import HouseholdRules, load_person_file  # noqa: E402

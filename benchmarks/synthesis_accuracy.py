@@ -11,7 +11,7 @@ node ρ/2 (nodes of one level are disjoint: parallel composition; state then PUM
 ρ). The count-of-counts stage is NOT run: household totals per node are the true counts (the
 pipeline treats housing-unit counts per PUMA as public), and every method samples exactly each
 PUMA's true number of households. Inside a node ρ is split evenly over its workloads
-(``engine.synthesis.measure_node``).
+(``engine.synthesis._node.measure_node``).
 
 Noise: BENCHMARK-ONLY numpy samplers (seeded, fast): continuous Gaussian N(0, σ²) with
 σ = Δ₂/√(2ρ) for measurements, and permute-and-flip as report-noisy-max with exponential noise of
@@ -44,7 +44,7 @@ Methods (column ``method``):
 
 Metrics (against the confidential private data — internal QA only):
   {group,person}_{max,mean}_{ST,PUMA}: max / mean absolute error of normalised 3-way hierarchical
-      queries per node, averaged over the nodes (``engine.metrics.query_errors`` semantics, computed
+      queries per node, averaged over the nodes (``engine.queries.query_errors`` semantics, computed
       with cached true answers), on a fixed seeded random subset of ``--workloads`` 3-way workloads
       per query level;
   l1_2way_PUMA: average L1 distance of 50 random 2-way marginals per PUMA (``two_way_l1``, fixed pairs).
@@ -82,14 +82,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peers.pmw_pub import pmw_pub  # noqa: E402
-from engine.hierarchical_data import HierarchicalData  # noqa: E402
-from engine.household_sampling import sample_households  # noqa: E402
-from engine.metrics import k_way_workloads, node_index, two_way_l1  # noqa: E402
-from engine.privacy.accountant import eps_delta_to_rho, sigma_for_rho  # noqa: E402
-from engine.queries import Workload, answer, household_cell_pairs  # noqa: E402
-from engine.support import Support  # noqa: E402
-from engine.synthesis import local_measure, synthesize_node  # noqa: E402
-from engine.workload_selection import WorkloadSelection, select_workloads  # noqa: E402
+from engine.data import HierarchicalData  # noqa: E402
+from engine.privacy import eps_delta_to_rho, sigma_for_rho  # noqa: E402
+from engine.queries import Support, Workload, answer, household_cell_pairs, k_way_workloads, node_index, two_way_l1  # noqa: E402
+from engine.synthesis import WorkloadSelection, local_measure, sample_households, select_workloads, synthesize_node  # noqa: E402
 
 DATA_ROOT = Path(os.environ.get("DPRELEASE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 YEAR_DIR = "acs2018_1yr"
@@ -122,7 +118,7 @@ def replicate(data: HierarchicalData, k: int) -> HierarchicalData:
         return data
     col = data.domain.geography.index("PUMA")
     base = 10 ** len(str(int(data.geo[:, col].max())))
-    if (k - 1) * base + int(data.geo[:, col].max()) >= 1 << 17:  # engine.metrics.node_index keys
+    if (k - 1) * base + int(data.geo[:, col].max()) >= 1 << 17:  # engine.queries.node_index keys
         raise ValueError(f"cannot shift PUMA codes {k} times below 2^17")
     parts = []
     for j in range(k):
@@ -339,7 +335,7 @@ def method_runner(name: str) -> Callable[[Context, float, np.random.Generator], 
 
 # ------------------------------------------------------------------------------- metrics
 class Evaluator:
-    """``engine.metrics.query_errors`` (ST and PUMA) for fixed workloads with the true answers
+    """``engine.queries.query_errors`` (ST and PUMA) for fixed workloads with the true answers
     computed once, plus ``two_way_l1`` at PUMA level with fixed pairs."""
 
     def __init__(self, true: HierarchicalData, group_workloads: list[Workload], person_workloads: list[Workload], n_pairs: int = 50, pair_seed: int = 0):

@@ -20,24 +20,21 @@ docs/library.md shows it):
 H-GEM (``engine.hgem``) needs torch and is imported on its own.
 """
 
-from engine.adaptive import AdaptiveRounds
 from engine.count_of_counts import Hierarchy, run_hierarchy
-from engine.domain import Attribute, Domain
-from engine.geography import Geography
-from engine.hierarchical_data import HierarchicalData
-from engine.household_sampling import sample_households
-from engine.prior_mixture import Flip
-from engine.privacy.accountant import eps_delta_to_rho, rho_to_eps
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.ledger import BudgetExceededError, PrivacyLedger
-from engine.privacy.measurements import MeasurementStore
-from engine.privacy.session import PrivateSession
-from engine.queries import Workload
-from engine.state_release import StateRelease, state_plan, synthesize_state
-from engine.support import Support
-from engine.synthesis import synthesize_node
-from engine.synthesis_settings import SynthesisSettings
-from engine.workload_selection import select_workloads
+from engine.data import Attribute, Domain, Geography, HierarchicalData
+from engine.privacy import BudgetExceededError, BudgetPlan, MeasurementStore, PrivacyLedger, PrivateSession, eps_delta_to_rho, rho_to_eps
+from engine.queries import Support, Workload
+from engine.synthesis import (
+    AdaptiveRounds,
+    Flip,
+    StateRelease,
+    SynthesisSettings,
+    sample_households,
+    select_workloads,
+    state_plan,
+    synthesize_node,
+    synthesize_state,
+)
 
 __all__ = [
     "AdaptiveRounds",

@@ -24,11 +24,8 @@ import dask
 from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
-from engine.geography import Geography, node_key
-from engine.hierarchical_data import HierarchicalData
-from engine.state_release import NodeCount
-from engine.strength_floor import played_states
-from engine.synthesis_settings import SynthesisSettings
+from engine.data import Geography, HierarchicalData, node_key
+from engine.synthesis import NodeCount, SynthesisSettings, played_states
 from flows.plan import invariants_statement
 from flows.preflight import preflight, uses_strength_floor, weight_totals
 from schemas.data_dictionary import data_dictionary
@@ -270,7 +267,7 @@ def household_counts_stage(ctx: RunContext) -> str:
 def nodes_at(counts_path: str, level: str) -> dict[tuple[int, ...], int]:
     """{node: household count} of one level from the counts result (DP, or exact under the
     declared invariant); the geography itself is public."""
-    from engine.geography import node_level, parse_node_key
+    from engine.data import node_level, parse_node_key
 
     out = {}
     for key, g in node_households(counts_path).items():
@@ -291,7 +288,7 @@ def pumas_by_state(counts_path: str) -> dict[int, dict[tuple[int, int], int]]:
 def count_sd_at(counts_path: str, level: str) -> dict[tuple[int, ...], float]:
     """{node: noise sd of its household count} of one level; 0 (the count taken as given) under
     the invariant or where no measurement of the node's own level exists."""
-    from engine.geography import node_level, parse_node_key
+    from engine.data import node_level, parse_node_key
 
     sds = {parse_node_key(k): s for k, s in node_household_sd(counts_path).items()}
     return {n: (s if math.isfinite(s) else 0.0) for n, s in sds.items() if node_level(n) == level}
@@ -299,7 +296,7 @@ def count_sd_at(counts_path: str, level: str) -> dict[tuple[int, ...], float]:
 
 def node_counts(counts_path: str, level: str) -> dict[tuple[int, ...], NodeCount]:
     """{node: its household count as the synthesis takes it} of one level
-    (:class:`engine.state_release.NodeCount`): the DP count (exact only under the declared
+    (:class:`engine.synthesis.NodeCount`): the DP count (exact only under the declared
     invariant), its noise sd and, when the count-of-counts stage ran, its size histogram."""
     sizes = size_measurements(counts_path, level) if has_histograms(counts_path) else {}
     sd = count_sd_at(counts_path, level)
@@ -451,7 +448,7 @@ def strength_floor_entry(paths: RunPaths) -> dict:
 
 def prior_mixture_entry(paths: RunPaths) -> dict:
     """Each state's prior mixture with the flipped public households (``synthesis.prior_flips``,
-    ``engine.prior_mixture``): the weights, their fit to the noisy answers and whether the copies
+    ``engine.synthesis``): the weights, their fit to the noisy answers and whether the copies
     entered the prior; empty when no flip was configured."""
     out = {}
     for f in sorted((paths.nodes_dir / "state_posterior").glob("*.json")):

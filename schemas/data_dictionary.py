@@ -6,7 +6,7 @@ which ``Domain.from_dict`` reads as before.
 
 from __future__ import annotations
 
-from engine.domain import Attribute, Domain
+from engine.data import Attribute, Domain
 from schemas.domain_spec import DomainSpec, HouseholdAttributeSpec, PersonAttributeSpec
 from schemas.release_schema import RELEASE_COLUMNS, WEIGHT, WEIGHT_DESCRIPTION
 
@@ -121,7 +121,7 @@ def data_dictionary(spec: DomainSpec, domain: Domain, oversize: str = "clip", gr
 def with_weights(dictionary: dict) -> dict:
     """The dictionary of a release whose households and persons carry the calibrated ``WEIGHT``."""
     weight = {"name": WEIGHT, "type": "float64", "description": WEIGHT_DESCRIPTION, "universe": "",
-              "rule": "raking (engine.calibration) of weights starting at 1 to the public totals; a person gets their household's weight"}
+              "rule": "raking (engine.synthesis) of weights starting at 1 to the public totals; a person gets their household's weight"}
     tables = dictionary["tables"]
     return {**dictionary, "weights": WEIGHTED,
             "tables": {"households": tables["households"] + [{**weight, "universe": tables["households"][0]["universe"]}],

@@ -15,11 +15,9 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine import encoding
-from engine.domain import Attribute, Domain
+from engine.data import Attribute, Domain, HierarchicalData, bin_ranges, map_codes, multigenerational, segment_any
 from engine.errors import EXIT_BAD_INPUT, DPReleaseError
-from engine.hierarchical_data import HierarchicalData
-from engine.prior_mixture import Flip
+from engine.synthesis import Flip
 
 DOMAINS_DIR = Path(__file__).parent / "domains"
 
@@ -109,10 +107,10 @@ class PersonAttributeSpec(_Documented):
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         if self.codes is not None:
-            return encoding.map_codes(values, [[int(c)] for c in self.codes])
+            return map_codes(values, [[int(c)] for c in self.codes])
         if self.bins is not None:
-            return encoding.bin_ranges(values, np.array([b.min for b in self.bins]), np.array([b.max for b in self.bins]))
-        return encoding.map_codes(values, [g.codes for g in self.groups])  # type: ignore[union-attr]  # the validator requires exactly one of codes/bins/groups
+            return bin_ranges(values, np.array([b.min for b in self.bins]), np.array([b.max for b in self.bins]))
+        return map_codes(values, [g.codes for g in self.groups])  # type: ignore[union-attr]  # the validator requires exactly one of codes/bins/groups
 
 
 class HouseholdAttributeSpec(_Documented):
@@ -172,7 +170,7 @@ class DomainSpec(_Strict):
         return out
 
     def prior_flips(self, names: list[str] | tuple[str, ...], domain: Domain) -> tuple[Flip, ...]:
-        """``advanced.synthesis.prior_flips`` as :class:`engine.prior_mixture.Flip` templates: each named
+        """``advanced.synthesis.prior_flips`` as :class:`engine.synthesis.Flip` templates: each named
         person attribute with the household attributes this spec derives from its householder's
         value (those of ``domain``). A household attribute derived from the attribute otherwise
         (``any_person``) would not stay consistent under a relabelling, so it is refused, as is the
@@ -256,9 +254,9 @@ class DomainSpec(_Strict):
             elif h.derive == "any_person":
                 attr = domain.person_attribute(h.attribute)  # type: ignore[arg-type]  # _check_refs requires a known attribute for "any_person"
                 wanted = [attr.codes.index(v) for v in h.values or []]
-                group[:, j] = encoding.segment_any(np.isin(person[:, pidx[h.attribute]], wanted), offsets)  # type: ignore[index]  # as above
+                group[:, j] = segment_any(np.isin(person[:, pidx[h.attribute]], wanted), offsets)  # type: ignore[index]  # as above
             else:
-                group[:, j] = encoding.multigenerational(
+                group[:, j] = multigenerational(
                     cols[h.source or self.relationship_column], offsets, h.child_codes or [], h.grandchild_codes or [], h.parent_codes or []
                 )
         geo = np.stack([cols[g][first] for g in self.geography], axis=1) if n_hh else np.zeros((0, len(self.geography)))

@@ -1,7 +1,7 @@
 """A release's geography from public information (the config's ``geography``).
 
 A release's nodes are declared, never read off the confidential rows (a node set taken from the
-rows loses a PUMA when a neighbour removes its only household: :mod:`engine.geography`):
+rows loses a PUMA when a neighbour removes its only household: :mod:`engine.data`):
 
 - the states: ``geography.states``; absent, the states of the private files. Which states a
   release covers is part of its design (each private input is one state's PUMS file), so that set
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from engine.data import Geography, node_key
 from engine.errors import DPReleaseError
-from engine.geography import Geography, node_key
 from schemas.domain_spec import DomainSpec
 from schemas.pums_reader import InputError, InputIssue, PersonTable
 

@@ -6,7 +6,7 @@ households exist, and the household attributes derived from the persons (``deriv
 
 from __future__ import annotations
 
-from engine.domain import Domain
+from engine.data import Domain
 from engine.hgem.sampling import AnyPerson, HouseholdStructure
 from schemas.domain_spec import DomainSpec
 from schemas.release_expectations import householder_of

@@ -15,7 +15,7 @@ silently):
 
 What each rule makes of a neighbour (one household, or one person, added or removed) is worked
 out in ``docs/privacy.md`` and charged by ``engine.queries.Workload.sensitivity`` and
-``engine.privacy.session.size_counts_sensitivity``.
+``engine.privacy._session.size_counts_sensitivity``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from typing import Literal
 
 import numpy as np
 
-from engine import encoding
-from engine.hierarchical_data import HierarchicalData
+from engine.data import HierarchicalData, clip_sizes, householder_first_order
 from schemas.domain_spec import DomainSpec
 from schemas.pums_reader import PersonTable, householder_counts, read_person_file
 
@@ -75,7 +74,7 @@ def encode_person_table(t: PersonTable, spec: DomainSpec, rules: HouseholdRules)
         report["group_quarters_persons_excluded"] = int(t.is_gq.sum())
     else:
         is_head = is_head | t.is_gq  # each GQ person is its own unit (unique SERIALNO)
-    order = encoding.householder_first_order(hh, t.cols["SPORDER"], is_head)
+    order = householder_first_order(hh, t.cols["SPORDER"], is_head)
     order = order[keep[order]]
     _, hh_new = np.unique(hh[order], return_inverse=True)
     counts = np.bincount(hh_new)
@@ -84,7 +83,7 @@ def encode_person_table(t: PersonTable, spec: DomainSpec, rules: HouseholdRules)
     report["oversize_households"] = int(over.sum())
     if over.any():
         if rules.oversize == "clip":
-            kept, offsets = encoding.clip_sizes(offsets, rules.max_household_size)
+            kept, offsets = clip_sizes(offsets, rules.max_household_size)
             report["oversize_persons_removed"] = int((~kept).sum())
             order = order[kept]
         else:

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engine.data import HierarchicalData
 from engine.errors import DPReleaseError
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.file_lock import write_atomic
+from engine.privacy import write_atomic
 from schemas.gx_suites import dumps, expectations, failures, run_suites
 
 GATE = "inputs"

@@ -18,12 +18,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.adaptive import AdaptiveRounds
-from engine.domain import Domain
+from engine.data import LEVELS, Domain, Geography
 from engine.errors import DPReleaseError
-from engine.geography import LEVELS, Geography
 from engine.hgem.settings import HGEMSettings
-from engine.synthesis_settings import DEFAULT_ADAPTIVE, SynthesisSettings
+from engine.synthesis import DEFAULT_ADAPTIVE, AdaptiveRounds, SynthesisSettings
 from schemas.domain_spec import domain_spec_path, load_domain_spec
 from schemas.geography import DEFAULT_PUMA_LIST, PumaListError, declared, load_puma_list, puma_list_path
 
@@ -72,7 +70,7 @@ class AllocationSpec(_Strict):
 
     ``synthesis_split``: ``public_simulation`` keeps the ``state_synthesis`` and ``puma_synthesis``
     shares' sum and divides it between the state and the PUMA level at run time by the expected
-    error simulated on the public data (``engine.budget_split``; no privacy cost), recorded in the
+    error simulated on the public data (``engine.synthesis``; no privacy cost), recorded in the
     manifest; ``fixed`` spends the shares as given. Absent: ``public_simulation`` under the prior
     update (the split it models), ``fixed`` under the other synthesizers."""
 
@@ -187,7 +185,7 @@ _SYNTHESIS = SynthesisSettings()  # the synthesis defaults live in the engine, o
 
 
 class AdaptiveSpec(_Strict):
-    """The state level's adaptive rounds after the public-chosen workloads (``engine.adaptive``):
+    """The state level's adaptive rounds after the public-chosen workloads (``engine.synthesis``):
     ``rounds`` workloads chosen by the exponential mechanism where the state posterior is most
     wrong, measured with ``share`` of the state's synthesis ρ; ``rounds: 0``: none."""
 
@@ -200,11 +198,11 @@ class AdaptiveSpec(_Strict):
 
 
 class SynthesisSpec(_Strict):
-    """The expert overrides of :class:`engine.synthesis_settings.SynthesisSettings` (whose defaults
+    """The expert overrides of :class:`engine.synthesis.SynthesisSettings` (whose defaults
     these are). ``prior_strength``: the MAP prior's strength α as a fraction of the node's households
     (also H-GEM's relative-entropy prior); ``adaptive``: the state level's adaptive rounds;
     ``prior_flips``: the person attributes whose relabelled public households may widen the state
-    prior (``engine.prior_mixture``: a binary one flipped, a multi-valued one's two codes swapped
+    prior (``engine.synthesis``: a binary one flipped, a multi-valued one's two codes swapped
     where the state's measurements ask; post-processing, no privacy cost) — absent: every binary
     person attribute the domain spec can flip (:meth:`schemas.domain_spec.DomainSpec.flippable`), ``[]``: none."""
 
@@ -282,7 +280,7 @@ DEFAULT_ALLOCATIONS: dict[str, AllocationSpec] = {
 class AdvancedSpec(_Strict):
     """What an expert may override; each key absent takes its default, defined once (the
     allocation's in :data:`DEFAULT_ALLOCATIONS`, the synthesis' in
-    :class:`engine.synthesis_settings.SynthesisSettings`, H-GEM's in
+    :class:`engine.synthesis.SynthesisSettings`, H-GEM's in
     :class:`engine.hgem.settings.HGEMSettings`)."""
 
     allocation: AllocationSpec | None = None
@@ -456,7 +454,7 @@ class ReleaseConfig(_Strict):
         return domain_spec_path(self.domain)
 
     def synthesis_settings(self, domain: Domain) -> SynthesisSettings:
-        """The run's synthesis settings (:class:`engine.synthesis_settings.SynthesisSettings`), built
+        """The run's synthesis settings (:class:`engine.synthesis.SynthesisSettings`), built
         once from the config; ``domain``: the encoded data's (the flips' attributes are checked
         against it, :meth:`schemas.domain_spec.DomainSpec.prior_flips`)."""
         s = self.advanced.synthesis

@@ -13,7 +13,7 @@ import pandas as pd
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
-from engine.domain import Domain
+from engine.data import Domain
 from engine.errors import DPReleaseError
 
 

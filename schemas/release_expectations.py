@@ -32,9 +32,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from engine.domain import Domain
+from engine.data import LEVELS, Domain, node_key
 from engine.errors import DPReleaseError
-from engine.geography import LEVELS, node_key
 from schemas.gx_suites import dumps, expectations, failures
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, household_schema, person_schema
 
@@ -60,7 +59,7 @@ class ReleaseGeography:
 
     @classmethod
     def from_node_keys(cls, keys) -> ReleaseGeography:
-        from engine.geography import parse_node_key
+        from engine.data import parse_node_key
 
         nodes = [parse_node_key(str(k)) for k in keys]
         return cls(tuple(sorted({(int(n[0]), int(n[1])) for n in nodes if len(n) == 2})))
@@ -112,7 +111,7 @@ def householder_of(spec, domain: Domain) -> Householder | None:
 
 # -- derived columns ----------------------------------------------------------------------------
 def _node_keys(st: pd.Series, puma: pd.Series) -> dict[str, pd.Series]:
-    """Every row's node key per level (:func:`engine.geography.node_key`, on the distinct (ST, PUMA)
+    """Every row's node key per level (:func:`engine.data.node_key`, on the distinct (ST, PUMA)
     pairs). A code that is not a number gets a key no node has, so the checks that use it fail."""
 
     def key(*codes: str) -> str:

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from engine.domain import Attribute, Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data import Attribute, Domain, HierarchicalData
 
 PARTITION_SCHEMA = pa.schema([("ST", pa.string()), ("PUMA", pa.string())])
 # the release's own columns (the attributes' descriptions come from the domain spec)
@@ -66,7 +65,7 @@ MEASUREMENTS_SCHEMA = pa.schema(
     [pa.field(name, typ, metadata={"description": doc}) for name, (typ, doc) in MEASUREMENTS_COLUMNS.items()]
 )
 # intervals.parquet: an error estimate beside every released answer of the count-of-counts table
-# and of the measured marginals at their nodes (tasks/intervals.py, engine/uncertainty.py)
+# and of the measured marginals at their nodes (tasks/intervals.py, engine/synthesis/_uncertainty.py)
 INTERVALS_COLUMNS = {
     "table": (pa.string(), "count_of_counts (a household-size histogram of count_of_counts.parquet) or marginal "
                            "(a workload the synthesis measured at this node, answered by the released microdata)"),

@@ -16,7 +16,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from engine.privacy.file_lock import exclusive_lock
+from engine.privacy import exclusive_lock
 from schemas.input_independence import sha256_file
 
 GENESIS = "0" * 64

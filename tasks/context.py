@@ -4,7 +4,7 @@ are opened lazily, once per worker process (they hold locks and file handles, so
 pickled: a Dask worker reopens them on first use).
 
 Tasks read the private input only through :meth:`RunContext.session` (a
-:class:`~engine.privacy.session.PrivateSession`); ingestion and the internal QA are the only code
+:class:`~engine.privacy.PrivateSession`); ingestion and the internal QA are the only code
 that loads the private :class:`HierarchicalData` itself.
 """
 
@@ -15,14 +15,10 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import cached_property, lru_cache
 
-from engine.geography import Geography
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.ledger import PrivacyLedger
-from engine.privacy.measurements import MeasurementStore
-from engine.privacy.session import PrivateSession
+from engine.data import Geography, HierarchicalData
+from engine.privacy import BudgetPlan, MeasurementStore, PrivacyLedger, PrivateSession
 from engine.queries import PrivacyUnit
-from engine.synthesis_settings import SynthesisSettings
+from engine.synthesis import SynthesisSettings
 from schemas.release_config import ReleaseConfig
 from tasks.run_context import RunPaths
 

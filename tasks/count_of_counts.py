@@ -4,7 +4,7 @@ charged measurements, unless the release declares ``invariants: [puma_household_
 
 - ``count_of_counts_task``: per node of every level, the household sizes 1..K measured with the
   discrete Gaussian (default) or the paper's discrete Laplace, in the form that is cheaper for the
-  privacy unit (``engine.privacy.session.size_form``: the size histogram under both units). The
+  privacy unit (``engine.privacy._session.size_form``: the size histogram under both units). The
   noisy G of every node (and of the ``group_counts`` stage, when it has a share) are merged by
   inverse variance and made consistent (nonnegative integers, children summing to their parent;
   exact integer least squares). Then
@@ -36,13 +36,10 @@ import numpy as np
 import pyarrow as pa
 from prefect import task
 
-from engine.count_of_counts.api import fit_histograms, fit_household_counts
-from engine.count_of_counts.geography import geography_hierarchy, size_histograms
-from engine.count_of_counts.hierarchy import Hierarchy
+from engine.count_of_counts import Hierarchy, fit_histograms, fit_household_counts, geography_hierarchy, size_histograms
+from engine.data import LEVELS, HierarchicalData, parse_node_key
 from engine.errors import PrivacyInvariantError
-from engine.geography import LEVELS, parse_node_key
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.session import PrivateSession
+from engine.privacy import PrivateSession
 from tasks.context import RunContext
 from tasks.run_context import save_npz_atomic
 

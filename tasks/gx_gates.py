@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from engine.hierarchical_data import HierarchicalData
+from engine.data import HierarchicalData
 from schemas.domain_spec import load_domain_spec
 from schemas.release_config import ReleaseConfig
 from tasks.run_context import RunPaths

@@ -38,8 +38,7 @@ import numpy as np
 import torch
 from prefect import task
 
-from engine.domain import Domain
-from engine.geography import node_key
+from engine.data import Domain, node_key
 from engine.hgem.mixture import default_device
 from engine.hgem.sampling import HouseholdStructure
 from engine.hgem.state import run_state, session_oracles

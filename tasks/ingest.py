@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from engine.geography import Geography
-from engine.hierarchical_data import HierarchicalData
+from engine.data import Geography, HierarchicalData
 from schemas.domain_spec import load_domain_spec
 from schemas.geography import check_declared, declared
 from schemas.ingestion import HouseholdRules, encode_person_table

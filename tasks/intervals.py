@@ -5,18 +5,18 @@ Everything here is post-processing of what the release is a function of — the 
 microdata, the noise of the stored measurements (mechanism and scale, as published in
 ``measurements.parquet``), the synthesis fits' posteriors (functions of the noisy measurements)
 and the sampling seed — never of the confidential data. The mathematics is
-:mod:`engine.uncertainty`:
+:mod:`engine.synthesis`:
 
 - ``table = count_of_counts``: every cell of ``count_of_counts.parquet`` (every node, sizes
   1..K), by a parametric bootstrap of the count-of-counts stage's own estimator
-  (``engine.count_of_counts.api.fit_household_counts`` and ``fit_histograms``), simulated from the
-  released histograms with the stored noise, :data:`engine.uncertainty.BOOTSTRAP_REPLICATES`
+  (``engine.count_of_counts.fit_household_counts`` and ``fit_histograms``), simulated from the
+  released histograms with the stored noise, :data:`engine.synthesis.BOOTSTRAP_REPLICATES`
   replicates seeded from the sampling seed;
 - ``table = marginal``: every cell of every workload measured by the state and PUMA updates, at
   its node, answered by the released microdata; sd of the MAP update's error (a Laplace
   approximation whose prior error is estimated by empirical Bayes from the noisy answers'
   residuals against the prior), computed by the synthesis task after its fit (``answer_sd`` in
-  the node's diagnostics, :func:`engine.uncertainty.fit_answer_sd`).
+  the node's diagnostics, :func:`engine.synthesis.fit_answer_sd`).
 
 Rows are sorted by table, node, marginal and cell: a replay writes the same bytes.
 """
@@ -30,14 +30,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from engine.count_of_counts.api import fit_histograms, fit_household_counts
-from engine.count_of_counts.geography import geography_hierarchy
-from engine.domain import Domain
-from engine.geography import LEVELS, node_households, parse_node_key
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.measurements import MeasurementRecord as Measurement
+from engine.count_of_counts import fit_histograms, fit_household_counts, geography_hierarchy
+from engine.data import LEVELS, Domain, HierarchicalData, node_households, parse_node_key
+from engine.privacy import MeasurementRecord as Measurement
 from engine.queries import Workload, answer
-from engine.uncertainty import (
+from engine.synthesis import (
     BOOTSTRAP_REPLICATES,
     CountNoise,
     Intervals,
@@ -116,11 +113,11 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
     ``answer_sd`` and ``total_var``; results of older runs without them are skipped), every
     measured workload's cells answered by the released microdata of that node, ± Z90 sd. The sd
     combines the fit's at a fixed total with the released total's variance
-    (:func:`engine.uncertainty.combine_total`): a PUMA's own fitted total; for a state, whose
+    (:func:`engine.synthesis.combine_total`): a PUMA's own fitted total; for a state, whose
     released answer is the sum of its PUMAs', the sum of its PUMAs' total variances (they were
     fitted independently), not the state fit's, and the state fit's sd is widened by the sum of
     its PUMA fits' responses to their own noise on the state's workloads (``response_sd``,
-    :func:`engine.uncertainty.response_count_sd`). A state's size histogram is left to the
+    :func:`engine.synthesis._uncertainty.response_count_sd`). A state's size histogram is left to the
     count-of-counts rows: the sum of its PUMAs' fitted sizes follows the PUMAs' count-of-counts
     histograms, i.e. the state's count-of-counts estimate, more than the state fit. The release is
     read one part (whole states, :class:`tasks.release_parts.ReleaseParts`) at a time."""

@@ -1,6 +1,6 @@
 """The release's ``measurements.parquet``: every noisy measurement of the run, one row per cell.
 
-The rows come from the run's :class:`~engine.privacy.measurements.MeasurementStore` alone (the
+The rows come from the run's :class:`~engine.privacy.MeasurementStore` alone (the
 noisy vectors and their public metadata: stage, level, node, workload, mechanism, noise scale,
 sensitivity, ρ charged), so the file is post-processing of differentially private outputs and
 costs no privacy. Nothing is taken from the confidential data, and no run time is written.
@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.domain import Domain
-from engine.privacy.measurements import MeasurementRecord, MeasurementStore
+from engine.data import Domain
+from engine.privacy import MeasurementRecord, MeasurementStore
 from engine.queries import Workload
 from schemas.release_schema import MEASUREMENTS_SCHEMA
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from engine.hierarchical_data import HierarchicalData
+from engine.data import HierarchicalData
 from schemas.data_dictionary import UNWEIGHTED
 from schemas.data_dictionary import with_weights as with_weights_dictionary
 from schemas.input_independence import sha256_file

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.hierarchical_data import HierarchicalData
-from engine.metrics import k_way_workloads, query_errors_by_level, two_way_l1_by_candidate
+from engine.data import HierarchicalData
+from engine.queries import k_way_workloads, query_errors_by_level, two_way_l1_by_candidate
 
 
 def accuracy_table(true: HierarchicalData, candidates: dict[str, HierarchicalData], n_workloads: int = 60, seed: int = 0) -> list[dict]:
@@ -119,9 +119,9 @@ def coc_emd_by_level(table: tuple[list[str], np.ndarray, np.ndarray], true: Hier
     """Mean EMD per node, per level, of a count-of-counts table (node keys, levels, (N, K+1)
     histograms; the released one: ``tasks.count_of_counts.release_histograms``) against the true
     histograms (cumulative L1 when the totals differ)."""
-    from engine.count_of_counts.geography import geography_hierarchy, size_histograms
-    from engine.geography import LEVELS as LEVEL_NAMES
-    from engine.geography import parse_node_key
+    from engine.count_of_counts import geography_hierarchy, size_histograms
+    from engine.data import LEVELS as LEVEL_NAMES
+    from engine.data import parse_node_key
 
     keys, level, released = table
     K = released.shape[1] - 1

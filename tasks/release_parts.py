@@ -9,8 +9,7 @@ from functools import partial
 
 import numpy as np
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data import Domain, HierarchicalData
 from tasks.run_context import state_of_node_file
 
 # households per part at most (a larger state is a part of its own): bounds the memory of

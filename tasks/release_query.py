@@ -9,11 +9,11 @@ Error estimates, two kinds:
 
 - ``count_se``, ``count_lower_90``, ``count_upper_90``: the error of the released answer (the
   ``count`` column) as an estimate of the confidential one, read from the release's
-  ``intervals.parquet`` (``tasks.intervals``, ``engine.uncertainty``) where it holds this
+  ``intervals.parquet`` (``tasks.intervals``, ``engine.synthesis``) where it holds this
   marginal at this node: the household-size histogram (``--margin NP --level group``) at every
   node (at a state or PUMA, whose sizes the synthesis fit, that fit's; at the nation the
   parametric bootstrap of the count-of-counts estimator), and every workload the synthesis
-  measured at a state or PUMA node (the MAP update's error, engine.uncertainty): a
+  measured at a state or PUMA node (the MAP update's error, engine.synthesis): a
   group-level partition (``group:A,B|``) at ``--level group``, a person workload counting every
   person (``person:A|B``) at ``--level person``.
 - ``measured``, ``measured_sd``, ``measured_lower_90``, ``measured_upper_90``: where the run
@@ -42,7 +42,7 @@ import pandas as pd
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from engine.domain import Attribute, Domain
+from engine.data import Attribute, Domain
 from engine.errors import DPReleaseError
 from engine.queries import Workload
 from schemas.release_schema import PARTITION_SCHEMA

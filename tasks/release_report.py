@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.domain import Attribute, Domain
+from engine.data import Attribute, Domain
 from engine.queries import Workload
 from tasks.release_query import interval_ids
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from engine.privacy.ledger import PrivacyLedger
+from engine.privacy import PrivacyLedger
 from tasks.audit import AuditLog
 
 

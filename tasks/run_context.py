@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import DPReleaseError
-from engine.privacy.file_lock import write_atomic
+from engine.privacy import write_atomic
 
 
 class RunRefused(DPReleaseError, RuntimeError):
@@ -78,7 +78,7 @@ class RunPaths:
 
     @property
     def puma_attributes_path(self) -> Path:
-        """How many PUMA attributes the signal-to-noise rule chose (``engine.puma_attributes``)."""
+        """How many PUMA attributes the signal-to-noise rule chose (``engine.synthesis``)."""
         return self.run_dir / "puma_attributes.json"
 
     @property
@@ -148,5 +148,5 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 def save_npz_atomic(path: Path, save) -> None:
-    """Write an .npz via ``save(file_object)`` atomically (``engine.privacy.file_lock.write_atomic``)."""
+    """Write an .npz via ``save(file_object)`` atomically (``engine.privacy.write_atomic``)."""
     write_atomic(path, save)

@@ -1,16 +1,16 @@
 """Synthesis tasks: the Prefect wrappers of the one composition of a state's release
-(``engine.state_release``), one geography node or one state each; every result is persisted so
+(``engine.synthesis``), one geography node or one state each; every result is persisted so
 a resumed run reuses it.
 
 - ``select_workload_task``: workloads from mutual information on the PUBLIC data (no privacy cost).
-- ``state_update_task``: per state, ``engine.state_release.fit_state`` on the worker's cached
+- ``state_update_task``: per state, ``engine.synthesis.fit_state`` on the worker's cached
   public support; the posterior, the σ of everything it measured and its error estimates persisted.
-- ``puma_batch_task``: per state, ``engine.state_release.release_pumas`` (every PUMA's posterior,
+- ``puma_batch_task``: per state, ``engine.synthesis.release_pumas`` (every PUMA's posterior,
   held to the state, its households drawn), each PUMA's households and error estimates persisted;
   or the public-only baseline.
 
 When the count-of-counts stage ran, its size histogram of the node enters both updates as one more
-noisy measurement of the size marginal (``engine.synthesis.size_measurement``), weighed against
+noisy measurement of the size marginal (``engine.synthesis._node.size_measurement``), weighed against
 the node's own measurements by its precision: information, not a constraint imposed whatever its
 noise (the public-only baseline is updated with it alone).
 
@@ -27,30 +27,32 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from engine.balanced_sampling import BalanceTargets
-from engine.budget_split import choose_state_fraction
-from engine.geography import node_key
-from engine.hierarchical_data import HierarchicalData
-from engine.measurement import Measurement
-from engine.prior_mixture import Flip, WidenedSupport, named_flips, widen
-from engine.queries import Workload
-from engine.state_release import (
+from engine.data import HierarchicalData, node_key
+from engine.queries import Measurement, Support, Workload
+from engine.synthesis import (
+    BalanceTargets,
+    Flip,
     NodeCount,
+    NodeResult,
+    Recording,
     SizeEstimate,
+    SynthesisSettings,
+    WidenedSupport,
+    WorkloadSelection,
     choose_puma_workloads,
+    choose_state_fraction,
     choose_workloads,
+    fit_answer_sd,
     fit_state,
     floor_rho,
+    named_flips,
     node_rng,
+    play_state,
     release_pumas,
+    select_workloads,
+    widen,
 )
-from engine.strength_floor import play_state
-from engine.strength_floor import strength_floor as floor_of
-from engine.support import Support
-from engine.synthesis import NodeResult
-from engine.synthesis_settings import SynthesisSettings
-from engine.uncertainty import Recording, fit_answer_sd
-from engine.workload_selection import WorkloadSelection, select_workloads
+from engine.synthesis import strength_floor as floor_of
 from tasks.context import FileKey, RunContext, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
@@ -81,7 +83,7 @@ def _cached_widened(key: FileKey, flips: tuple[Flip, ...]) -> WidenedSupport:
 
 def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:
     """The public support widened by its flipped copies (``SynthesisSettings.prior_flips``,
-    ``engine.prior_mixture``), built once per worker process, file and flips."""
+    ``engine.synthesis``), built once per worker process, file and flips."""
     return _cached_widened(file_key(public_npz), flips)
 
 
@@ -91,7 +93,7 @@ def _cached_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
 
 
 def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTargets:
-    """The support's balance marginals (``engine.balanced_sampling``; ``flips``: of the widened
+    """The support's balance marginals (``engine.synthesis``; ``flips``: of the widened
     support), built once per worker process and file."""
     return _cached_balance(file_key(public_npz), flips)
 
@@ -111,7 +113,7 @@ def clear_caches() -> None:
 @task(name="select-workload")
 def select_workload_task(public_npz: str, out_path: str, settings: SynthesisSettings, prior_update: bool, sizes_measured: bool) -> dict:
     """Mutual information on the public data only: no privacy cost. ``prior_update``: the prior
-    update's workloads (``engine.state_release.choose_workloads``: normalised, the state's pairs
+    update's workloads (``engine.synthesis.choose_workloads``: normalised, the state's pairs
     completed); else (H-GEM, whose mixture answers plain counts) the selection's cliques as plain
     counts. ``sizes_measured``: the count-of-counts stage measures every PUMA's size histogram, so
     the size attribute is not measured again as a PUMA one-way marginal."""
@@ -133,7 +135,7 @@ def select_workload_task(public_npz: str, out_path: str, settings: SynthesisSett
 def choose_puma_attributes_task(ctx: RunContext, workload: dict, puma_households: list[int]) -> dict:
     """How many of the ranked PUMA one-way
     marginals to measure, from the public data's between-PUMA variation and the PUMA level's ρ at
-    the median of the PUMAs' DP household counts (``engine.puma_attributes``; post-processing, no
+    the median of the PUMAs' DP household counts (``engine.synthesis``; post-processing, no
     privacy cost). Returns the workload record with that many. Kept in the work directory: a
     resumed run reuses it."""
     out = ctx.paths.puma_attributes_path
@@ -149,7 +151,7 @@ def choose_puma_attributes_task(ctx: RunContext, workload: dict, puma_households
 @task(name="choose-synthesis-split")
 def choose_split_task(ctx: RunContext, workload_ids: list[str]) -> dict:
     """``advanced.allocation.synthesis_split: public_simulation``: the state level's fraction of the
-    synthesis ρ from the expected error simulated on the public data (``engine.budget_split``; no
+    synthesis ρ from the expected error simulated on the public data (``engine.synthesis``; no
     privacy cost). Kept in the work directory: a resumed run reuses it, so its ledger's plan holds."""
     out = ctx.paths.synthesis_split_path
     if out.exists():
@@ -176,7 +178,7 @@ def _floor_rho(ctx: RunContext) -> float:
 @task(name="play-strength-floor")
 def play_strength_floor_task(ctx: RunContext, state: int, workload_ids: list[str]) -> list[float]:
     """The strength floor's simulation: one public state played as the
-    private one with the state's workloads at the run's ρ (``engine.strength_floor.play_state``;
+    private one with the state's workloads at the run's ρ (``engine.synthesis.play_state``;
     public data only, no privacy cost), on the worker's cached public support, which the state
     fits then reuse."""
     return list(play_state(cached_support(ctx.public_npz), state, [Workload.from_id(w) for w in workload_ids], ctx.cfg.privacy_unit,
@@ -184,7 +186,7 @@ def play_strength_floor_task(ctx: RunContext, state: int, workload_ids: list[str
 
 
 def record_strength_floor(ctx: RunContext, table: list[tuple[int, list[float]]]) -> dict:
-    """The floor from the played states' errors (``engine.strength_floor.strength_floor``), kept
+    """The floor from the played states' errors (``engine.synthesis.strength_floor``), kept
     in the work directory."""
     choice = floor_of(ctx.settings.strength_candidates, _floor_rho(ctx), table).to_dict()
     write_json_atomic(ctx.paths.strength_floor_path, choice)
@@ -204,7 +206,7 @@ def answer_sd(support: Support, res: NodeResult, prior: np.ndarray, workloads: l
     fixed total, the error of the fit's ``prior`` estimated from the noisy answers), ``total_var``
     (the variance of the fitted total) and ``response_sd`` (how much the fit's noise moves the
     ``queries``: a PUMA's on its state's workloads), by
-    ``engine.uncertainty.fit_answer_sd``; kept beside the node's diagnostics for the release's
+    ``engine.synthesis.fit_answer_sd``; kept beside the node's diagnostics for the release's
     ``intervals.parquet``. ``extra``: further measurements the fit took in (a state's PUMA sums)."""
     workloads = [*workloads, *(Workload.from_id(w) for w in res.diagnostics.get("adaptive", []))]
     strength = (res.diagnostics.get("prior_strength_choice") or {}).get("strength", prior_strength)  # the fit's own
@@ -219,7 +221,7 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
                       size_estimate: SizeEstimate | None = None, households_sd: float = 0.0,
                       pumas: list[tuple[int, int]] | None = None, puma_workload_ids: list[str] | None = None,
                       completed_ids: list[str] | None = None) -> str:
-    """One state's posterior (``engine.state_release.fit_state``) on the worker's cached public
+    """One state's posterior (``engine.synthesis.fit_state``) on the worker's cached public
     support, persisted with its diagnostics, the σ of everything it measured and its error
     estimates. ``households``: the state's DP household count with its noise sd
     ``households_sd``; ``size_estimate``: its count-of-counts size histogram, when that stage ran;
@@ -272,7 +274,7 @@ def state_targets(state_posterior: str) -> list[tuple[Workload, float]]:
 @task(name="synthesize-pumas")
 def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, workload_ids: list[str], seed: int,
                     support_npz: str | None = None, state_workload_ids: list[str] | None = None) -> list[str]:
-    """Every PUMA of one state (``engine.state_release.release_pumas``: the PUMA posteriors, their
+    """Every PUMA of one state (``engine.synthesis.release_pumas``: the PUMA posteriors, their
     totals held to the state's count, raked to the state posterior, the households drawn), each
     PUMA's diagnostics and error estimates (``state_workload_ids``: the state's workloads, on which
     the fit's response to its noise is kept for the state's error estimates, ``tasks.intervals``)

@@ -3,7 +3,7 @@ release tables as ``WEIGHT``.
 
 Post-processing only: the weights are a function of the released households (their PUMA, state
 and size) and of the public totals file, never of confidential data. Every household gets a
-weight by raking (``engine.calibration``) to the households per PUMA, and to the persons per PUMA
+weight by raking (``engine.synthesis``) to the households per PUMA, and to the persons per PUMA
 and the households and persons per state where the file gives them; a person's weight is their
 household's.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from engine.calibration import Margin, rake
+from engine.synthesis import Margin, rake
 from schemas.release_schema import weight_field
 from schemas.weight_totals import WeightTotals, WeightTotalsError
 

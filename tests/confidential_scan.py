@@ -63,7 +63,7 @@ class Needles:
         reports (hash, counts) and the encoded private households (per-PUMA counts).
         ``published``: the release's household count per PUMA node (ST, PUMA); ``published_totals``:
         the release's other published counts (state, nation, persons)."""
-        from engine.hierarchical_data import HierarchicalData
+        from engine.data._hierarchical_data import HierarchicalData
 
         reports = [json.loads(p.read_text()) for p in sorted((work_dir / "inputs").glob("private-[0-9]*.json"))]
         data = HierarchicalData.concat([HierarchicalData.from_npz(p) for p in sorted((work_dir / "inputs").glob("private-[0-9]*.npz"))])

@@ -47,8 +47,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data._domain import Domain
+from engine.data._hierarchical_data import HierarchicalData
 
 Rederive = Callable[[np.ndarray, np.ndarray, Domain], np.ndarray]
 Pair = tuple[HierarchicalData, HierarchicalData]

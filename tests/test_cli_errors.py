@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import EXIT_BAD_INPUT, EXIT_INTEGRITY, EXIT_PRIVACY, DPReleaseError
-from engine.privacy.ledger import BudgetExceededError
-from engine.privacy.measurements import MeasurementIntegrityError
-from engine.privacy.session import InvariantNotDeclared
+from engine.privacy._ledger import BudgetExceededError
+from engine.privacy._measurements import MeasurementIntegrityError
+from engine.privacy._session import InvariantNotDeclared
 from flows import cli
 from schemas.input_expectations import InputGateError
 from schemas.input_independence import InputsNotIndependent

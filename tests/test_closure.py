@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from engine.geography import node_key
+from engine.data._geography import node_key
 from tests.conftest import ACS2018
 
 pytestmark = pytest.mark.flow
@@ -257,7 +257,7 @@ def test_negative_control_nodes_read_off_the_private_rows_break_closure(first_ru
     import dask
     from distributed import LocalCluster
 
-    from engine.privacy.session import PrivateSession
+    from engine.privacy._session import PrivateSession
 
     def nodes_of_the_rows(self, level):
         k = {"state": 1, "puma": 2}[level]

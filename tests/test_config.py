@@ -169,7 +169,7 @@ def test_hgem_settings_default_to_the_engines_and_are_validated(tmp_path):
 
 
 def test_manifest_records_the_runs_settings(tmp_path):
-    from engine.synthesis_settings import SynthesisSettings
+    from engine.synthesis._settings import SynthesisSettings
     from flows.release import synthesizer_settings
 
     cfg = load_config(write(tmp_path, lambda r: advanced(r, "synthesis").update(prior_strength=0.3, adaptive={"rounds": 2, "share": 0.25})))
@@ -308,7 +308,7 @@ def test_one_allocation_default_per_synthesizer_and_an_override_says_so(tmp_path
 
 
 def test_the_prior_flips_default_is_every_binary_attribute_the_domain_can_flip(tmp_path):
-    from engine.prior_mixture import Flip
+    from engine.synthesis._prior_mixture import Flip
 
     spec = load_domain()
     domain = spec.domain(8)

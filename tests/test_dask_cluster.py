@@ -88,9 +88,9 @@ def test_a_release_on_an_external_cluster_has_the_structure_of_a_local_one(tmp_p
 
 
 def test_a_lost_worker_does_not_stop_the_run_nor_charge_twice(tmp_path, data_root, cluster):
-    from engine.privacy.budget import BudgetPlan
-    from engine.privacy.ledger import PrivacyLedger
-    from engine.privacy.measurements import MeasurementStore
+    from engine.privacy._budget import BudgetPlan
+    from engine.privacy._ledger import PrivacyLedger
+    from engine.privacy._measurements import MeasurementStore
 
     cfg = small_config(tmp_path, data_root)
     run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(cfg), "--dask-address", cluster.address],

@@ -12,8 +12,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.ledger import BudgetExceededError
+from engine.data._hierarchical_data import HierarchicalData
+from engine.privacy._ledger import BudgetExceededError
 from tests.conftest import DATA_ROOT, encode_inputs
 
 TINY = dict(rounds=3, batch_size=32, z_dim=8, hidden=[32], max_update_steps=20, pretrain_steps=20, kway_per_group_count=2)
@@ -80,14 +80,14 @@ def hgem_charges(cfg, paths):
 
 
 def measurement_store(paths):
-    from engine.privacy.measurements import MeasurementStore
+    from engine.privacy._measurements import MeasurementStore
 
     return MeasurementStore(paths.measurements_dir)
 
 
 def test_output_is_valid_hierarchical_data(first_run, inputs, tiny):
     cfg, paths, out = first_run
-    from engine.geography import node_key
+    from engine.data._geography import node_key
 
     assert out == str(paths.node_path("hgem_support", node_key((STATE,))))
     synth = HierarchicalData.from_npz(out)
@@ -254,7 +254,7 @@ def test_initial_workloads_are_measured_first_and_paid_from_the_node(tmp_path, i
     """The public-selected state workloads are measured once each at INITIAL_SHARE × ρ_node / n
     (keys hgem/<node>/initial/<id>, no selection), the rounds spend the rest, the whole allocation
     is used, and a rerun after a lost output charges nothing new."""
-    from engine.geography import node_key
+    from engine.data._geography import node_key
     from engine.hgem.privacy import state_budget
     from tasks.context import RunContext
     from tasks.run_context import prepare

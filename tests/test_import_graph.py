@@ -1,4 +1,5 @@
-"""The project's import graph: no cycles, and every layer imports only downwards.
+"""The project's import graph: no cycles, every layer imports only downwards, the engine's
+packages form an acyclic graph and are used only through their ``__all__``.
 
 The layers are engine ← schemas ← tasks ← flows: ``engine`` is the pure mathematics and imports
 nothing of the project above it; ``schemas`` holds the contracts built on engine types; ``tasks``
@@ -6,119 +7,41 @@ orchestrates both for Prefect; ``flows`` composes the tasks. An arrow back up wo
 orchestration reach the mathematics, and a cycle makes the import order (and with it what a
 partially imported module holds) decide behaviour.
 
-The privacy boundary, ``engine.privacy``, is what the guarantee rests on, so it is reviewable on
-its own: its modules import, besides each other, only ``engine.errors`` (the refusals it raises)
-and the data types it measures and accounts for: ``engine.queries`` (the workloads, their
-sensitivities and exact answers), ``engine.domain`` and ``engine.hierarchical_data`` (the encoded
-households those queries are asked of) and ``engine.geography`` (the nodes a charge is booked
-to). These modules import nothing else of the project, so the boundary's whole transitive
-closure is that set; no synthesis, selection or tuning module can change what is measured or
-charged.
+Inside ``engine`` the packages are concepts (data, queries, privacy, count-of-counts, synthesis,
+H-GEM). Their graph is acyclic, so each can be read and changed knowing only what is below it,
+and a package's private modules are used by nobody but itself and the tests, so its ``__all__``
+is the whole of what the rest of the project depends on.
 
-Every import counts, module-level or inside a function (a function-level import hides a cycle
-from the interpreter until the function runs, not from the design)."""
+The privacy boundary, ``engine.privacy``, is what the guarantee rests on, so it is reviewable on
+its own: besides itself it imports only ``engine.errors`` (the refusals it raises),
+``engine.data`` (the encoded households a session holds, the geography nodes a charge is booked
+to) and ``engine.queries`` (the workloads, their sensitivities and exact answers). Those import
+nothing else of the project, so the boundary's whole transitive closure is that set; no
+synthesis, selection or tuning module can change what is measured or charged.
+
+The checks live in :mod:`tests.import_graph` (``python -m tests.import_graph`` prints the package
+graph); each has a negative control here on a small tree that breaks it."""
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("engine", "schemas", "tasks", "flows")
-PRIVACY = "engine.privacy"
-PRIVACY_MAY_IMPORT = frozenset({"engine.errors", "engine.queries", "engine.domain", "engine.hierarchical_data", "engine.geography"})
-
-Graph = dict[str, set[str]]
-
-
-def module_files(root: Path) -> dict[str, Path]:
-    """Every module of the layers under ``root``, by dotted name (a package by its own name)."""
-    out: dict[str, Path] = {}
-    for layer in LAYERS:
-        for path in sorted((root / layer).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
-
-
-def imported_names(module: str, path: Path) -> Iterable[str]:
-    """The dotted names ``module`` imports anywhere in its body; ``from X import Y`` yields ``X.Y``
-    (a submodule where one exists, resolved by :func:`import_graph`) and relative imports are made
-    absolute."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            yield from (f"{base}.{alias.name}" for alias in node.names)
-
-
-def import_graph(root: Path) -> Graph:
-    """Module → the project modules it imports (each name resolved to its longest known module)."""
-    files = module_files(root)
-    graph: Graph = {m: set() for m in files}
-    for module, path in files.items():
-        for name in imported_names(module, path):
-            parts = name.split(".")
-            target = next((".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in files), None)
-            if target is not None and target != module:
-                graph[module].add(target)
-    return graph
-
-
-def find_cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
-    """One cycle of ``graph`` as its list of modules (first repeated last), or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(m: str) -> list[str] | None:
-        state[m] = 1
-        path.append(m)
-        for n in sorted(graph.get(m, ())):
-            if state.get(n) == 1:
-                return [*path[path.index(n):], n]
-            if n not in state and (found := visit(n)) is not None:
-                return found
-        path.pop()
-        state[m] = 2
-        return None
-
-    for m in sorted(graph):
-        if m not in state and (found := visit(m)) is not None:
-            return found
-    return None
-
-
-def layer_violations(graph: Mapping[str, set[str]]) -> list[str]:
-    """Every import that goes up a layer or leaves the privacy boundary's allowed set."""
-    rank = {layer: i for i, layer in enumerate(LAYERS)}
-    out = []
-    for m, targets in sorted(graph.items()):
-        for t in sorted(targets):
-            if rank[t.split(".")[0]] > rank[m.split(".")[0]]:
-                out.append(f"{m} imports {t}: a layer above it")
-            in_privacy = m == PRIVACY or m.startswith(PRIVACY + ".")
-            if in_privacy and not (t == PRIVACY or t.startswith(PRIVACY + ".") or t in PRIVACY_MAY_IMPORT):
-                out.append(f"{m} imports {t}: outside the privacy boundary's allowed set")
-    return out
-
-
-def closure(graph: Mapping[str, set[str]], start: Iterable[str]) -> set[str]:
-    seen: set[str] = set()
-    todo = list(start)
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo.extend(graph.get(m, ()))
-    return seen
+from tests.import_graph import (
+    LAYERS,
+    PRIVACY,
+    PRIVACY_MAY_IMPORT,
+    ROOT,
+    access_violations,
+    closure,
+    engine_package,
+    find_cycle,
+    import_graph,
+    layer_violations,
+    package_graph,
+)
 
 
 def test_the_project_has_no_import_cycle():
@@ -127,10 +50,22 @@ def test_the_project_has_no_import_cycle():
 
 def test_layers_import_only_downwards_and_privacy_only_its_data_types():
     graph = import_graph(ROOT)
-    assert PRIVACY + ".session" in graph  # the graph sees the boundary's modules
+    assert PRIVACY + "._session" in graph  # the graph sees the boundary's modules
     assert layer_violations(graph) == []
-    boundary = {m for m in graph if m == PRIVACY or m.startswith(PRIVACY + ".")}
-    assert closure(graph, boundary) - boundary <= PRIVACY_MAY_IMPORT
+    boundary = {m for m in graph if engine_package(m) == PRIVACY}
+    assert {engine_package(m) for m in closure(graph, boundary) - boundary} <= PRIVACY_MAY_IMPORT
+
+
+def test_the_engine_packages_form_an_acyclic_graph_with_privacy_below_synthesis():
+    packages = package_graph(import_graph(ROOT))
+    assert {"engine.data", "engine.queries", "engine.privacy", "engine.synthesis", "engine.count_of_counts", "engine.hgem"} <= set(packages)
+    assert find_cycle(packages) is None
+    assert packages[PRIVACY] <= PRIVACY_MAY_IMPORT
+    assert PRIVACY in packages["engine.synthesis"]  # the graph sees the arrows it constrains
+
+
+def test_every_package_is_used_through_its_all_and_every_all_name_exists():
+    assert access_violations(ROOT) == []
 
 
 def _tree(root: Path, files: Mapping[str, str]) -> Path:
@@ -157,12 +92,44 @@ def test_a_relative_import_cycle_is_found(tmp_path):
 
 
 @pytest.mark.parametrize(("rel", "text", "expected"), [
-    ("engine/queries.py", "import tasks.context\n", "engine.queries imports tasks.context: a layer above it"),
+    ("engine/queries/_queries.py", "import tasks.context\n", "engine.queries._queries imports tasks.context: a layer above it"),
     ("schemas/x.py", "def f():\n    from flows import cli\n", "schemas.x imports flows.cli: a layer above it"),
-    ("engine/privacy/session.py", "from engine.adaptive import exact_answers\n",
-     "engine.privacy.session imports engine.adaptive: outside the privacy boundary's allowed set"),
+    ("engine/privacy/_session.py", "from engine.synthesis import exact_answers\n",
+     "engine.privacy._session imports engine.synthesis: outside the privacy boundary's allowed set"),
 ])
 def test_an_import_up_a_layer_or_out_of_the_privacy_boundary_is_found(tmp_path, rel, text, expected):
-    empty = {"engine/adaptive.py": "", "engine/queries.py": "", "engine/privacy/__init__.py": "", "tasks/context.py": "", "flows/cli.py": ""}
+    empty = {"engine/synthesis/__init__.py": "", "engine/queries/__init__.py": "", "engine/queries/_queries.py": "",
+             "engine/data/__init__.py": "", "engine/privacy/__init__.py": "from engine.data import Domain\nfrom engine.queries import Workload\n",
+             "tasks/context.py": "", "flows/cli.py": ""}
     root = _tree(tmp_path, empty | {rel: text})
     assert layer_violations(import_graph(root)) == [expected]
+
+
+def test_a_package_cycle_through_private_modules_and_a_function_level_import_is_found(tmp_path):
+    root = _tree(tmp_path, {"engine/queries/__init__.py": "", "engine/queries/_q.py": "from engine.data._e import Domain\n",
+                            "engine/data/__init__.py": "", "engine/data/_e.py": "",
+                            "engine/data/_d.py": "def f():\n    from engine.queries._q import Workload\n"})
+    assert find_cycle(import_graph(root)) is None  # no module cycle: only the packages' graph has one
+    assert find_cycle(package_graph(import_graph(root))) == ["engine.data", "engine.queries", "engine.data"]
+
+
+_PACKAGE = {"engine/synthesis/__init__.py": 'from engine.synthesis._node import synthesize_node\n__all__ = ["synthesize_node"]\n',
+            "engine/synthesis/_node.py": "def synthesize_node(): ...\ndef local_measure(): ...\n",
+            "engine/synthesis/_state.py": "from engine.synthesis._node import local_measure\n"}
+
+
+@pytest.mark.parametrize(("rel", "text", "expected"), [
+    ("tasks/synthesize.py", "from engine.synthesis._node import synthesize_node\n",
+     "tasks.synthesize imports engine.synthesis._node: private to engine.synthesis"),
+    ("benchmarks/bench.py", "def run():\n    import engine.synthesis._node\n",
+     "benchmarks.bench imports engine.synthesis._node: private to engine.synthesis"),
+    ("engine/privacy/_session.py", "from engine.synthesis._node import local_measure\n",
+     "engine.privacy._session imports engine.synthesis._node: private to engine.synthesis"),
+    ("flows/release.py", "from engine.synthesis import local_measure\n",
+     "flows.release imports local_measure from engine.synthesis: not in its __all__"),
+    ("engine/data/__init__.py", 'from engine.data._d import Domain\n__all__ = ["Domain", "Ghost"]\n',
+     "engine.data.__all__ names Ghost, which engine.data does not define"),
+])
+def test_a_use_that_bypasses_a_package_all_is_found(tmp_path, rel, text, expected):
+    root = _tree(tmp_path, _PACKAGE | {"benchmarks/__init__.py": "", "tasks/ok.py": "from engine.synthesis import synthesize_node\n", rel: text})
+    assert access_violations(root) == [expected]

@@ -200,7 +200,7 @@ def test_derived_household_attributes_are_those_whose_person_attribute_is_kept(d
     """DomainSpec.derived: the one rule of which household attributes follow a person attribute;
     the sampler's structure and the prior's flips read it, so dropping the person attribute drops
     the household attributes derived from it everywhere."""
-    from engine.domain import Domain
+    from engine.data._domain import Domain
     from schemas.household_structure import household_structure
 
     full = domain_spec.domain(7)

@@ -10,11 +10,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.count_of_counts.geography import geography_hierarchy, size_histograms
-from engine.geography import LEVELS
-from engine.privacy.measurements import MeasurementRecord as Measurement
-from engine.queries import Workload, answer
-from engine.uncertainty import Z90
+from engine.count_of_counts._geography import geography_hierarchy, size_histograms
+from engine.data._geography import LEVELS
+from engine.privacy._measurements import MeasurementRecord as Measurement
+from engine.queries._queries import Workload, answer
+from engine.synthesis._uncertainty import Z90
 from schemas.release_schema import INTERVALS_SCHEMA
 from tasks.intervals import count_of_counts_intervals, intervals_table, marginal_intervals
 from tests.engine._support_testdata import random_data, small_domain

@@ -13,12 +13,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from engine.geography import Geography
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.ledger import PrivacyLedger
-from engine.privacy.measurements import MeasurementIntegrityError, MeasurementStore
-from engine.privacy.session import PrivateSession, size_counts, size_counts_sensitivity
-from engine.queries import Workload, answer
+from engine.data._geography import Geography
+from engine.privacy._budget import BudgetPlan
+from engine.privacy._ledger import PrivacyLedger
+from engine.privacy._measurements import MeasurementIntegrityError, MeasurementStore
+from engine.privacy._session import PrivateSession, size_counts, size_counts_sensitivity
+from engine.queries._queries import Workload, answer
 from schemas.release_schema import MEASUREMENTS_SCHEMA
 from tasks.measurements_table import cell_labels, manifest_entry, measurements_table, store_measurements_table
 from tests.engine.test_hierarchical_data import random_data

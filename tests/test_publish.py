@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tasks.publish as publish
-from engine.domain import Domain
+from engine.data._domain import Domain
 from schemas.data_dictionary import UNWEIGHTED, WEIGHTED, data_dictionary
 from schemas.release_schema import WEIGHT, household_schema, person_schema, to_tables
 from schemas.weight_totals import WeightTotalsError, read_weight_totals
@@ -161,7 +161,7 @@ def test_release_contract_catches_broken_tables(vermont):
 def three_states(vermont):
     """Vermont's first households re-keyed as three states, in state order (each state's PUMAs
     and households as Vermont's)."""
-    from engine.hierarchical_data import HierarchicalData
+    from engine.data._hierarchical_data import HierarchicalData
 
     data, _ = vermont
     small = data.take(np.arange(400))

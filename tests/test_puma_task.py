@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from engine.hierarchical_data import HierarchicalData
+from engine.data._hierarchical_data import HierarchicalData
 from tests.conftest import DATA_ROOT, encode_inputs
 
 STATE = 50  # Vermont
@@ -42,7 +42,7 @@ def inputs(tmp_path_factory, data_root):
 
 
 def run_state(tmp, inputs, **synthesis):
-    from engine.workload_selection import select_workloads
+    from engine.synthesis._workload_selection import select_workloads
     from tasks.context import RunContext
     from tasks.ingest import release_geography
     from tasks.run_context import prepare
@@ -72,7 +72,7 @@ def digest(path) -> str:
 
 @pytest.mark.flow
 def test_state_pumas_are_fitted_held_to_the_state_and_redrawn_identically_on_resume(tmp_path, inputs):
-    from engine.level_consistency import totals_to_parent
+    from engine.synthesis._level_consistency import totals_to_parent
     from tasks.synthesize import puma_batch_task
 
     ctx, jobs, posterior, puma_ids, state_ids, files = run_state(tmp_path, inputs)
@@ -112,7 +112,7 @@ def test_a_public_prior_far_from_the_state_takes_the_flipped_households_in_and_t
     naming the one attribute, so that the support is the public data and its one flip) takes the flipped copies in and records it, the state posterior and the PUMAs live on
     the widened support, and the drawn persons' Hispanic share follows Vermont's measurements, not
     the public prior."""
-    from engine.prior_mixture import Flip, flipped
+    from engine.synthesis._prior_mixture import Flip, flipped
 
     public = HierarchicalData.from_npz(inputs["public"])
     wrong = flipped(public, Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)))
@@ -150,7 +150,7 @@ def test_a_prior_flip_the_domain_cannot_take_is_refused_by_name(tmp_path, inputs
 
 
 def test_the_default_flips_the_binary_person_attributes_and_a_named_one_is_relabelled(tmp_path, inputs):
-    from engine.prior_mixture import Flip
+    from engine.synthesis._prior_mixture import Flip
     from tasks.context import RunContext
     from tasks.run_context import prepare
 
@@ -166,8 +166,8 @@ def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_
     """``select_workload_task``'s cap (the settings' ``puma_attributes_max``) → ``select_workloads(puma_max_attributes)``:
     exactly that many one-way PUMA marginals here, a smaller cap's attributes among a larger cap's,
     recorded in the run's workload file."""
-    from engine.queries import Workload
-    from engine.synthesis_settings import SynthesisSettings
+    from engine.queries._queries import Workload
+    from engine.synthesis._settings import SynthesisSettings
     from tasks.synthesize import select_workload_task
     from tests.engine._support_testdata import random_data, small_domain
 
@@ -186,11 +186,11 @@ def test_the_puma_attribute_cap_is_the_release_configs_and_reaches_the_recorded_
 
 
 def test_the_prior_updates_workloads_complete_the_pairs_and_h_gems_do_not(tmp_path):
-    """``select_workload_task``: the prior update's workloads (``engine.state_release.choose_workloads``)
+    """``select_workload_task``: the prior update's workloads (``engine.synthesis._state_release.choose_workloads``)
     are normalised and the state level gains the persons' missing two-way marginals, recorded in the
     run's workload file; H-GEM's are the selection's cliques as plain counts."""
-    from engine.queries import Workload
-    from engine.synthesis_settings import SynthesisSettings
+    from engine.queries._queries import Workload
+    from engine.synthesis._settings import SynthesisSettings
     from tasks.synthesize import select_workload_task
     from tests.engine._support_testdata import random_data, small_domain
 
@@ -212,9 +212,9 @@ def test_the_puma_attribute_choice_follows_the_budget_is_kept_for_a_resume_and_l
     """``choose_puma_attributes_task``: the engine's rule at the plan's PUMA ρ and the median DP PUMA
     count, a prefix of the ranking recorded in the work directory and read back by a resumed run;
     with the count-of-counts stage measuring the sizes, the size attribute is not ranked."""
-    from engine.puma_attributes import choose_puma_attributes
-    from engine.synthesis_settings import SynthesisSettings
-    from engine.workload_selection import WorkloadSelection
+    from engine.synthesis._puma_attributes import choose_puma_attributes
+    from engine.synthesis._settings import SynthesisSettings
+    from engine.synthesis._workload_selection import WorkloadSelection
     from tasks.context import RunContext
     from tasks.run_context import prepare
     from tasks.synthesize import choose_puma_attributes_task, select_workload_task

@@ -106,7 +106,7 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
                                   "state_synthesis", "puma_synthesis", "publish"]
     # the PUMA attributes: at least the configured number, as many one-way PUMA workloads as chosen, never the size
     # attribute (the count-of-counts stage measures every PUMA's size histogram)
-    from engine.queries import Workload
+    from engine.queries._queries import Workload
 
     chosen, expl = manifest["synthesizer"]["puma_attributes"], manifest["workload"]["explanation"]
     assert chosen["puma_attributes"] >= manifest["synthesizer"]["settings"]["puma_attributes"]
@@ -127,7 +127,7 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     assert manifest["privacy"]["epsilon_delta"]["epsilon"] <= 1.0 + 1e-9
     assert {i["role"] for i in manifest["inputs"]} == {"private", "public"}
     # the declared geography: the private file's state, every PUMA of the public list for it
-    from engine.geography import node_key
+    from engine.data._geography import node_key
     from schemas.geography import shipped_puma_list
 
     assert manifest["geography"]["states"] == ["50"] and manifest["geography"]["puma_list"] == "puma_2010"
@@ -166,7 +166,7 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     work = tmp_path / "work" / "e2e"
     # measurements.parquet: hashed in the manifest, and the run's measurement store one for one
     # (every stored measurement, nothing else, each cell's value the stored noisy answer)
-    from engine.privacy.measurements import MeasurementStore
+    from engine.privacy._measurements import MeasurementStore
     from tasks.publish import sha256_file
 
     assert manifest["outputs"]["measurements.parquet"] == sha256_file(rel / "measurements.parquet")
@@ -184,7 +184,7 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     assert meas.cell_labels.notna().all()
     # synthesis fits the raw size measurements (their noise independent, of the stored σ), not the
     # post-processed consistent histograms
-    from engine.geography import node_key
+    from engine.data._geography import node_key
     from tasks.count_of_counts import size_measurements
 
     for level in ("state", "puma"):
@@ -203,7 +203,7 @@ def test_release_end_to_end(tmp_path, data_root, capfd, own_local_cluster, monke
     marg = iv[iv.table == "marginal"]
     assert set(marg.marginal[marg.level == "puma"]) >= set(manifest["workload"]["puma"])
     # the state's: the public-chosen workloads and those its adaptive rounds chose (the default's rounds ran)
-    from engine.synthesis_settings import DEFAULT_ADAPTIVE
+    from engine.synthesis._settings import DEFAULT_ADAPTIVE
 
     state_measured = meas[(meas.stage == "state_synthesis") & (meas.mechanism != "exponential_mechanism")]
     assert (meas.mechanism == "exponential_mechanism").sum() == DEFAULT_ADAPTIVE.rounds

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine.domain import Attribute, Domain
+from engine.data._domain import Attribute, Domain
 from schemas.release_schema import INTERVALS_SCHEMA
 from tasks.audit import AuditLog, verify_release
 from tasks.publish import read_release, write_release

@@ -4,7 +4,7 @@ and the release rerun under the same name with other inputs at the same paths.""
 
 import numpy as np
 
-from engine.prior_mixture import Flip
+from engine.synthesis._prior_mixture import Flip
 from tasks.context import cached_data, file_key
 from tasks.synthesize import cached_balance, cached_support, cached_widened
 

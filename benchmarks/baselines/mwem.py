@@ -34,9 +34,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from engine.domain import Attribute, Domain
+from engine.data import Attribute, Domain, HierarchicalData
 from engine.hgem.mixture import resolve_device
-from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload
 
 # ----------------------------------------------------------------------------------------------

@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from engine.measurement import normalise_counts
-from engine.queries import PrivacyUnit, Workload
-from engine.support import Support
+from engine.queries import PrivacyUnit, Support, Workload, normalise_counts
 
 __all__ = ["PMWPubResult", "mw_update", "pmw_pub"]
 

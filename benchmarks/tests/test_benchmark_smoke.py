@@ -1,6 +1,6 @@
 """Smoke test of benchmarks/synthesis_accuracy.py at a tiny size (1 ε, 1 run, Vermont private,
 New Hampshire public, a few workloads) — the whole driver end to end, plus the benchmark's cached
-evaluator against engine.metrics."""
+evaluator against engine.queries."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_benchmark_runs_end_to_end(bench, data_root, tmp_path, capsys):
 
 
 def test_evaluator_matches_engine_metrics(bench, vermont):
-    from engine.metrics import query_errors, two_way_l1
+    from engine.queries import query_errors, two_way_l1
 
     true, _ = vermont
     rng = np.random.default_rng(3)

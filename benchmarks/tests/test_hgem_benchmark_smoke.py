@@ -34,7 +34,7 @@ def test_hgem_accuracy_runs_end_to_end(data_root, tmp_path, capsys):
 
 
 def test_hgem_accuracy_rho_is_the_pipelines_conversion():
-    from engine.privacy.accountant import rho_to_eps
+    from engine.privacy import rho_to_eps
 
     bench = load_benchmark("hgem_accuracy")
     rho = bench.rho_of(0.5, 1e-8)

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks.peers.pmw_pub import pmw_pub
-from engine.queries import answer
-from engine.support import Support
+from engine.queries import Support, answer
 from tests.engine._support_testdata import random_data
 from tests.engine.test_prior_update import DOMAIN, WORKLOADS  # the prior update's test set-up
 

@@ -20,7 +20,7 @@ write p_kj(y_I) = Π_{i∈S_I} F_I,j(z_k)_i[y_i] (the chance that the person in 
 
 Group-level answers are fractions of households (exact counts / N_G), person-level answers
 fractions of persons (exact counts / N_I): :func:`exact_normalised_answers` gives the targets in
-the same units from ``engine.queries.answer``.
+the same units from ``engine.queries._queries.answer``.
 
 Everything is vectorised: all cells of a workload at once, and all workloads of equal "shape"
 (level, position of NP, attribute sizes) batched together in one einsum on the mixture's device.
@@ -36,9 +36,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from engine.domain import Domain
+from engine.data import Domain, HierarchicalData
 from engine.hgem.mixture import MixtureLayout, ProductMixture, resolve_device
-from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload, answer
 
 _Flat = TypeVar("_Flat", torch.Tensor, np.ndarray)
@@ -72,7 +71,7 @@ class AnswerPlan:
     """Pre-computed index tensors to answer a fixed list of workloads on any ProductMixture.
 
     ``answers(mix)`` returns one flat tensor: the normalised answers of ``workloads[i]`` (cells in
-    ``engine.queries`` C order) are ``flat[offsets[i]:offsets[i+1]]``.
+    ``engine.queries._queries`` C order) are ``flat[offsets[i]:offsets[i+1]]``.
     ``max_elements`` caps the size of the largest intermediate (B·M·W·K) by chunking buckets.
     """
 

@@ -5,9 +5,9 @@ and the round loop of ``engine.hgem.train``).
 :class:`NormalisedMeasurement` what it is given before the rounds: all in the *normalised* units
 of ``engine.hgem.answers`` (group level: fraction of households; person level: fraction of
 persons), which is what sets them apart from the count-level types of the rest of the engine
-(:class:`engine.measurement.Measurement`, :data:`engine.synthesis.MeasureFn`,
-:data:`engine.adaptive.SelectFn`). The privacy boundary itself speaks counts; ``engine.hgem.state``
-binds the canonical :data:`engine.synthesis.MeasureFn` to a round's ρ and divides by the
+(:class:`engine.queries._measurement.Measurement`, :data:`engine.synthesis._node.MeasureFn`,
+:data:`engine.synthesis._adaptive.SelectFn`). The privacy boundary itself speaks counts; ``engine.hgem.state``
+binds the canonical :data:`engine.synthesis._node.MeasureFn` to a round's ρ and divides by the
 workload's public normaliser to give a ``NormalisedMeasureFn``.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.domain import Domain
+from engine.data import Domain
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import ProductMixture, resolve_device
 from engine.hgem.settings import HGEMSettings
@@ -31,13 +31,13 @@ NormalisedMeasureFn = Callable[[Workload], np.ndarray]  # workload -> its noisy 
 
 @dataclass(frozen=True)
 class NormalisedMeasurement:
-    """A measurement in H-GEM's normalised units (:class:`engine.measurement.Measurement` divided
+    """A measurement in H-GEM's normalised units (:class:`engine.queries._measurement.Measurement` divided
     by the workload's public normaliser). The trainer is given them for the workloads measured
     before the adaptive rounds, chosen without looking at the private data (e.g. from public data:
-    ``engine.workload_selection``), so they cost no selection.
+    ``engine.synthesis._workload_selection``), so they cost no selection.
 
     answers  the noisy normalised answers (the units of ``engine.hgem.answers``), cells in
-             ``engine.queries`` order
+             ``engine.queries._queries`` order
     sigma    the noise standard deviation per cell in the same units
     """
 

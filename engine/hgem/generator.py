@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.domain import Domain
+from engine.data import Domain
 from engine.hgem.mixture import MixtureLayout, ProductMixture, resolve_device
 
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data import Domain, HierarchicalData
 
 
 def default_device() -> torch.device:

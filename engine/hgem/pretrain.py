@@ -9,11 +9,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from engine.data import HierarchicalData
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import HouseholdCells, household_log_likelihood
 from engine.hgem.steps import AdamSteps, frozen, make_adam, set_lr, use_cuda_graphs
-from engine.hierarchical_data import HierarchicalData
 from engine.queries import Workload
 
 

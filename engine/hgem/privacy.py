@@ -13,7 +13,7 @@ with a weight α. This module states the accounting used here, per the design do
   sequential composition over T rounds sums to ρ;
 * optionally a share of ρ first measures workloads chosen from public data, evenly, with no
   selection, and the rounds split the rest: :func:`state_budget`, the split the pipeline and the
-  benchmarks charge, exact in fractions (the adaptive rounds' :class:`engine.adaptive.RoundBudget`).
+  benchmarks charge, exact in fractions (the adaptive rounds' :class:`engine.synthesis._adaptive.RoundBudget`).
 
 The privacy mechanisms themselves are injected by the caller (``engine/privacy``); these helpers
 only compute parameters and sensitivities.
@@ -24,14 +24,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fractions import Fraction
 
-from engine.adaptive import RoundBudget, split_rounds
-from engine.domain import Domain
+from engine.data import Domain
 from engine.hgem.settings import HGEMSettingsError
 from engine.queries import PrivacyUnit, Workload
+from engine.synthesis import RoundBudget, split_rounds
 
 
 def state_budget(rho_node: Fraction, rounds: int, alpha: Fraction, initial_share: Fraction, n_initial: int = 0) -> RoundBudget:
-    """Exact split of ρ_node (:func:`engine.adaptive.split_rounds`): ``initial_share`` × ρ_node
+    """Exact split of ρ_node (:func:`engine.synthesis._adaptive.split_rounds`): ``initial_share`` × ρ_node
     for the ``n_initial`` initial workloads, evenly (``RoundBudget.initial_each``; no initial
     workloads: share 0), the rest over the rounds by the GEM split: ρ_round = ρ_rounds / T,
     ρ_sel = ε₀²/8 ≤ α ρ_round (ε₀ the largest float that fits), ρ_meas = (1 − α) ρ_round.

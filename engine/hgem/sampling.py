@@ -58,9 +58,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.domain import Domain
+from engine.data import Domain, HierarchicalData
 from engine.hgem.mixture import ProductMixture
-from engine.hierarchical_data import HierarchicalData
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ charged). The settings are one :class:`engine.hgem.settings.HGEMSettings` (the r
      ``PrivateSession.select_worst_workload``), score sensitivity
      ``engine.hgem.privacy.score_sensitivity``;
    * measure: the discrete Gaussian on the chosen workload's integer counts at ρ_meas, through
-     the canonical :data:`engine.synthesis.MeasureFn` (noisy counts, σ).
+     the canonical :data:`engine.synthesis._node.MeasureFn` (noisy counts, σ).
 
    Units (what ``train_hgem`` expects): normalised answers, group level = fraction of households,
    person level = fraction of persons (``engine.hgem.answers``). Scores and measurements are
@@ -56,9 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.adaptive import RoundBudget
-from engine.domain import Domain
-from engine.geography import Node, node_key
+from engine.data import Domain, HierarchicalData, Node, node_key
 from engine.hgem.config import HGEMResult, NormalisedMeasurement, RoundRecord, make_generator
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import resolve_device
@@ -68,12 +66,9 @@ from engine.hgem.sampling import HouseholdStructure, sample_households
 from engine.hgem.settings import HGEMSettings
 from engine.hgem.train import train_hgem
 from engine.hgem.workloads import candidate_workloads
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.ledger import BudgetExceededError
-from engine.privacy.mechanisms import discrete_gaussian, exponential_mechanism
-from engine.privacy.session import PrivateSession, max_abs_error_scores
+from engine.privacy import BudgetExceededError, PrivateSession, discrete_gaussian, exponential_mechanism, max_abs_error_scores
 from engine.queries import PrivacyUnit, Workload, answer
-from engine.synthesis import MeasureFn, local_measure
+from engine.synthesis import MeasureFn, RoundBudget, local_measure
 
 __all__ = [
     "INITIAL_TAG", "Normalisers", "SelectAt", "StateFit", "StateOracles", "fit_state", "local_oracles",
@@ -95,7 +90,7 @@ def round_tag(r: int) -> str:
 class StateOracles:
     """How one state's H-GEM reaches the private data.
 
-    measure    ``measure(tag)`` → the canonical :data:`engine.synthesis.MeasureFn` of that tag's
+    measure    ``measure(tag)`` → the canonical :data:`engine.synthesis._node.MeasureFn` of that tag's
                measurements (``(workload, ρ) -> (noisy counts, σ)``, discrete Gaussian)
     select     :data:`SelectAt`: the exponential mechanism over the candidates' scores
     paid       ``(tag, name)`` of the charges already made for this node (a rerun reads them
@@ -143,7 +138,7 @@ def local_oracles(private: HierarchicalData, unit: PrivacyUnit,
                   noise: Callable[[np.ndarray, float, Fraction], tuple[np.ndarray, float]] = discrete_gaussian,
                   choose: Callable[[np.ndarray, float, float], int] = exponential_mechanism) -> StateOracles:
     """Oracles over in-memory data (benchmarks, notebooks), nothing charged: ``noise`` on the
-    integer counts (:func:`engine.synthesis.local_measure`; default the pipeline's discrete
+    integer counts (:func:`engine.synthesis._node.local_measure`; default the pipeline's discrete
     Gaussian) and ``choose(scores, sensitivity, ε)`` on the session's scores (default the
     pipeline's exponential mechanism)."""
     measure = local_measure(private, unit, noise)

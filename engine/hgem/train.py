@@ -12,7 +12,7 @@ of the GEM appendix (B.2) and the marginal trick (A.1):
 for t = 1..T:
   * **Select** the workload W with the largest error score max_y |q_y(D) − f_q(F(z))| through the
     injected ``select(model answers) -> index``: the pipeline's is the private session's
-    exponential mechanism (``engine.privacy.session.PrivateSession.select_worst_workload``), which
+    exponential mechanism (``engine.privacy._session.PrivateSession.select_worst_workload``), which
     alone holds q(D); :func:`score_select` builds one over in-memory answers (tests, benchmarks).
     Training therefore never sees the private data.
   * **Measure** the whole workload (marginal trick) through the injected
@@ -30,7 +30,7 @@ unweighted fit of a handful of noisy workloads with a large step budget drags th
 of every other workload away, and the EMA started at round T/2 with weight 1 is mostly an early
 iterate). The default ``update="map"`` keeps GEM's loop (select → measure → update on ALL past
 measurements) but makes the update the noise-aware MAP fit of the prior-update rule
-(``engine.map_update``: α · KL(q ‖ public prior) + Gaussian likelihood), on the mixture:
+(``engine.synthesis._map_update``: α · KL(q ‖ public prior) + Gaussian likelihood), on the mixture:
 
     L(θ) = Σ_i ‖f_{q̃_i}(F) − m̃_i‖² / (2 σ_i²)                  (Gaussian likelihood)
          + n₀ · [KL(w ‖ w_pub) + Σ_k w_k KL(P_k(θ) ‖ P_k(θ_pub))]    (relative entropy to the public fit)
@@ -54,7 +54,7 @@ with a free network failed). The output is the last round's result (the MAP esti
 measurements), ``output="ema"`` restores GEM's EMA.
 
 Initial measurements (``initial``: :class:`NormalisedMeasurement`): workloads chosen from public data
-(the prior update's state workloads, ``engine.workload_selection``) measured before the rounds
+(the prior update's state workloads, ``engine.synthesis._workload_selection``) measured before the rounds
 with a share of ρ and no selection cost (``engine.hgem.privacy.state_budget``). Round 0 fits them
 all at once (at most ``initial_update_steps``); the adaptive rounds, if any, spend the rest and
 select against the model that already reflects them. This is how the prior update spends its
@@ -87,7 +87,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-from engine.domain import Domain
+from engine.data import Domain, HierarchicalData
 from engine.hgem.answers import AnswerPlan, exact_normalised_answers
 from engine.hgem.config import HGEMResult, NormalisedMeasureFn, NormalisedMeasurement, NormalisedSelectFn, RoundRecord, make_generator
 from engine.hgem.generator import HGEMGenerator
@@ -95,8 +95,7 @@ from engine.hgem.pretrain import pretrain_public
 from engine.hgem.settings import HGEMSettings
 from engine.hgem.steps import AdamSteps, GraphedEval, frozen, make_adam, use_cuda_graphs
 from engine.hgem.updates import ema_update, gem_update, kl_prior, map_update
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.session import max_abs_error_scores
+from engine.privacy import max_abs_error_scores
 from engine.queries import Workload
 
 
@@ -121,7 +120,7 @@ def train_hgem(
 
     workloads          the candidate workloads Q (selection is over workloads: marginal trick)
     select             ``select(model_answers) -> index``: the current model's normalised answers
-                       of every candidate, concatenated in order (``engine.queries`` C order per
+                       of every candidate, concatenated in order (``engine.queries._queries`` C order per
                        workload); the selector scores them against the private data
     measure            ``measure(workload) -> noisy normalised answers`` (same cell order)
     settings           the hyper-parameters (rounds, steps, learning rate, update rule, output)
@@ -264,8 +263,8 @@ def fit_hgem(
 
 def score_select(true_answers: Sequence[np.ndarray], choose: Callable[[np.ndarray, float], int], sensitivity: float) -> NormalisedSelectFn:
     """A :data:`NormalisedSelectFn` over in-memory answers: scores each candidate by its max abs error
-    (``engine.privacy.session.max_abs_error_scores``) and lets ``choose(scores, sensitivity)``
-    pick (e.g. ``engine.privacy.mechanisms.exponential_mechanism`` with ε bound in)."""
+    (``engine.privacy._session.max_abs_error_scores``) and lets ``choose(scores, sensitivity)``
+    pick (e.g. ``engine.privacy._mechanisms.exponential_mechanism`` with ε bound in)."""
     target = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in true_answers])
     n_cells = [int(np.size(a)) for a in true_answers]
     return lambda model: int(choose(max_abs_error_scores(model, target, n_cells), float(sensitivity)))

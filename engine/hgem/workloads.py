@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.domain import Domain
+from engine.data import Domain
 from engine.hgem.settings import HGEMSettings
 from engine.queries import Level, Workload
 

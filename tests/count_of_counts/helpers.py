@@ -1,5 +1,5 @@
 """Test helpers.  ``double_geometric`` is a BENCHMARK/TEST-ONLY sampler, not for releases
-(releases use the OpenDP discrete Laplace in engine.privacy.mechanisms)."""
+(releases use the OpenDP discrete Laplace in engine.privacy._mechanisms)."""
 
 import numpy as np
 

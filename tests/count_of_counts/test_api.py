@@ -66,7 +66,7 @@ def test_private_group_counts():
     h, H = _setup(rng, K)
     G = H.sum(1)
     noisy_G = G + rng.laplace(0, 2, G.size)
-    from engine.count_of_counts import consistent_group_counts
+    from engine.count_of_counts._group_counts import consistent_group_counts
 
     Gp = consistent_group_counts(h, noisy_G)
     # measure Hc of the data as if those were the counts: use a histogram with those sizes

@@ -3,16 +3,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linear_sum_assignment
 
-from engine.count_of_counts import (
-    Hierarchy,
-    RunsTable,
-    consistent_histograms,
-    estimate_hc,
-    hc_query,
-    leaves_only,
-    match_runs,
-    top_down,
-)
+from engine.count_of_counts import Hierarchy, RunsTable, consistent_histograms, estimate_hc, top_down
+from engine.count_of_counts._consistency import leaves_only, match_runs
+from engine.count_of_counts._estimators import hc_query
 
 from .helpers import double_geometric, laplace_variance, random_tree
 

@@ -4,19 +4,9 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from engine.count_of_counts import (
-    emd,
-    estimate_hc,
-    estimate_hg,
-    estimate_naive,
-    hc_query,
-    hg_query,
-    k_from_noisy_max,
-    largest_remainder_round,
-    max_size_query,
-    naive_query,
-    project_simplex,
-)
+from engine.count_of_counts import estimate_hc, k_from_noisy_max, largest_remainder_round
+from engine.count_of_counts._estimators import estimate_hg, estimate_naive, hc_query, hg_query, max_size_query, naive_query, project_simplex
+from engine.count_of_counts._forms import emd
 
 from .helpers import double_geometric, laplace_variance
 

@@ -2,18 +2,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.count_of_counts import (
-    clip_histogram,
-    emd,
-    emd_batch,
-    emd_runs,
-    expand_runs,
-    h_to_hc,
-    h_to_runs,
-    hc_to_h,
-    hg_to_runs,
-    runs_to_h,
-)
+from engine.count_of_counts import emd_batch
+from engine.count_of_counts._forms import clip_histogram, emd, emd_runs, expand_runs, h_to_hc, h_to_runs, hc_to_h, hg_to_runs, runs_to_h
 
 
 def test_paper_example():

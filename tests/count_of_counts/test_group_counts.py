@@ -3,8 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from engine.count_of_counts import consistent_group_counts
-from engine.count_of_counts.group_counts import tree_least_squares, tree_objective
+from engine.count_of_counts._group_counts import consistent_group_counts, tree_least_squares, tree_objective
 
 from .helpers import random_tree
 

@@ -3,8 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.count_of_counts import isotonic_l1, isotonic_l2, isotonic_segments
-from engine.count_of_counts.isotonic import equal_value_blocks
+from engine.count_of_counts._isotonic import equal_value_blocks, isotonic_l1, isotonic_l2, isotonic_segments
 
 
 def l1_bruteforce(y, w, lo=-np.inf, hi=np.inf):

@@ -1,5 +1,5 @@
 """Sensitivity of the count-of-counts measurements as the pipeline makes them (per node of a level,
-the size histogram or the households of size ≥ k, ``engine.privacy.session.size_histogram`` /
+the size histogram or the households of size ≥ k, ``engine.privacy._session.size_histogram`` /
 ``size_counts``, in both forms under both privacy units and every combination of the ingestion
 rules), checked on worst-case and random neighbouring datasets with the shared harness, plus the
 person unit's "new one-person household" and "a person joins a household at the cap" neighbours
@@ -12,9 +12,9 @@ import typing
 import numpy as np
 import pytest
 
-from engine.count_of_counts.geography import geography_hierarchy, size_histograms
-from engine.hierarchical_data import HierarchicalData
-from engine.privacy.session import size_counts, size_counts_sensitivity, size_form
+from engine.count_of_counts._geography import geography_hierarchy, size_histograms
+from engine.data._hierarchical_data import HierarchicalData
+from engine.privacy._session import size_counts, size_counts_sensitivity, size_form
 from schemas.ingestion import HouseholdRules
 from tests.engine.test_hierarchical_data import random_data
 from tests.sensitivity_harness import check_sensitivity, join_household

@@ -1,7 +1,7 @@
 """Small random hierarchical datasets for the queries / workload-selection / prior-update tests.
 
 Also holds the brute-force (pure-Python loops) reference answers of H-GEM Table 1 queries, used
-only by the tests as an independent check of the vectorised code in ``engine.queries``.
+only by the tests as an independent check of the vectorised code in ``engine.queries._queries``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from engine.domain import Attribute, Domain
-from engine.hierarchical_data import HierarchicalData
-from engine.queries import NORM_SCALE, Workload
+from engine.data._domain import Attribute, Domain
+from engine.data._hierarchical_data import HierarchicalData
+from engine.queries._queries import NORM_SCALE, Workload
 
 
 def attr(name: str, k: int) -> Attribute:

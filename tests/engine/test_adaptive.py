@@ -1,4 +1,4 @@
-"""Adaptive measurement rounds (engine.adaptive): the exact budget split, the candidates, their
+"""Adaptive measurement rounds (engine.synthesis._adaptive): the exact budget split, the candidates, their
 answers, the selection's sensitivity on worst-case neighbours (the ε²/8 bounded-range charge),
 and one node's rounds through a private session — charged, persisted, replayed."""
 
@@ -11,7 +11,16 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.adaptive import (
+from engine.data._geography import Geography
+from engine.privacy._accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
+from engine.privacy._budget import BudgetPlan
+from engine.privacy._ledger import PrivacyLedger
+from engine.privacy._measurements import MeasurementStore
+from engine.privacy._session import PrivateSession, l1_error_scores
+from engine.queries._measurement import Measurement
+from engine.queries._queries import NORM_SCALE, CandidateAnswers, Workload, answer, exact_answers
+from engine.queries._support import Support
+from engine.synthesis._adaptive import (
     SELECT_FIRST,
     AdaptiveRounds,
     candidate_workloads,
@@ -21,17 +30,8 @@ from engine.adaptive import (
     round_budget,
     selection_first,
 )
-from engine.geography import Geography
-from engine.measurement import Measurement
-from engine.privacy.accountant import epsilon_for_exponential_rho, exponential_mechanism_rho
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.ledger import PrivacyLedger
-from engine.privacy.measurements import MeasurementStore
-from engine.privacy.session import PrivateSession, l1_error_scores
-from engine.queries import NORM_SCALE, CandidateAnswers, Workload, answer, exact_answers
-from engine.state_release import session_measure, session_select
-from engine.support import Support
-from engine.synthesis import synthesize_node
+from engine.synthesis._node import synthesize_node
+from engine.synthesis._state_release import session_measure, session_select
 from tests.engine._support_testdata import random_data, small_domain
 from tests.privacy.test_workload_sensitivity import DATA, DOMAIN, rederive
 from tests.sensitivity_harness import neighbour_pairs
@@ -278,7 +278,7 @@ def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeyp
     With a ``completion`` (here the node's second workload) the rounds' fits leave it out — it is
     measured first all the same, at the same ρ, and the final fits take it in, their list extending
     ``[*extra, *measured]``, grouped once (on a worker, the same for every state)."""
-    from engine.queries import IncidenceCache
+    from engine.queries._queries import IncidenceCache
 
     d, private, support, rho, workloads = normalised_node()
     size = Workload("group", ("NP",))

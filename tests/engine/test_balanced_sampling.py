@@ -1,4 +1,4 @@
-"""Balanced draws (engine.balanced_sampling): the balance marginals against a brute force, the
+"""Balanced draws (engine.synthesis._balanced_sampling): the balance marginals against a brute force, the
 exchange search against every single swap on small pools, and statistical tests of the draw
 (balance far tighter than the systematic draw's, every household drawn about n·q times)."""
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from engine.balanced_sampling import BalanceTargets, balance_workloads, balanced_draw, balanced_draws, systematic_positions
-from engine.household_sampling import household_order, sample_households, sample_sibling_households
-from engine.queries import Workload, answer, incidence_matrix
-from engine.support import Support
+from engine.queries._queries import Workload, answer, incidence_matrix
+from engine.queries._support import Support
+from engine.synthesis._balanced_sampling import BalanceTargets, balance_workloads, balanced_draw, balanced_draws, systematic_positions
+from engine.synthesis._household_sampling import household_order, sample_households, sample_sibling_households
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)

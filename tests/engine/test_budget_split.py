@@ -1,4 +1,4 @@
-"""engine.budget_split: the simulated expected error against a per-node brute force, the shrinkage
+"""engine.synthesis._budget_split: the simulated expected error against a per-node brute force, the shrinkage
 error against a Monte Carlo of the estimator it models, and the choice's behaviour."""
 
 import json
@@ -8,9 +8,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.budget_split import STATE_FRACTIONS, choose_state_fraction, expected_errors
-from engine.hierarchical_data import HierarchicalData
-from engine.queries import Workload, answer
+from engine.data._hierarchical_data import HierarchicalData
+from engine.queries._queries import Workload, answer
+from engine.synthesis._budget_split import STATE_FRACTIONS, choose_state_fraction, expected_errors
 from tests.engine.test_hierarchical_data import small_domain
 
 
@@ -71,7 +71,7 @@ def test_expected_errors_equal_the_brute_force(unit):
 def test_shrinkage_error_is_the_estimators_mean_squared_error():
     """v = e²σ²/(e² + σ²) is the mean squared error of prior + e²/(e² + σ²)·(y − prior) with
     y = truth + N(0, σ²) and the prior off by e (Monte Carlo, 200,000 draws per case)."""
-    from engine.budget_split import _shrunk
+    from engine.synthesis._budget_split import _shrunk
 
     rng = np.random.default_rng(1)
     for e, sigma in ((0.0, 3.0), (2.0, 3.0), (10.0, 1.0), (1.0, 10.0)):

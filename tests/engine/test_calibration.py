@@ -1,4 +1,4 @@
-"""Raking of household weights (engine.calibration) against closed-form and brute-force solutions."""
+"""Raking of household weights (engine.synthesis._calibration) against closed-form and brute-force solutions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from engine.calibration import CalibrationError, Margin, rake
+from engine.synthesis._calibration import CalibrationError, Margin, rake
 
 
 def households(rng: np.random.Generator, cells: int, n: int) -> tuple[np.ndarray, np.ndarray]:

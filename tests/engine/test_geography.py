@@ -1,12 +1,12 @@
-"""The one node id: engine.geography.node_key (tuples and keys), its inverse, the level; the
-per-node household index; a release's declared geography (engine.geography.Geography)."""
+"""The one node id: engine.data._geography.node_key (tuples and keys), its inverse, the level; the
+per-node household index; a release's declared geography (engine.data._geography.Geography)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.geography import Geography, node_households, node_key, node_level, parse_node_key
+from engine.data._geography import Geography, node_households, node_key, node_level, parse_node_key
 
 
 @pytest.mark.parametrize("node, key, level", [((), "nation", "nation"), ((6,), "ST=06", "state"),

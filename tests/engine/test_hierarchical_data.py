@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from engine.domain import Attribute, Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data._domain import Attribute, Domain
+from engine.data._hierarchical_data import HierarchicalData
 
 
 def small_domain(M=3):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.household_sampling import household_order, sample_households
-from engine.support import Support
+from engine.queries._support import Support
+from engine.synthesis._household_sampling import household_order, sample_households
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)

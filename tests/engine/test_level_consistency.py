@@ -1,4 +1,4 @@
-"""Holding children to their parent (engine.level_consistency): one common tilt, totals kept,
+"""Holding children to their parent (engine.synthesis._level_consistency): one common tilt, totals kept,
 the children's sum pulled to the parent's answers by the parent's evidence, and the noise that
 PUMA fits take from their own measurements removed from the sum (simulation); the children's
 fitted household totals held to their consistent counts, which removes the joint fit's upward
@@ -11,12 +11,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.level_consistency import children_sum, rake_to_parent, totals_to_parent
-from engine.map_update import map_fit
-from engine.measurement import Measurement
-from engine.queries import Workload, answer
-from engine.support import Support
-from engine.synthesis import synthesize_node
+from engine.queries._measurement import Measurement
+from engine.queries._queries import Workload, answer
+from engine.queries._support import Support
+from engine.synthesis._level_consistency import children_sum, rake_to_parent, totals_to_parent
+from engine.synthesis._map_update import map_fit
+from engine.synthesis._node import synthesize_node
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)

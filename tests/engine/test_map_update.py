@@ -1,4 +1,4 @@
-"""The default update rule (MAP, engine.map_update): limits and a brute-force convex solve.
+"""The default update rule (MAP, engine.synthesis._map_update): limits and a brute-force convex solve.
 
     q* = argmin_q α KL(q ‖ p) + Σ_w ‖G A_w q − ỹ_w‖² / (2σ_w²) over the simplex of the support.
 """
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from engine.map_update import map_fit, map_update
-from engine.measurement import Measurement
-from engine.queries import Workload, answer
-from engine.support import Support
+from engine.queries._measurement import Measurement
+from engine.queries._queries import Workload, answer
+from engine.queries._support import Support
+from engine.synthesis._map_update import map_fit, map_update
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=3)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from engine.metrics import answers_by_node, k_way_workloads, query_errors, query_errors_by_level, two_way_l1, two_way_l1_by_candidate
-from engine.queries import Workload, normalised_answer
+from engine.queries._metrics import answers_by_node, k_way_workloads, query_errors, query_errors_by_level, two_way_l1, two_way_l1_by_candidate
+from engine.queries._queries import Workload, normalised_answer
 from tests.engine.test_hierarchical_data import random_data
 
 

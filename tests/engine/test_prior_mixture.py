@@ -1,4 +1,4 @@
-"""The prior that can be wrong (engine.prior_mixture): the flipped copies keep everything but the
+"""The prior that can be wrong (engine.synthesis._prior_mixture): the flipped copies keep everything but the
 flipped attribute, the mixture lays the public prior on them, and the least-squares weight recovers
 the mixture that generated the measurements (statistical test), matches a brute-force grid search
 of its objective, and stays at zero where the measurements agree with the public prior."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.domain import Domain
-from engine.hierarchical_data import HierarchicalData
-from engine.measurement import Measurement
-from engine.prior_mixture import Flip, choose_mixture, flipped, widen
-from engine.queries import IncidenceCache, Workload
-from engine.support import Support
+from engine.data._domain import Domain
+from engine.data._hierarchical_data import HierarchicalData
+from engine.queries._measurement import Measurement
+from engine.queries._queries import IncidenceCache, Workload
+from engine.queries._support import Support
+from engine.synthesis._prior_mixture import Flip, choose_mixture, flipped, widen
 from tests.engine._support_testdata import all_workloads, attr, random_data, small_domain
 
 BASE = small_domain(M=4)
@@ -37,7 +37,7 @@ def with_householder_sex(data: HierarchicalData, male_share: float | None = None
 
 
 def measure(data: HierarchicalData, sigma: float, rng: np.random.Generator) -> list[Measurement]:
-    from engine.queries import answer
+    from engine.queries._queries import answer
 
     return [Measurement(w, answer(data, w) + rng.normal(0, sigma, w.n_cells(DOMAIN)), sigma) for w in WORKLOADS]
 
@@ -149,7 +149,7 @@ def test_the_node_support_holds_only_the_copies_the_mixture_weighs_in():
     """Two flips, the measurements asking for one: the node's support is the public households and
     that flip's copies (the other's, at weight 0, would only widen every later fit), and its prior
     is the full mixture's without the zero block."""
-    from engine.prior_mixture import node_prior, used_flips
+    from engine.synthesis._prior_mixture import node_prior, used_flips
 
     domain = Domain(group=DOMAIN.group, person=(*DOMAIN.person, attr("B", 2)), geography=DOMAIN.geography, max_size=DOMAIN.max_size)
     base = with_householder_sex(random_data(BASE, 3000, seed=40), male_share=0.1, seed=40)
@@ -196,7 +196,7 @@ def test_a_swap_exchanges_two_codes_for_every_person_and_nothing_else():
     assert np.array_equal(new, np.choose(rac, [2, 1, 0]))  # 0 -> 2, 2 -> 0, 1 stays
     assert np.array_equal(out.person[:, :2], data.person[:, :2]) and np.array_equal(out.group, data.group)
     assert Flip("RAC", (), (0, 2)).name == "RAC:0:2" and FLIP.name == "SEX"
-    from engine.prior_mixture import named_flips
+    from engine.synthesis._prior_mixture import named_flips
 
     templates = (Flip("RAC"), FLIP)
     assert named_flips(["SEX", "RAC:0:2"], templates) == (FLIP, Flip("RAC", (), (0, 2)))
@@ -211,8 +211,8 @@ def test_value_residuals_match_a_brute_force_sum_and_find_the_under_represented_
     """The residual z-score of each code against a by-hand computation; on a private population
     with RAC 2 common (the prior's rarest) the swap chosen exchanges the prior's most common code
     with it."""
-    from engine.prior_mixture import choose_swaps, value_residuals
-    from engine.queries import answer
+    from engine.queries._queries import answer
+    from engine.synthesis._prior_mixture import choose_swaps, value_residuals
 
     public = race_public(3000, seed=2)
     support = Support.from_data(public)
@@ -240,8 +240,8 @@ def test_value_residuals_match_a_brute_force_sum_and_find_the_under_represented_
 def test_no_swap_of_an_attribute_households_do_not_share():
     """Where persons of one household mostly differ in the attribute, swapping two codes for every
     person would make implausible persons: no swap, however far the measurements lie."""
-    from engine.prior_mixture import choose_swaps, shared_within_households
-    from engine.queries import answer
+    from engine.queries._queries import answer
+    from engine.synthesis._prior_mixture import choose_swaps, shared_within_households
 
     public = race_public(3000, seed=4, dependence=0.0)
     assert shared_within_households(public, "RAC") < 0.5 < shared_within_households(race_public(3000, seed=4), "RAC")
@@ -260,7 +260,7 @@ def test_the_mixture_weight_of_a_swap_recovers_the_share_of_relabelled_household
     w = widen(public, [swap])
     G = 2000
     private = w.support.data.take(np.where(rng.random(G) < 0.4, rng.integers(0, 3000, G) + 3000, rng.integers(0, 3000, G)))
-    from engine.queries import answer
+    from engine.queries._queries import answer
 
     ms = [Measurement(wl, answer(private, wl) + rng.normal(0, 4.0, wl.n_cells(BASE)), 4.0) for wl in RACE_WORKLOADS]
     choice = choose_mixture(w, w.support.weights[:3000], ms, G)

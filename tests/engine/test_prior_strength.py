@@ -1,4 +1,4 @@
-"""Empirical-Bayes prior strength (engine.prior_strength): the eigen form of the marginal
+"""Empirical-Bayes prior strength (engine.synthesis._prior_strength): the eigen form of the marginal
 likelihood against the dense Gaussian log-density, the choice recovering the strength that
 generated the data (statistical test), the choice reaching synthesize_node's fit, and the floor
 lifting it."""
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from engine.measurement import Measurement
-from engine.prior_strength import choose_prior_strength, marginal_log_likelihood
-from engine.queries import Workload, answer
-from engine.support import Support
-from engine.synthesis import synthesize_node
+from engine.queries._measurement import Measurement
+from engine.queries._queries import Workload, answer
+from engine.queries._support import Support
+from engine.synthesis._node import synthesize_node
+from engine.synthesis._prior_strength import choose_prior_strength, marginal_log_likelihood
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)
@@ -115,7 +115,7 @@ def test_synthesize_node_fits_with_the_chosen_strength():
 
 
 def test_the_floor_raises_the_empirical_bayes_choice():
-    """The public simulation's floor (engine.strength_floor): sharp measurements of a node far from
+    """The public simulation's floor (engine.synthesis._strength_floor): sharp measurements of a node far from
     the prior make empirical Bayes pick the weakest candidate; a floor between candidates lifts it to
     the next one at or above, a floor above all to the strongest, and a floor below the choice changes
     nothing."""

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from scipy.linalg import null_space
 
-from engine.measurement import Measurement, normalise_counts
-from engine.prior_update import prior_update
-from engine.projection import kl_divergence
-from engine.queries import Workload
-from engine.support import Support
+from engine.queries._measurement import Measurement, normalise_counts
+from engine.queries._projection import kl_divergence
+from engine.queries._queries import Workload
+from engine.queries._support import Support
+from engine.synthesis._prior_update import prior_update
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog, minimize
 
-from engine.projection import (
+from engine.queries._projection import (
     entropy_projection,
     kl_divergence,
     least_relative_entropy_update,
     project_simplex_l1,
     project_to_hull_l1,
 )
-from engine.queries import Workload
-from engine.support import Support
+from engine.queries._queries import Workload
+from engine.queries._support import Support
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)

@@ -1,4 +1,4 @@
-"""How many PUMA attributes the budget carries (engine.puma_attributes): the public signal against
+"""How many PUMA attributes the budget carries (engine.synthesis._puma_attributes): the public signal against
 brute force, the noise formula against simulation, and the rule's properties."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from engine.hierarchical_data import HierarchicalData
-from engine.puma_attributes import between_puma_variation, choose_puma_attributes, expected_noise_l1
-from engine.queries import Workload, answer
-from engine.workload_selection import WorkloadSelection, select_workloads
+from engine.data._hierarchical_data import HierarchicalData
+from engine.queries._queries import Workload, answer
+from engine.synthesis._puma_attributes import between_puma_variation, choose_puma_attributes, expected_noise_l1
+from engine.synthesis._workload_selection import WorkloadSelection, select_workloads
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)

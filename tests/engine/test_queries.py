@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from engine.hierarchical_data import HierarchicalData
-from engine.queries import (
+from engine.data._hierarchical_data import HierarchicalData
+from engine.queries._queries import (
     NORM_SCALE,
     IncidenceCache,
     Workload,
@@ -22,7 +22,7 @@ from engine.queries import (
     normalise_columns,
     normalised_answer,
 )
-from engine.support import Support
+from engine.queries._support import Support
 from tests.engine._support_testdata import all_workloads, brute_force_answer, random_data, small_domain
 
 DOMAIN = small_domain(M=4)

@@ -1,4 +1,4 @@
-"""engine.strength_floor: the simulated held-out errors against a direct recomputation (the same
+"""engine.synthesis._strength_floor: the simulated held-out errors against a direct recomputation (the same
 noise, fits on the other states' households alone and marginals written out plainly), the floor's
 rule (the smallest best), its reproducibility, one played state on its own and its bad inputs (the
 floor's effect on the choice: tests/engine/test_prior_strength.py)."""
@@ -10,12 +10,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.map_update import map_fit
-from engine.measurement import Measurement
-from engine.metrics import k_way_workloads
-from engine.queries import Workload, answer
-from engine.strength_floor import SEED, play_state, played_states, simulate_strength_floor, strength_floor
-from engine.support import Support
+from engine.queries._measurement import Measurement
+from engine.queries._metrics import k_way_workloads
+from engine.queries._queries import Workload, answer
+from engine.queries._support import Support
+from engine.synthesis._map_update import map_fit
+from engine.synthesis._strength_floor import SEED, play_state, played_states, simulate_strength_floor, strength_floor
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain(M=4)

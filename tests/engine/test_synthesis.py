@@ -1,4 +1,4 @@
-"""engine.synthesis: the count-of-counts size histogram as a noisy measurement inside the MAP fit.
+"""engine.synthesis._node: the count-of-counts size histogram as a noisy measurement inside the MAP fit.
 
 Properties: it is weighed by its precision (σ → 0 reproduces it, σ → ∞ leaves the prior), and
 a correctly specified measurement never makes the size marginal worse on average (Bayesian
@@ -10,9 +10,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.queries import Workload, answer
-from engine.support import Support
-from engine.synthesis import size_measurement, synthesize_node
+from engine.queries._queries import Workload, answer
+from engine.queries._support import Support
+from engine.synthesis._node import size_measurement, synthesize_node
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain()
@@ -92,8 +92,8 @@ def gaussian_measure(private, rng, sigma):
 
 def test_fit_total_is_the_weighted_least_squares_solution(setting):
     """Brute force: G minimising Σ_w ‖ỹ_w − G a_w‖²/σ_w² + (total − G)²/sd², by a dense solve."""
-    from engine.measurement import Measurement
-    from engine.synthesis import fit_total
+    from engine.queries._measurement import Measurement
+    from engine.synthesis._node import fit_total
 
     support, private = setting
     rng = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""Error estimates (engine.uncertainty): the noise simulator against the mechanisms' variances,
+"""Error estimates (engine.synthesis._uncertainty): the noise simulator against the mechanisms' variances,
 the parametric bootstrap against an analytic linear case and by coverage on simulated data with
 the pipeline's own count-of-counts estimator, and the Laplace approximation of the MAP
 posterior against a brute-force Hessian of the MAP objective."""
@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from scipy.linalg import null_space
 
-from engine.count_of_counts.api import fit_histograms, fit_household_counts
-from engine.count_of_counts.geography import geography_hierarchy
-from engine.map_update import map_update
-from engine.measurement import Measurement as Noisy
-from engine.privacy.measurements import MeasurementRecord as Measurement
-from engine.queries import Workload, answer
-from engine.support import Support
-from engine.uncertainty import (
+from engine.count_of_counts._api import fit_histograms, fit_household_counts
+from engine.count_of_counts._geography import geography_hierarchy
+from engine.privacy._measurements import MeasurementRecord as Measurement
+from engine.queries._measurement import Measurement as Noisy
+from engine.queries._queries import Workload, answer
+from engine.queries._support import Support
+from engine.synthesis._map_update import map_update
+from engine.synthesis._uncertainty import (
     EB_BANDS,
     Z90,
     CountNoise,

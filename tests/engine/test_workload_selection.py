@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engine.hierarchical_data import HierarchicalData
-from engine.queries import Workload
-from engine.workload_selection import (
+from engine.data._hierarchical_data import HierarchicalData
+from engine.queries._queries import Workload
+from engine.synthesis._workload_selection import (
     geographic_information,
     maximum_spanning_tree,
     mutual_information,
@@ -223,7 +223,7 @@ def test_complete_pairs_extends_the_state_level_only():
     assert sel.explanation["params"]["complete_pairs"] is True and plain.explanation["completed_pairs"] == []
     persons = [a.name for a in DOMAIN.person]
     assert {frozenset(p) for p in itertools.combinations(persons, 2)} <= _held_pairs(sel.state)
-    assert sel.completed == added and plain.completed == []  # named, for the adaptive rounds (engine.synthesis)
+    assert sel.completed == added and plain.completed == []  # named, for the adaptive rounds (engine.synthesis._node)
     # the record round trip keeps them, and so does the PUMA attribute rule's cut
     back = type(sel).from_record(sel.to_record())
     assert back.state == sel.state and back.completed == sel.completed

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.domain import Attribute, Domain
-from engine.hierarchical_data import HierarchicalData
+from engine.data._domain import Attribute, Domain
+from engine.data._hierarchical_data import HierarchicalData
 from tests.engine._support_testdata import attr as _attr
 
 

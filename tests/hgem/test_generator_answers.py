@@ -11,7 +11,7 @@ from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import MixtureLayout, ProductMixture, default_device
 from engine.hgem.sampling import sample_households
 from engine.hgem.workloads import kway_workloads
-from engine.queries import Workload
+from engine.queries._queries import Workload
 
 
 def tiny_gen(domain, seed=3, B=16):

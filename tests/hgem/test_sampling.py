@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from engine.data._hierarchical_data import HierarchicalData
 from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import MixtureLayout, ProductMixture
 from engine.hgem.sampling import sample_households
-from engine.hierarchical_data import HierarchicalData
 
 
 def test_sampled_data_is_valid_and_reproducible(domain):
@@ -152,7 +152,7 @@ REL = ("H", "S", "C", "G")  # householder, spouse, child, group-quarters residen
 
 
 def structured_domain(M: int = 4):
-    from engine.domain import Attribute, Domain
+    from engine.data._domain import Attribute, Domain
     from tests.engine._support_testdata import attr
 
     return Domain(

@@ -21,9 +21,9 @@ from engine.hgem.state import (
     run_state,
 )
 from engine.hgem.workloads import candidate_workloads
-from engine.privacy.accountant import exponential_mechanism_rho
-from engine.privacy.ledger import BudgetExceededError
-from engine.queries import Workload, answer
+from engine.privacy._accountant import exponential_mechanism_rho
+from engine.privacy._ledger import BudgetExceededError
+from engine.queries._queries import Workload, answer
 
 from .conftest import synthetic_data
 

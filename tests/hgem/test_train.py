@@ -21,7 +21,7 @@ from engine.hgem.privacy import (
 from engine.hgem.settings import HGEMSettings
 from engine.hgem.train import fit_hgem, score_select, train_hgem
 from engine.hgem.workloads import kway_workloads
-from engine.queries import Workload
+from engine.queries._queries import Workload
 
 from .conftest import synthetic_data
 
@@ -128,7 +128,7 @@ def test_sensitivities(domain):
 
 def test_cell_sensitivity_bound_holds_on_neighbours(domain, data):
     """Removing any one household never changes a count cell by more than the L∞ bound."""
-    from engine.queries import answer
+    from engine.queries._queries import answer
 
     rng = np.random.default_rng(0)
     ws = kway_workloads(domain, 2)

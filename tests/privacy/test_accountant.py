@@ -5,7 +5,7 @@ import numpy as np
 import opendp.prelude as dp
 import pytest
 
-from engine.privacy.accountant import (
+from engine.privacy._accountant import (
     as_fraction,
     eps_delta_to_rho,
     epsilon_for_pure_rho,

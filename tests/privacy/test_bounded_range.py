@@ -1,5 +1,5 @@
 """The exponential mechanism's ε²/8 charge needs the ε-bounded-range condition
-(engine.privacy.accountant.exponential_mechanism_rho): for neighbouring D, D' the score differences
+(engine.privacy._accountant.exponential_mechanism_rho): for neighbouring D, D' the score differences
 q(D,r) − q(D',r) over the candidates r must span at most 2Δ, Δ the sensitivity handed to the
 mechanism. Checked here for the scores the pipeline builds in H-GEM's selection rounds
 (PrivateSession.select_worst_workload: max-abs-error scores over the candidate workloads of
@@ -13,8 +13,8 @@ import pytest
 from engine.hgem.privacy import score_sensitivity
 from engine.hgem.settings import HGEMSettings
 from engine.hgem.workloads import candidate_workloads
-from engine.privacy.session import max_abs_error_scores
-from engine.queries import answer
+from engine.privacy._session import max_abs_error_scores
+from engine.queries._queries import answer
 from tests.privacy.test_workload_sensitivity import DATA, DOMAIN, rederive
 from tests.sensitivity_harness import neighbour_pairs
 

@@ -3,8 +3,8 @@ from fractions import Fraction
 
 import pytest
 
-from engine.privacy.accountant import eps_delta_to_rho, rho_to_eps
-from engine.privacy.budget import BudgetPlan
+from engine.privacy._accountant import eps_delta_to_rho, rho_to_eps
+from engine.privacy._budget import BudgetPlan
 
 STAGES = {"count_of_counts": 0.2, "state_synthesis": 0.4, "puma_synthesis": 0.4}
 LEVELS = {

@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 
 from engine.errors import EXIT_PRIVACY, PrivacyInvariantError
-from engine.privacy import mechanisms
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.ledger import PrivacyLedger
-from engine.privacy.measurements import MeasurementStore
+from engine.privacy._budget import BudgetPlan
+from engine.privacy._ledger import PrivacyLedger
+from engine.privacy._measurements import MeasurementStore, mechanisms
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = BudgetPlan(1, {"synth": 1}, {"synth": {"state": "1/2", "puma": "1/2"}})
@@ -56,10 +55,10 @@ def test_invariants_hold_under_python_O(tmp_path):
         from fractions import Fraction
         import numpy as np
         from engine.errors import PrivacyInvariantError
-        from engine.privacy import mechanisms
-        from engine.privacy.budget import BudgetPlan
-        from engine.privacy.ledger import PrivacyLedger
-        from engine.privacy.measurements import MeasurementStore
+        from engine.privacy._measurements import mechanisms
+        from engine.privacy._budget import BudgetPlan
+        from engine.privacy._ledger import PrivacyLedger
+        from engine.privacy._measurements import MeasurementStore
 
         if __debug__:
             sys.exit("asserts are live: not running under -O")

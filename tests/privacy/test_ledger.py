@@ -7,8 +7,8 @@ from fractions import Fraction
 import pytest
 
 from engine.errors import EXIT_PRIVACY, DPReleaseError, PrivacyInvariantError
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.ledger import BudgetExceededError, PrivacyLedger
+from engine.privacy._budget import BudgetPlan
+from engine.privacy._ledger import BudgetExceededError, PrivacyLedger
 
 PLAN = BudgetPlan(
     Fraction(1),
@@ -45,7 +45,7 @@ def test_parallel_composition_over_nodes(tmp_path):
 
 
 def test_nodes_are_named_by_their_key_and_must_lie_on_the_charged_level(tmp_path):
-    """One node id (engine.geography.node_key): a tuple and its key are the same node; a node of
+    """One node id (engine.data._geography.node_key): a tuple and its key are the same node; a node of
     another level is refused with a DPReleaseError (raised, not asserted: python -O keeps it)."""
     L = PrivacyLedger(tmp_path / "l.jsonl", PLAN)
     a = PLAN.allocation("synth", "state")

@@ -6,10 +6,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.privacy import mechanisms
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.ledger import BudgetExceededError, PrivacyLedger
-from engine.privacy.measurements import MeasurementIntegrityError, MeasurementStore
+from engine.privacy._budget import BudgetPlan
+from engine.privacy._ledger import BudgetExceededError, PrivacyLedger
+from engine.privacy._measurements import MeasurementIntegrityError, MeasurementStore, mechanisms
 
 PLAN = BudgetPlan(
     1,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from engine.privacy import mechanisms as mech
-from engine.privacy.accountant import gaussian_rho, sigma_for_rho
+from engine.privacy._accountant import gaussian_rho, sigma_for_rho
+from engine.privacy._measurements import mechanisms as mech
 
 ALPHA = 1e-6
 

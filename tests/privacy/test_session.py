@@ -9,12 +9,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from engine.geography import Geography
-from engine.privacy.budget import BudgetPlan
-from engine.privacy.ledger import PrivacyLedger
-from engine.privacy.measurements import MeasurementStore
-from engine.privacy.session import InvariantNotDeclared, NoisySizes, PrivateSession, max_abs_error_scores, size_counts, size_histogram
-from engine.queries import Workload, answer
+from engine.data._geography import Geography
+from engine.privacy._budget import BudgetPlan
+from engine.privacy._ledger import PrivacyLedger
+from engine.privacy._measurements import MeasurementStore
+from engine.privacy._session import InvariantNotDeclared, NoisySizes, PrivateSession, max_abs_error_scores, size_counts, size_histogram
+from engine.queries._queries import Workload, answer
 from tests.engine.test_hierarchical_data import random_data
 
 PLAN = {"stages": {"s": 1}, "levels": {"s": {"nation": Fraction(1, 5), "state": Fraction(3, 10), "puma": Fraction(1, 2)}}}

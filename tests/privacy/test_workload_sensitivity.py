@@ -1,4 +1,4 @@
-"""Every sensitivity declared in engine/queries.py, checked on random and worst-case neighbours.
+"""Every sensitivity declared in engine/queries/_queries.py, checked on random and worst-case neighbours.
 
 Domain: M = 4; group attributes NP (derived: #persons), TEN (free), HAS_CHILD (derived: any person
 with AGEB = 0); person attributes AGEB (3), SEX (2), REL (5) — so |dom S_I| is both < M and ≥ M.
@@ -14,10 +14,10 @@ import typing
 import numpy as np
 import pytest
 
-from engine.domain import Attribute, Domain
+from engine.data._domain import Attribute, Domain
+from engine.data._hierarchical_data import HierarchicalData
 from engine.hgem.privacy import cell_sensitivity
-from engine.hierarchical_data import HierarchicalData
-from engine.queries import NORM_SCALE, Workload, answer
+from engine.queries._queries import NORM_SCALE, Workload, answer
 from schemas.ingestion import HouseholdRules
 from schemas.release_config import ReleaseConfig, load_config
 from tests.sensitivity_harness import check_sensitivity, neighbour_pairs, random_household
@@ -320,7 +320,7 @@ def test_the_person_unit_bound_of_a_normalised_column_against_every_small_househ
     that differ by one person (added to a cell, or the household appearing), both columns
     normalised, the household staying in its group cell (the worst directions are the closest to
     orthogonal: one person in cell 0, then one more in cell 1)."""
-    from engine.queries import normalise_columns
+    from engine.queries._queries import normalise_columns
 
     def column(k):
         k = np.asarray(k)

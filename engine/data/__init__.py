@@ -1,0 +1,33 @@
+"""Data and domain: what a release is computed from, before any query is asked of it.
+
+The attribute domain (:class:`Domain`, :class:`Attribute`), the vectorised encoding of raw survey
+codes into it (:mod:`engine.data._encoding`), the geography's nodes and their keys
+(:class:`Geography`, :func:`node_key`) and the households with their persons
+(:class:`HierarchicalData`). The bottom layer of the engine: it imports nothing of the project,
+so every package above (queries, privacy, synthesis, count-of-counts, H-GEM) can share these
+types without an import cycle.
+"""
+
+from engine.data._domain import Attribute, Domain
+from engine.data._encoding import bin_ranges, clip_sizes, householder_first_order, map_codes, multigenerational, segment_any
+from engine.data._geography import LEVELS, Geography, Node, node_households, node_key, node_level, parse_node_key
+from engine.data._hierarchical_data import HierarchicalData
+
+__all__ = [
+    "Attribute",
+    "Domain",
+    "Geography",
+    "HierarchicalData",
+    "LEVELS",
+    "Node",
+    "bin_ranges",
+    "clip_sizes",
+    "householder_first_order",
+    "map_codes",
+    "multigenerational",
+    "node_households",
+    "node_key",
+    "node_level",
+    "parse_node_key",
+    "segment_any",
+]

@@ -1,0 +1,259 @@
+"""Balanced draws of a node's households: the sample's low-order marginals held to the posterior's.
+
+Releasing microdata means drawing whole households: ``n`` integer copies of support households
+whose expected counts are ``n·q``. Every released marginal then carries the draw's noise on top of
+the posterior's own error. Systematic sampling along the household order
+(:func:`engine.synthesis._household_sampling.household_order`) removes that noise from the household
+attributes' leading runs only; person attributes and their combinations keep all of it, and at
+large budgets that noise is a large part of the released error (``benchmarks/results/HISTORY.md``).
+
+A balanced sample (Deville & Tillé, "Efficient balanced sampling: the cube method", Biometrika
+2004) chooses its units so that the sample's totals of auxiliary variables equal their expected
+values. The auxiliary variables here are the cells of every one- and two-attribute marginal of the
+domain and of the persons' three-attribute marginals (:func:`balance_workloads`): pairs of household
+attributes, pairs of person attributes, a household attribute with a person attribute, person
+triples and the household size with a person pair — the tables every release query is built from,
+chosen by the domain alone, never by a benchmark's workload. The draw (:func:`balanced_draw`):
+
+1. a pool of ``pool_factor · n`` households drawn systematically from q along the household order;
+2. its systematic subsample of ``n`` (every ``pool_factor``-th, random start) — exactly the
+   systematic draw of ``n``, the starting point;
+3. an exchange search on the pool (the combinatorial-optimisation integerisation of population
+   synthesis): swap chosen and unchosen pool households while the squared distance
+   ``‖A c − n·A q‖²`` between the sample's balance counts and their expected values falls —
+   batches of the best single swaps while a batch helps, then one exact best swap (cross term
+   included) among the ``exact_candidates`` best removals and additions at a time, until none helps
+   or ``max_rounds`` is reached.
+
+A state's PUMAs are drawn one after the other (:func:`balanced_draws`), each search aiming at its
+expected counts less the residual the earlier PUMAs left (error diffusion): the state's marginals,
+sums of its PUMAs', then carry a bounded residual instead of the PUMAs' independent ones added up.
+The person triples among the balanced cells and the diffusion help together, not one without the
+other (``benchmarks/results/HISTORY.md``).
+
+Every released household is a pool household, i.e. a draw from the posterior, so the posterior's
+higher-order structure is kept; the search only chooses which of the draws to keep. The result is a
+function of q, n and the generator: post-processing of the DP posterior (no privacy cost), and
+reproducible from the sampling seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from engine.data import Domain, HierarchicalData
+from engine.queries import Workload, household_cell_pairs
+
+__all__ = ["BalanceTargets", "balance_workloads", "balanced_draw", "balanced_draws", "systematic_positions"]
+
+
+def balance_workloads(domain: Domain) -> list[Workload]:
+    """Every two-attribute marginal of the domain (each one-attribute marginal is a sum of them):
+    household pairs (group level), person pairs (person level, every person) and household ×
+    person (person level); and the three-attribute marginals of the persons: every person triple
+    and the household size with every person pair (the size is the household's defining attribute,
+    which every person of the household shares). A domain with a single attribute on a side
+    contributes its one-way marginal instead of pairs."""
+    g = [a.name for a in domain.group]
+    p = [a.name for a in domain.person]
+    out = [Workload("group", pair) for pair in itertools.combinations(g, 2)] or [Workload("group", (a,)) for a in g]
+    out += [Workload("person", (), pair) for pair in itertools.combinations(p, 2)] or [Workload("person", (), (a,)) for a in p]
+    out += [Workload("person", (a,), (b,)) for a in g for b in p]
+    out += [Workload("person", (), triple) for triple in itertools.combinations(p, 3)]
+    if domain.size_attribute in g:
+        out += [Workload("person", (domain.size_attribute,), pair) for pair in itertools.combinations(p, 2)]
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class BalanceTargets:
+    """The balance marginals' incidence over one set of support households: ``rows`` (households ×
+    cells, CSR) holds household h's counts in every cell of every workload of ``workloads``. Built
+    once per support (:meth:`for_data`) and shared by every node drawn from it."""
+
+    workloads: tuple[Workload, ...]
+    rows: sp.csr_matrix
+
+    @classmethod
+    def for_data(cls, data: HierarchicalData, workloads: Sequence[Workload] | None = None) -> BalanceTargets:
+        ws = tuple(balance_workloads(data.domain) if workloads is None else workloads)
+        if not ws:
+            raise ValueError("balanced sampling needs at least one balance workload")
+        return cls(ws, household_rows(data, ws))
+
+    @property
+    def n_households(self) -> int:
+        return int(self.rows.shape[0])
+
+    def expected(self, counts: np.ndarray) -> np.ndarray:
+        """The balance counts of households weighted by ``counts`` (expected copies per household)."""
+        balance: np.ndarray = self.rows.T @ np.asarray(counts, dtype=np.float64)
+        return balance
+
+
+def household_rows(data: HierarchicalData, workloads: Sequence[Workload]) -> sp.csr_matrix:
+    """Households × cells, CSR with sorted indices: household h's row holds its counts in the cells
+    of every workload, the workloads' cells side by side in the given order (the transpose of their
+    stacked incidences). Written in place in two passes over the workloads (the first counts each
+    row's entries): stacking the incidences and transposing would hold the matrix twice at once,
+    hundreds of MB on a widened public support."""
+    n = data.n_households
+    lengths = np.zeros(n, dtype=np.int64)
+    for w in workloads:
+        lengths += np.bincount(household_cell_pairs(data, w)[0], minlength=n)
+    indptr = np.concatenate(([0], np.cumsum(lengths)))
+    n_cells = sum(w.n_cells(data.domain) for w in workloads)
+    index_type = np.int32 if max(int(indptr[-1]), n_cells) < 2**31 else np.int64
+    indices, values = np.empty(int(indptr[-1]), dtype=index_type), np.empty(int(indptr[-1]), dtype=np.float64)
+    filled, offset = indptr[:-1].copy(), 0
+    for w in workloads:
+        # one entry per (household, cell), ordered by household, then cell
+        h, c, k = household_cell_pairs(data, w)
+        per = np.bincount(h, minlength=n)
+        pos = filled[h] + np.arange(h.size) - np.repeat(np.cumsum(per) - per, per)
+        indices[pos], values[pos] = c + offset, k
+        filled += per
+        offset += w.n_cells(data.domain)
+    rows = sp.csr_matrix((values, indices, indptr.astype(index_type)), shape=(n, n_cells), copy=False)
+    rows.has_sorted_indices = True
+    return rows
+
+
+def systematic_positions(p: np.ndarray, n: int, u: float) -> np.ndarray:
+    """Indices of a systematic draw of ``n`` from the weights ``p`` (in their order) with start
+    ``u`` ∈ [0, 1): the points (u + j)/n on the cumulative distribution."""
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    cdf = np.cumsum(p / p.sum())
+    cdf[-1] = 1.0
+    return np.minimum(np.searchsorted(cdf, (u + np.arange(n)) / n, side="right"), p.size - 1).astype(np.int64)
+
+
+def _rows_sum(R: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
+    """Σ of the given rows of ``R`` (dense, one entry per column), by one bincount."""
+    start, stop = R.indptr[rows], R.indptr[np.asarray(rows) + 1]
+    lengths = stop - start
+    pos = np.repeat(start - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths) + np.arange(int(lengths.sum()))
+    return np.bincount(R.indices[pos], weights=R.data[pos], minlength=R.shape[1])
+
+
+def _top(score: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest finite scores, largest first (ties by index)."""
+    k = min(k, int(np.isfinite(score).sum()))
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = np.argpartition(-score, k - 1)[:k]
+    return idx[np.lexsort((idx, -score[idx]))]
+
+
+def balanced_draw(
+    balance: BalanceTargets,
+    p: np.ndarray,
+    n: int,
+    rng: np.random.Generator,
+    order: np.ndarray | None = None,
+    *,
+    pool_factor: int = 2,
+    max_rounds: int = 100,
+    exact_candidates: int = 16,
+) -> np.ndarray:
+    """``n`` support indices drawn from the weights ``p`` and balanced on ``balance`` (module
+    docstring). ``order``: the permutation of the support along which the pool is drawn (default
+    the support order); ``pool_factor``: pool size over ``n`` (1: the plain systematic draw);
+    ``max_rounds``: bound on the exchange rounds; ``exact_candidates``: removals and additions
+    compared pairwise (with the cross term) once batches stop helping."""
+    return _draw(balance, p, n, rng, order, None, pool_factor, max_rounds, exact_candidates)[0]
+
+
+def balanced_draws(
+    balance: BalanceTargets,
+    weights: Sequence[np.ndarray],
+    totals: Sequence[int],
+    rngs: Sequence[np.random.Generator],
+    order: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Sibling nodes (a state's PUMAs) drawn one after the other by :func:`balanced_draw`, each
+    node's exchange search aiming at its expected balance counts less what the nodes drawn before
+    it left over (their summed draw-minus-expected residual): error diffusion, so that the
+    parent's sums of the balance marginals stay near the posteriors' instead of adding up the
+    nodes' independent residuals. Every node's households are still its own posterior's pool
+    draws; a function of the weights, totals and generators (in this order)."""
+    if not (len(weights) == len(totals) == len(rngs)):
+        raise ValueError("give one total and one generator per node")
+    carried = np.zeros(balance.rows.shape[1])
+    out = []
+    for p, n, rng in zip(weights, totals, rngs):
+        idx, residual = _draw(balance, p, n, rng, order, carried, 2, 100, 16)
+        carried += residual
+        out.append(idx)
+    return out
+
+
+def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generator, order: np.ndarray | None, offset: np.ndarray | None,
+          pool_factor: int, max_rounds: int, exact_candidates: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`balanced_draw` minimising ‖draw − expected + ``offset``‖² over the balance cells;
+    returns (indices, draw − expected)."""
+    p = np.asarray(p, dtype=np.float64)
+    if p.shape != (balance.n_households,) or np.any(p < 0) or p.sum() <= 0:
+        raise ValueError("weights must be non-negative with positive mass, one per balance household")
+    if pool_factor < 1 or exact_candidates < 1:
+        raise ValueError("pool_factor and exact_candidates must be >= 1")
+    n = int(n)
+    expected = n * balance.expected(p / p.sum())
+    shift = np.zeros_like(expected) if offset is None else np.asarray(offset, dtype=np.float64)
+    if shift.shape != expected.shape:
+        raise ValueError("the offset needs one entry per balance cell")
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64), -expected
+    perm = np.arange(p.size, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+    k = int(pool_factor)
+    pool = perm[systematic_positions(p[perm], k * n, float(rng.random()))]
+    chosen = np.zeros(k * n, dtype=bool)
+    chosen[int(rng.integers(k)) + k * np.arange(n)] = True
+    R = balance.rows[pool]  # pool unit × cell
+    r = R.T @ chosen.astype(np.float64) - expected + shift
+    if k == 1:
+        return pool, r - shift
+    sq = np.add.reduceat(R.data**2, R.indptr[:-1]) if R.nnz else np.zeros(R.shape[0])  # ‖a_u‖²
+    loss = float(r @ r)
+    batch_max = max(1, n // 10)
+    batch = batch_max
+    for _ in range(max_rounds):
+        s = R @ r
+        # loss change of removing a chosen unit: −(2 s_u − ‖a_u‖²); of adding an unchosen one: 2 s_u + ‖a_u‖²
+        gain_remove = np.where(chosen, 2 * s - sq, -np.inf)
+        gain_add = np.where(chosen, -np.inf, -(2 * s + sq))
+        if batch > 1:
+            out, into = _top(gain_remove, batch), _top(gain_add, batch)
+            m = min(out.size, into.size)
+            out, into = out[:m], into[:m]
+            keep = gain_remove[out] + gain_add[into] > 0  # both sorted: a prefix
+            out, into = out[keep], into[keep]
+            if out.size:
+                r_new = r + _rows_sum(R, into) - _rows_sum(R, out)
+                loss_new = float(r_new @ r_new)
+                if loss_new < loss:
+                    chosen[out], chosen[into] = False, True
+                    r, loss = r_new, loss_new
+                    batch = min(2 * batch, batch_max)
+                    continue
+            batch //= 2
+            continue
+        # one exact swap: Δ = −gain_remove_i − gain_add_j − 2 a_i·a_j over the best candidates
+        out, into = _top(gain_remove, exact_candidates), _top(gain_add, exact_candidates)
+        if out.size == 0 or into.size == 0:
+            break
+        cross = (R[out] @ R[into].T).toarray()  # sparse: no BLAS threads for a 16 × 16 product
+        delta = -gain_remove[out][:, None] - gain_add[into][None, :] - 2 * cross
+        i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
+        if delta[i, j] >= -1e-9:
+            break
+        chosen[out[i]], chosen[into[j]] = False, True
+        r = r - _rows_sum(R, out[i : i + 1]) + _rows_sum(R, into[j : j + 1])
+        loss = float(r @ r)
+    return pool[chosen], r - shift
