@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import load_benchmark
 
 bias = load_benchmark("household_total_bias")
