@@ -4,7 +4,7 @@ workload answers (:func:`pretrain_public`, the default) or one component per pub
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -15,6 +15,8 @@ from engine.hgem.generator import HGEMGenerator
 from engine.hgem.mixture import HouseholdCells, household_log_likelihood
 from engine.hgem.steps import AdamSteps, frozen, make_adam, set_lr, use_cuda_graphs
 from engine.queries import Workload
+
+PROGRESS_EVERY = 250  # steps between two progress calls of a fit
 
 
 def fit_answers(
@@ -28,6 +30,7 @@ def fit_answers(
     window: int = 50,
     decay: bool = False,
     cuda_graphs: bool = True,
+    progress: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Minimise Σ_w ‖target_w − f_w(F(z))‖₂ over all ``workloads`` for at most ``steps`` Adam steps.
 
@@ -35,6 +38,8 @@ def fit_answers(
     best loss of the last ``window`` steps improved by less than ``rel_tol`` (relative) on the best
     loss before it. ``decay``: cosine learning-rate decay to lr/20 over ``steps``. Returns the
     loss history. On a GPU the steps are CUDA-graph replays (``cuda_graphs``, engine.hgem.steps).
+    ``progress(step, loss)`` is called every :data:`PROGRESS_EVERY` steps: a fit on CPU can run for
+    minutes.
     """
     plan = AnswerPlan(generator.domain, workloads, device=generator.device)
     tgt = plan.concat_targets(targets)
@@ -57,6 +62,8 @@ def fit_answers(
             best_before = min(best_before, best_now)
         if (tol > 0 and stats[1] < tol) or i == steps:
             return True
+        if progress is not None and i > 0 and i % PROGRESS_EVERY == 0:
+            progress(i, float(stats[0]))
         if decay:  # the learning rate of step i
             set_lr(opt, lr * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * i / max(int(steps), 1)))))
         hist.append(float(stats[0]))
@@ -74,20 +81,21 @@ def pretrain_public(
     lr: float = 3e-3,
     tol: float = 0.0,
     rel_tol: float = 0.01,
+    progress: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """GEM^Pub pretraining: fit F to the public data's normalised workload answers (no privacy cost).
 
     Runs to convergence: at most ``steps`` Adam steps with cosine learning-rate decay, stopping
     when the loss improves by less than ``rel_tol`` (relative) over 50 steps (``fit_answers``).
     An unconverged public fit is worse than resampling the public data, and the private rounds
-    cannot repair the workloads they never measure.
+    cannot repair the workloads they never measure. ``progress``: as :func:`fit_answers`'.
     """
     if public.domain != generator.domain:
         raise ValueError("public data and generator have different domains")
     # the paper's uniform mixture: component weights stay fixed (they are a private-phase freedom)
     with frozen([generator.component_logits], True):
         return fit_answers(generator, workloads, exact_normalised_answers(public, workloads), steps, lr, tol,
-                           rel_tol=rel_tol, decay=True)
+                           rel_tol=rel_tol, decay=True, progress=progress)
 
 
 def pretrain_households(

@@ -191,13 +191,15 @@ def state_seeds(base: int, state: int) -> tuple[int, int]:
 
 
 def pretrained_generator(public: HierarchicalData, candidates: Sequence[Workload], settings: HGEMSettings, seed: int,
-                         device: str | torch.device | None = None) -> HGEMGenerator:
+                         device: str | torch.device | None = None, log: Callable[[str], None] | None = None) -> HGEMGenerator:
     """A generator of ``settings``' size from ``seed``, fitted to the public answers of
     ``candidates`` (GEM^Pub, no privacy cost; ``settings.pretrain_steps`` = 0: none). A function
-    of public data, settings and seed only."""
+    of public data, settings and seed only. ``log``: progress lines (the public fit's loss)."""
     G = make_generator(public.domain, settings, seed, device)
     if settings.pretrain_steps > 0:
-        pretrain_public(G, public, candidates, steps=settings.pretrain_steps, lr=settings.lr)
+        steps = settings.pretrain_steps
+        progress = None if log is None else (lambda i, loss: log(f"public pretraining: step {i}/at most {steps}, loss {loss:.4g}"))
+        pretrain_public(G, public, candidates, steps=steps, lr=settings.lr, progress=progress)
     return G
 
 
@@ -293,7 +295,7 @@ def fit_state(
         G = make_generator(domain, settings, seed, dev)
         G.load_state_dict(public_fit)
     else:
-        G = pretrained_generator(public, candidates, settings, seed, dev)
+        G = pretrained_generator(public, candidates, settings, seed, dev, log=say)
         say(f"public pretraining done (at most {settings.pretrain_steps} steps)")
 
     normalisers = [norm(w) for w in candidates]

@@ -155,3 +155,22 @@ def test_fit_answers_stopping_rules(domain, data):
     assert all(best[k] <= min(best[:k]) * 0.95 for k in range(1, len(best) - 1))  # every earlier one did
     assert fit_answers(make_generator(domain, HGEMSettings(**CFG), 0, "cpu"), ws, true, 15, tol=1.0) == []  # errors < 1
     assert len(fit_answers(make_generator(domain, HGEMSettings(**CFG), 0, "cpu"), ws, true, 15, tol=1e-9)) == 15
+
+
+def test_fit_answers_reports_progress_every_few_hundred_steps(domain, data):
+    """A long public fit on CPU says where it is: ``progress(step, loss)`` every PROGRESS_EVERY steps,
+    with the loss of that step (the history's entry), and never when the fit is shorter."""
+    from engine.hgem.pretrain import PROGRESS_EVERY
+
+    ws = kway_workloads(domain, 2)
+    true = exact_normalised_answers(data, ws)
+    calls: list[tuple[int, float]] = []
+    steps = 2 * PROGRESS_EVERY + 3
+    hist = fit_answers(make_generator(domain, HGEMSettings(**CFG), 0, "cpu"), ws, true, steps, lr=3e-3,
+                       progress=lambda i, loss: calls.append((i, loss)))
+    assert [i for i, _ in calls] == [PROGRESS_EVERY, 2 * PROGRESS_EVERY]
+    assert [loss for _, loss in calls] == [hist[PROGRESS_EVERY], hist[2 * PROGRESS_EVERY]]
+    calls.clear()
+    fit_answers(make_generator(domain, HGEMSettings(**CFG), 0, "cpu"), ws, true, PROGRESS_EVERY - 1, lr=3e-3,
+                progress=lambda i, loss: calls.append((i, loss)))
+    assert calls == []
