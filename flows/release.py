@@ -135,11 +135,23 @@ def dask_scheduler(address: str | None):
 
     share_ephemeral_prefect_api()
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    n = max(1, min(os.cpu_count() or 1, 8))
+    workers, threads = cluster_shape(os.cpu_count() or 1)
     # no dashboard, so no use for the workers' statistical profiler (it samples every task's thread)
     with dask.config.set({"distributed.worker.profile.enabled": False}), \
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.WARNING) as cluster:
+            LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True, dashboard_address=None,
+                         silence_logs=logging.WARNING) as cluster:
         yield cluster.scheduler_address
+
+
+def cluster_shape(cpus: int) -> tuple[int, int]:
+    """(worker processes, threads per worker) of the LocalCluster on ``cpus`` cores: up to 8 cores,
+    two threads per process. A worker process holds the public supports with their incidences and
+    balance targets (gigabytes at the default settings), which its threads share; the heavy steps
+    (sparse products, sorting, numpy's array arithmetic) run without the GIL, so the second
+    thread costs little time while a second process would hold all of it again."""
+    cores = max(1, min(cpus, 8))
+    threads = min(2, cores)
+    return cores // threads, threads
 
 
 def drop_worker_caches(address: str) -> None:

@@ -51,7 +51,7 @@ from engine.synthesis import NodeResult
 from engine.synthesis_settings import SynthesisSettings
 from engine.uncertainty import Recording, fit_answer_sd
 from engine.workload_selection import WorkloadSelection, select_workloads
-from tasks.context import FileKey, RunContext, file_key
+from tasks.context import FileKey, RunContext, built_once, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
 __all__ = ["PumaJob", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task",
@@ -70,7 +70,7 @@ def _cached_support(key: FileKey) -> Support:
 def cached_support(public_npz: str) -> Support:
     """The public support, built once per worker process and file (incidences are cached on it;
     :func:`tasks.context.file_key`)."""
-    return _cached_support(file_key(public_npz))
+    return built_once(_cached_support, file_key(public_npz))
 
 
 @lru_cache(maxsize=4)
@@ -82,7 +82,7 @@ def _cached_widened(key: FileKey, flips: tuple[Flip, ...]) -> WidenedSupport:
 def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:
     """The public support widened by its flipped copies (``SynthesisSettings.prior_flips``,
     ``engine.prior_mixture``), built once per worker process, file and flips."""
-    return _cached_widened(file_key(public_npz), flips)
+    return built_once(_cached_widened, file_key(public_npz), flips)
 
 
 @lru_cache(maxsize=4)
@@ -93,7 +93,7 @@ def _cached_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
 def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTargets:
     """The support's balance marginals (``engine.balanced_sampling``; ``flips``: of the widened
     support), built once per worker process and file."""
-    return _cached_balance(file_key(public_npz), flips)
+    return built_once(_cached_balance, file_key(public_npz), flips)
 
 
 def worker_caches() -> tuple:
