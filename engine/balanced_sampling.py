@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse import _sparsetools
 
 from engine.domain import Domain
 from engine.hierarchical_data import HierarchicalData
@@ -74,8 +75,10 @@ def balance_workloads(domain: Domain) -> list[Workload]:
 @dataclass(frozen=True, eq=False)
 class BalanceTargets:
     """The balance marginals' incidence over one set of support households: ``rows`` (households ×
-    cells, CSR) holds household h's counts in every cell of every workload of ``workloads``. Built
-    once per support (:meth:`for_data`) and shared by every node drawn from it."""
+    cells, CSR) holds household h's counts in every cell of every workload of ``workloads``, in the
+    smallest unsigned integer type that holds them (persons of one household: one byte, where
+    float64 took eight, on tens of millions of entries). Built once per support (:meth:`for_data`)
+    and shared by every node drawn from it; every product with it is taken in float64."""
 
     workloads: tuple[Workload, ...]
     rows: sp.csr_matrix
@@ -92,9 +95,22 @@ class BalanceTargets:
         return int(self.rows.shape[0])
 
     def expected(self, counts: np.ndarray) -> np.ndarray:
-        """The balance counts of households weighted by ``counts`` (expected copies per household)."""
-        balance: np.ndarray = self.rows.T @ np.asarray(counts, dtype=np.float64)
-        return balance
+        """The balance counts of households weighted by ``counts`` (expected copies per household):
+        ``rows.T @ counts`` in float64, the same sums in the same order (scipy's product of a CSR
+        matrix's transpose runs ``csc_matvec``, which adds household after household into one
+        output), taken over blocks of :data:`BLOCK` households so that only a block's counts are
+        ever converted to float64 (scipy converts the whole matrix for a mixed-type product)."""
+        x = np.asarray(counts, dtype=np.float64)
+        R, out = self.rows, np.zeros(self.rows.shape[1])
+        for lo in range(0, R.shape[0], BLOCK):
+            hi = min(lo + BLOCK, R.shape[0])
+            a, b = R.indptr[lo], R.indptr[hi]
+            _sparsetools.csc_matvec(R.shape[1], hi - lo, R.indptr[lo : hi + 1] - a, R.indices[a:b], R.data[a:b].astype(np.float64),
+                                    x[lo:hi], out)
+        return out
+
+
+BLOCK = 512  # households per block of BalanceTargets.expected: a few MB of float64 at a time, as fast as the whole product
 
 
 def household_rows(data: HierarchicalData, workloads: Sequence[Workload]) -> sp.csr_matrix:
@@ -104,13 +120,15 @@ def household_rows(data: HierarchicalData, workloads: Sequence[Workload]) -> sp.
     row's entries): stacking the incidences and transposing would hold the matrix twice at once,
     hundreds of MB on a widened public support."""
     n = data.n_households
-    lengths = np.zeros(n, dtype=np.int64)
+    lengths, top = np.zeros(n, dtype=np.int64), 0
     for w in workloads:
-        lengths += np.bincount(household_cell_pairs(data, w)[0], minlength=n)
+        h, _, k = household_cell_pairs(data, w)
+        lengths += np.bincount(h, minlength=n)
+        top = max(top, int(k.max(initial=0)))
     indptr = np.concatenate(([0], np.cumsum(lengths)))
     n_cells = sum(w.n_cells(data.domain) for w in workloads)
     index_type = np.int32 if max(int(indptr[-1]), n_cells) < 2**31 else np.int64
-    indices, values = np.empty(int(indptr[-1]), dtype=index_type), np.empty(int(indptr[-1]), dtype=np.float64)
+    indices, values = np.empty(int(indptr[-1]), dtype=index_type), np.empty(int(indptr[-1]), dtype=np.min_scalar_type(top))
     filled, offset = indptr[:-1].copy(), 0
     for w in workloads:
         # one entry per (household, cell), ordered by household, then cell
@@ -216,7 +234,7 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
     pool = perm[systematic_positions(p[perm], k * n, float(rng.random()))]
     chosen = np.zeros(k * n, dtype=bool)
     chosen[int(rng.integers(k)) + k * np.arange(n)] = True
-    R = balance.rows[pool]  # pool unit × cell
+    R = balance.rows[pool].astype(np.float64)  # pool unit × cell
     r = R.T @ chosen.astype(np.float64) - expected + shift
     if k == 1:
         return pool, r - shift

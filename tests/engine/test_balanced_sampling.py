@@ -48,9 +48,26 @@ def test_balance_rows_are_the_transposed_stack_of_the_incidences():
     rows = BalanceTargets.for_data(data, ws).rows
     stacked = sp.vstack([incidence_matrix(data, w) for w in ws], format="csr").T.tocsr()
     stacked.sort_indices()
-    assert rows.has_sorted_indices and rows.shape == stacked.shape and rows.dtype == stacked.dtype
+    assert rows.has_sorted_indices and rows.shape == stacked.shape and rows.dtype == np.uint8  # counts of ≤ M persons: one byte
     for a, b in ((rows.indptr, stacked.indptr), (rows.indices, stacked.indices), (rows.data, stacked.data)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_expected_is_the_float64_product_bit_for_bit():
+    """The one-byte rows' product (taken block by block) is the float64 matrix's ``rows.T @ x``
+    to the last bit: the balanced draw compares losses, so a rounding difference could change a
+    swap and the released households. Negative control: the same blocks' products added up
+    (each block's sums started from zero) are not bit-identical, so the equality is not vacuous."""
+    import engine.balanced_sampling as bs
+
+    data = random_data(DOMAIN, 3000, seed=9)
+    bt = BalanceTargets.for_data(data)
+    wide = bt.rows.astype(np.float64)
+    x = np.random.default_rng(10).random(data.n_households)
+    np.testing.assert_array_equal(bt.expected(x), wide.T @ x)
+    starts = range(0, data.n_households, bs.BLOCK)
+    summed = sum(wide[lo : lo + bs.BLOCK].T @ x[lo : lo + bs.BLOCK] for lo in starts)
+    assert len(starts) > 1 and not np.array_equal(summed, wide.T @ x)
 
 
 def test_systematic_positions_hit_floor_or_ceil_of_n_q():
