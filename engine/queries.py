@@ -601,6 +601,15 @@ class IncidenceCache:
         return got[1], got[1].T
 
     @_locked
+    def forget_joints(self) -> None:
+        """Drop the kept joint incidences, their restrictions and pattern pairs (the per-workload
+        incidences and patterns stay): for a caller that knows the workload lists it grouped will
+        not come again."""
+        self._joint.clear()
+        self._live.clear()
+        self._pairs.clear()
+
+    @_locked
     def pattern_pairs(self, rows: Sequence[Workload], cols: Sequence[Workload]) -> PatternPairs:
         """The households grouped by their (pattern of ``rows``, pattern of ``cols``) pair
         (:meth:`joint_patterns` of each list), as a fixed CSR structure: the mass of every pair

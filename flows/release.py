@@ -16,6 +16,7 @@ import math
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -161,10 +162,23 @@ def drop_worker_caches(address: str) -> None:
     targets (gigabytes at the default settings), the encoded inputs and the private session until
     the cluster closes, beside the stages that follow, and a long-lived cluster keeps them
     beside the runs it serves next."""
+    on_workers(address, _drop_caches)
+
+
+def forget_worker_joints(address: str) -> None:
+    """Drop the state fits' joint incidences in every worker of the Dask cluster at ``address``
+    (``tasks.synthesize.forget_joint_incidences``), once the state synthesis is done."""
+    from tasks.synthesize import forget_joint_incidences
+
+    on_workers(address, forget_joint_incidences)
+
+
+def on_workers(address: str, fn: Callable[[], object]) -> None:
+    """Run ``fn()`` in every worker process of the Dask cluster at ``address``."""
     from distributed import Client
 
     with Client(address, set_as_default=False) as client:  # the task runner's own client stays the default
-        client.run(_drop_caches)
+        client.run(fn)
 
 
 def _drop_caches() -> None:
@@ -588,6 +602,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             workload = stage("choose_puma_attributes", choose_puma_attributes_stage, ctx, workload, counts_path, charges=False)
         if cfg.synthesizer == "prior_update":
             posteriors = stage("state_synthesis", state_stage, ctx, counts_path, workload)
+            forget_worker_joints(address)
         elif cfg.synthesizer == "hgem":
             from tasks.hgem import uniform_prior
 

@@ -20,6 +20,7 @@ No task here reads the private data: only ``RunContext.session()`` measurements.
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,7 +34,7 @@ from engine.geography import node_key
 from engine.hierarchical_data import HierarchicalData
 from engine.measurement import Measurement
 from engine.prior_mixture import Flip, WidenedSupport, named_flips, widen
-from engine.queries import Workload
+from engine.queries import IncidenceCache, Workload
 from engine.state_release import (
     NodeCount,
     SizeEstimate,
@@ -62,9 +63,14 @@ def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
     return data.with_geo(np.tile(np.asarray(node, dtype=np.int32), (data.n_households, 1)))
 
 
+_incidence_caches: weakref.WeakSet[IncidenceCache] = weakref.WeakSet()  # those of the supports below, for forget_joint_incidences
+
+
 @lru_cache(maxsize=16)
 def _cached_support(key: FileKey) -> Support:
-    return Support.from_data(HierarchicalData.from_npz(key[0]))
+    support = Support.from_data(HierarchicalData.from_npz(key[0]))
+    _incidence_caches.add(support.cache)
+    return support
 
 
 def cached_support(public_npz: str) -> Support:
@@ -76,7 +82,9 @@ def cached_support(public_npz: str) -> Support:
 @lru_cache(maxsize=4)
 def _cached_widened(key: FileKey, flips: tuple[Flip, ...]) -> WidenedSupport:
     public = _cached_support(key)
-    return widen(public.data, flips, public_cache=public.cache)
+    widened = widen(public.data, flips, public_cache=public.cache)
+    _incidence_caches.add(widened.support.cache)
+    return widened
 
 
 def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:
@@ -87,7 +95,12 @@ def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:
 
 @lru_cache(maxsize=4)
 def _cached_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
-    return BalanceTargets.for_data((_cached_widened(key, flips).support if flips else _cached_support(key)).data)
+    public = _cached_support(key).data
+    if not flips:
+        return BalanceTargets.for_data(public)
+    # the widened households are the public ones, then their copies: the public targets' block is shared
+    widened = _cached_widened(key, flips).support.data
+    return _cached_balance(key, ()).extended(widened.take(np.arange(public.n_households, widened.n_households)))
 
 
 def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTargets:
@@ -106,6 +119,16 @@ def clear_caches() -> None:
     """Empty :func:`worker_caches` (the next task that needs one rebuilds it from its file)."""
     for cache in worker_caches():
         cache.cache_clear()
+
+
+def forget_joint_incidences() -> None:
+    """Drop the joint incidences kept on every cached support (``IncidenceCache.forget_joints``),
+    between the state and the PUMA synthesis: the PUMA fits group their own workload lists, and the
+    state fits' lists (a few per support, tens to hundreds of MB each) would stay beside them, and
+    beside the balance targets, for the whole PUMA stage. The supports, their per-workload
+    incidences and patterns, which the PUMA fits do reuse, are kept."""
+    for cache in list(_incidence_caches):
+        cache.forget_joints()
 
 
 @task(name="select-workload")

@@ -315,3 +315,25 @@ def test_centred_gram_is_the_answers_covariance_under_the_weights():
     w /= w.sum()
     D = A.toarray()
     np.testing.assert_allclose(centred_gram(A, w), D @ np.diag(w) @ D.T - np.outer(D @ w, D @ w), rtol=1e-12, atol=1e-15)
+
+
+def test_forgotten_joint_incidences_are_rebuilt_array_for_array():
+    """``forget_joints`` drops the kept joint incidences (and restrictions, pattern pairs) but not
+    the per-workload incidences; a list grouped again from nothing is the same matrix, array for
+    array and column for column, as the one extended from its cached prefix: a worker that forgot
+    its lists between stages fits on the same matrices. Negative control: the columns of another
+    list differ, so the comparison is not vacuous."""
+    ws = [w for w in WORKLOADS if len(w.attrs) <= 2][:4]
+    cache = IncidenceCache(DATA)
+    for k in range(1, len(ws) + 1):
+        extended, ext_of = cache.joint_patterns(ws[:k])
+    cache.live_incidence(ws, np.arange(1, extended.shape[1]))
+    cache.pattern_pairs(ws[:1], ws)
+    kept = dict(cache._A)
+    cache.forget_joints()
+    assert not cache._joint and not cache._live and not cache._pairs and cache._A == kept
+    fresh, fresh_of = cache.joint_patterns(ws)
+    for a, b in ((extended.indptr, fresh.indptr), (extended.indices, fresh.indices), (extended.data, fresh.data), (ext_of, fresh_of)):
+        np.testing.assert_array_equal(a, b)
+    other, _ = IncidenceCache(DATA).joint_patterns(ws[1:])
+    assert other.shape != fresh.shape or not np.array_equal(other.indices, fresh.indices)
