@@ -121,10 +121,10 @@ def share_ephemeral_prefect_api() -> None:
 
 
 @contextlib.contextmanager
-def dask_scheduler(address: str | None):
+def dask_scheduler(address: str | None, threads_per_worker: int = 2):
     """Yield a Dask scheduler address: the given one, else Dask's own configured
     ``scheduler-address`` (the ``DASK_SCHEDULER_ADDRESS`` environment variable), else a
-    LocalCluster sized to the machine."""
+    LocalCluster sized to the machine (:func:`cluster_shape`)."""
     if not address:
         address = dask.config.get("scheduler-address", None)
     if address:
@@ -136,7 +136,7 @@ def dask_scheduler(address: str | None):
 
     share_ephemeral_prefect_api()
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    workers, threads = cluster_shape(os.cpu_count() or 1)
+    workers, threads = cluster_shape(os.cpu_count() or 1, threads_per_worker)
     # no dashboard, so no use for the workers' statistical profiler (it samples every task's thread)
     with dask.config.set({"distributed.worker.profile.enabled": False}), \
             LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True, dashboard_address=None,
@@ -144,15 +144,22 @@ def dask_scheduler(address: str | None):
         yield cluster.scheduler_address
 
 
-def cluster_shape(cpus: int) -> tuple[int, int]:
-    """(worker processes, threads per worker) of the LocalCluster on ``cpus`` cores: up to 8 cores,
-    two threads per process. A worker process holds the public supports with their incidences and
-    balance targets (gigabytes at the default settings), which its threads share; the heavy steps
-    (sparse products, sorting, numpy's array arithmetic) run without the GIL, so the second
-    thread costs little time while a second process would hold all of it again."""
+def cluster_shape(cpus: int, threads_per_worker: int = 2) -> tuple[int, int]:
+    """(worker processes, threads per worker) of the LocalCluster on ``cpus`` cores (up to 8), two
+    threads per process by default. A worker process holds the public supports with their
+    incidences and balance targets (gigabytes at the default settings), which its threads share;
+    the heavy steps (sparse products, sorting, numpy's array arithmetic) run without the GIL, so a
+    second thread costs little time where a second process would hold all of it again."""
     cores = max(1, min(cpus, 8))
-    threads = min(2, cores)
+    threads = max(1, min(threads_per_worker, cores))
     return cores // threads, threads
+
+
+def worker_threads(cfg: ReleaseConfig) -> int:
+    """Threads per worker process of the run's own LocalCluster: one under H-GEM, whose state tasks
+    set torch's process-wide thread count and may replay CUDA graphs (a capture fails while another
+    thread of the process uses the GPU: ``docs/deployment.md``), else two."""
+    return 1 if cfg.synthesizer == "hgem" else 2
 
 
 def drop_worker_caches(address: str) -> None:
@@ -546,7 +553,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
     binding = run_binding(cfg, preflight(cfg))  # before anything is written: every refusal that needs no record
     paths = prepare(cfg.run_dir(), cfg.release_dir())
     ctx = RunContext(cfg, paths)
-    with RunLock(paths), dask_scheduler(dask_address) as address:
+    with RunLock(paths), dask_scheduler(dask_address, worker_threads(cfg)) as address:
         check_binding(paths.run_dir, binding)
         audit = AuditLog(paths.audit_path)
         resumed = bool(audit.events())

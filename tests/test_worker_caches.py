@@ -71,3 +71,12 @@ def test_the_joint_incidences_are_forgotten_between_the_stages(tmp_path, vermont
     forget_joint_incidences()
     assert not public.cache._joint and not widened.cache._joint
     assert cached_support(str(path)) is public and cached_widened(str(path), (Flip("SEX"),)).support is widened
+
+
+def test_the_local_cluster_shares_each_process_between_two_threads():
+    """The run's own LocalCluster: two threads per worker process (sharing its supports), as many
+    processes as that leaves of the cores (at most 8); single-threaded processes when asked (H-GEM)."""
+    from flows.release import cluster_shape
+
+    assert [cluster_shape(c) for c in (1, 2, 3, 8, 64)] == [(1, 1), (1, 2), (1, 2), (4, 2), (4, 2)]
+    assert [cluster_shape(c, 1) for c in (1, 2, 8, 64)] == [(1, 1), (2, 1), (8, 1), (8, 1)]
