@@ -433,7 +433,7 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
         m = sp.csr_matrix(
             (np.ones(uniq.size), (np.arange(uniq.size), uniq)), shape=(uniq.size, A.shape[0])
         )
-        return Patterns(m, inv.astype(np.int64))
+        return Patterns(m, inv.astype(pattern_index(n)))
     At = A.T.tocsr()
     At.sort_indices()
     nnz = np.diff(At.indptr)
@@ -446,7 +446,14 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     keys[row, slot] = codes
     # exact row grouping, one column at a time (1-D uniques are much faster than unique(axis=0))
     gid, first = group_rows([keys[:, j] + 1 for j in range(width)], n)
-    return Patterns(At[first].tocsr(), gid)
+    return Patterns(At[first].tocsr(), gid.astype(pattern_index(n)))
+
+
+def pattern_index(n_households: int) -> type[np.signedinteger]:
+    """The integer type of a household's pattern number (:attr:`Patterns.pattern_of`): int32 while
+    the households allow, half of int64's memory on a support's every workload (a widened support
+    holds one such array per workload for each of its hundreds of thousands of households)."""
+    return np.int32 if n_households < 2**31 else np.int64
 
 
 @dataclass(frozen=True)

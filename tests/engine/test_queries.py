@@ -21,6 +21,7 @@ from engine.queries import (
     incidence_patterns,
     normalise_columns,
     normalised_answer,
+    pattern_index,
 )
 from engine.support import Support
 from tests.engine._support_testdata import all_workloads, brute_force_answer, random_data, small_domain
@@ -337,3 +338,17 @@ def test_forgotten_joint_incidences_are_rebuilt_array_for_array():
         np.testing.assert_array_equal(a, b)
     other, _ = IncidenceCache(DATA).joint_patterns(ws[1:])
     assert other.shape != fresh.shape or not np.array_equal(other.indices, fresh.indices)
+
+
+def test_pattern_numbers_are_int32_and_select_as_int64_did():
+    """A workload's pattern numbers are kept as int32 (half the memory on every household of a
+    support): the same numbers as the int64 grouping, so every gather and sum over them is the
+    same; a support too large for int32 keeps int64."""
+    w = Workload("person", ("TEN",), ("AGE",))
+    P = incidence_patterns(DATA, w)
+    assert P.pattern_of.dtype == np.int32
+    gid, _ = group_rows([P.pattern_of.astype(np.int64)], DATA.n_households)
+    np.testing.assert_array_equal(gid, P.pattern_of)  # numbered 0..U-1 in order: the grouping itself
+    x = np.random.default_rng(3).random(P.n_patterns)
+    np.testing.assert_array_equal(x[P.pattern_of], x[P.pattern_of.astype(np.int64)])
+    assert pattern_index(2**31 - 1) is np.int32 and pattern_index(2**31) is np.int64
