@@ -504,9 +504,11 @@ class IncidenceCache:
 
     # a node's fits reuse few lists at a time (an adaptive round extends the last one; a PUMA's
     # fits and error estimates alternate its own list and its state's), while each kept list holds
-    # its stacked incidence (tens of MB on a public support): a longer
-    # memory mostly kept the lists of nodes already done, in every worker, for the whole run
-    JOINT_CACHE = 4
+    # its stacked incidence (tens of MB on a public support, a hundred on a widened one): a longer
+    # memory mostly kept the lists of nodes already done, in every worker, for the whole run; an
+    # adaptive round needs only the list it extends, and a node's chain of rounds passes through a
+    # cache of three as through one of four
+    JOINT_CACHE = 3
     LIVE_CACHE = 2  # restrictions kept (live_incidence): each is a copy of a joint incidence, and the fits that reuse one come one after another
 
     def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str]] | None = None):
