@@ -16,6 +16,7 @@ import math
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -117,10 +118,10 @@ def share_ephemeral_prefect_api() -> None:
 
 
 @contextlib.contextmanager
-def dask_scheduler(address: str | None):
+def dask_scheduler(address: str | None, threads_per_worker: int = 2):
     """Yield a Dask scheduler address: the given one, else Dask's own configured
     ``scheduler-address`` (the ``DASK_SCHEDULER_ADDRESS`` environment variable), else a
-    LocalCluster sized to the machine."""
+    LocalCluster sized to the machine (:func:`cluster_shape`)."""
     if not address:
         address = dask.config.get("scheduler-address", None)
     if address:
@@ -132,11 +133,30 @@ def dask_scheduler(address: str | None):
 
     share_ephemeral_prefect_api()
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    n = max(1, min(os.cpu_count() or 1, 8))
+    workers, threads = cluster_shape(os.cpu_count() or 1, threads_per_worker)
     # no dashboard, so no use for the workers' statistical profiler (it samples every task's thread)
     with dask.config.set({"distributed.worker.profile.enabled": False}), \
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.WARNING) as cluster:
+            LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True, dashboard_address=None,
+                         silence_logs=logging.WARNING) as cluster:
         yield cluster.scheduler_address
+
+
+def cluster_shape(cpus: int, threads_per_worker: int = 2) -> tuple[int, int]:
+    """(worker processes, threads per worker) of the LocalCluster on ``cpus`` cores (up to 8), two
+    threads per process by default. A worker process holds the public supports with their
+    incidences and balance targets (gigabytes at the default settings), which its threads share;
+    the heavy steps (sparse products, sorting, numpy's array arithmetic) run without the GIL, so a
+    second thread costs little time where a second process would hold all of it again."""
+    cores = max(1, min(cpus, 8))
+    threads = max(1, min(threads_per_worker, cores))
+    return cores // threads, threads
+
+
+def worker_threads(cfg: ReleaseConfig) -> int:
+    """Threads per worker process of the run's own LocalCluster: one under H-GEM, whose state tasks
+    set torch's process-wide thread count and may replay CUDA graphs (a capture fails while another
+    thread of the process uses the GPU: ``docs/deployment.md``), else two."""
+    return 1 if cfg.synthesizer == "hgem" else 2
 
 
 def drop_worker_caches(address: str) -> None:
@@ -146,10 +166,23 @@ def drop_worker_caches(address: str) -> None:
     targets (gigabytes at the default settings), the encoded inputs and the private session until
     the cluster closes, beside the stages that follow, and a long-lived cluster keeps them
     beside the runs it serves next."""
+    on_workers(address, _drop_caches)
+
+
+def forget_worker_joints(address: str) -> None:
+    """Drop the state fits' joint incidences in every worker of the Dask cluster at ``address``
+    (``tasks.synthesize.forget_joint_incidences``), once the state synthesis is done."""
+    from tasks.synthesize import forget_joint_incidences
+
+    on_workers(address, forget_joint_incidences)
+
+
+def on_workers(address: str, fn: Callable[[], object]) -> None:
+    """Run ``fn()`` in every worker process of the Dask cluster at ``address``."""
     from distributed import Client
 
     with Client(address, set_as_default=False) as client:  # the task runner's own client stays the default
-        client.run(_drop_caches)
+        client.run(fn)
 
 
 def _drop_caches() -> None:
@@ -517,7 +550,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
     binding = run_binding(cfg, preflight(cfg))  # before anything is written: every refusal that needs no record
     paths = prepare(cfg.run_dir(), cfg.release_dir())
     ctx = RunContext(cfg, paths)
-    with RunLock(paths), dask_scheduler(dask_address) as address:
+    with RunLock(paths), dask_scheduler(dask_address, worker_threads(cfg)) as address:
         check_binding(paths.run_dir, binding)
         audit = AuditLog(paths.audit_path)
         resumed = bool(audit.events())
@@ -573,6 +606,7 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
             workload = stage("choose_puma_attributes", choose_puma_attributes_stage, ctx, workload, counts_path, charges=False)
         if cfg.synthesizer == "prior_update":
             posteriors = stage("state_synthesis", state_stage, ctx, counts_path, workload)
+            forget_worker_joints(address)
         elif cfg.synthesizer == "hgem":
             from tasks.hgem import uniform_prior
 

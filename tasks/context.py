@@ -11,9 +11,12 @@ that loads the private :class:`HierarchicalData` itself.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import cached_property, lru_cache
+from typing import TypeVar
 
 from engine.data import Geography, HierarchicalData
 from engine.privacy import BudgetPlan, MeasurementStore, PrivacyLedger, PrivateSession
@@ -32,6 +35,18 @@ def budget_plan(cfg: ReleaseConfig) -> BudgetPlan:
     if b.epsilon is not None:
         return BudgetPlan.from_eps_delta(b.epsilon, b.delta, a.stages, a.levels, method=b.conversion)
     raise ValueError("the budget needs budget.rho or budget.epsilon")  # the config validator already requires one
+
+
+T = TypeVar("T")
+_BUILDING = threading.RLock()
+
+
+def built_once(cache: Callable[..., T], *key: object) -> T:
+    """``cache(*key)`` (a per-process ``lru_cache``) under one lock: a worker's threads that ask
+    for the same object at once get one object, built once, instead of each building its own copy
+    (a public support with its incidences is hundreds of MB)."""
+    with _BUILDING:
+        return cache(*key)
 
 
 @lru_cache(maxsize=8)
@@ -63,7 +78,7 @@ def _cached_data(key: FileKey) -> HierarchicalData:
 
 def cached_data(npz: str) -> HierarchicalData:
     """An encoded input, loaded once per worker process (and again when the file is replaced)."""
-    return _cached_data(file_key(npz))
+    return built_once(_cached_data, file_key(npz))
 
 
 @dataclass(frozen=True)
@@ -91,11 +106,11 @@ class RunContext:
 
     @property
     def ledger(self) -> PrivacyLedger:
-        return _ledger(str(self.paths.ledger_path), self.cfg.model_dump_json())
+        return built_once(_ledger, str(self.paths.ledger_path), self.cfg.model_dump_json())
 
     @property
     def store(self) -> MeasurementStore:
-        return _store(str(self.paths.measurements_dir))
+        return built_once(_store, str(self.paths.measurements_dir))
 
     def public(self) -> HierarchicalData:
         return cached_data(self.public_npz)
@@ -104,7 +119,7 @@ class RunContext:
         """The private input behind charged measurements (one per worker process and input)."""
         if not self.private_npz or self.geography is None:
             raise RuntimeError("the run context has no private input yet (ingest first)")
-        return _session(file_key(self.private_npz), self.cfg.privacy_unit, str(self.paths.ledger_path), str(self.paths.measurements_dir),
+        return built_once(_session, file_key(self.private_npz), self.cfg.privacy_unit, str(self.paths.ledger_path), str(self.paths.measurements_dir),
                         tuple(self.cfg.invariants), self.cfg.model_dump_json(), self.geography)
 
 

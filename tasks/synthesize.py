@@ -20,6 +20,7 @@ No task here reads the private data: only ``RunContext.session()`` measurements.
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 from prefect import task
 
 from engine.data import HierarchicalData, node_key
-from engine.queries import Measurement, Support, Workload
+from engine.queries import IncidenceCache, Measurement, Support, Workload
 from engine.synthesis import (
     BalanceTargets,
     Flip,
@@ -53,7 +54,7 @@ from engine.synthesis import (
     widen,
 )
 from engine.synthesis import strength_floor as floor_of
-from tasks.context import FileKey, RunContext, file_key
+from tasks.context import FileKey, RunContext, built_once, file_key
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
 __all__ = ["PumaJob", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task",
@@ -64,38 +65,50 @@ def place(data: HierarchicalData, node: tuple[int, ...]) -> HierarchicalData:
     return data.with_geo(np.tile(np.asarray(node, dtype=np.int32), (data.n_households, 1)))
 
 
+_incidence_caches: weakref.WeakSet[IncidenceCache] = weakref.WeakSet()  # those of the supports below, for forget_joint_incidences
+
+
 @lru_cache(maxsize=16)
 def _cached_support(key: FileKey) -> Support:
-    return Support.from_data(HierarchicalData.from_npz(key[0]))
+    support = Support.from_data(HierarchicalData.from_npz(key[0]))
+    _incidence_caches.add(support.cache)
+    return support
 
 
 def cached_support(public_npz: str) -> Support:
     """The public support, built once per worker process and file (incidences are cached on it;
     :func:`tasks.context.file_key`)."""
-    return _cached_support(file_key(public_npz))
+    return built_once(_cached_support, file_key(public_npz))
 
 
 @lru_cache(maxsize=4)
 def _cached_widened(key: FileKey, flips: tuple[Flip, ...]) -> WidenedSupport:
     public = _cached_support(key)
-    return widen(public.data, flips, public_cache=public.cache)
+    widened = widen(public.data, flips, public_cache=public.cache)
+    _incidence_caches.add(widened.support.cache)
+    return widened
 
 
 def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:
     """The public support widened by its flipped copies (``SynthesisSettings.prior_flips``,
     ``engine.synthesis``), built once per worker process, file and flips."""
-    return _cached_widened(file_key(public_npz), flips)
+    return built_once(_cached_widened, file_key(public_npz), flips)
 
 
 @lru_cache(maxsize=4)
 def _cached_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
-    return BalanceTargets.for_data((_cached_widened(key, flips).support if flips else _cached_support(key)).data)
+    public = _cached_support(key).data
+    if not flips:
+        return BalanceTargets.for_data(public)
+    # the widened households are the public ones, then their copies: the public targets' block is shared
+    widened = _cached_widened(key, flips).support.data
+    return _cached_balance(key, ()).extended(widened.take(np.arange(public.n_households, widened.n_households)))
 
 
 def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTargets:
     """The support's balance marginals (``engine.synthesis``; ``flips``: of the widened
     support), built once per worker process and file."""
-    return _cached_balance(file_key(public_npz), flips)
+    return built_once(_cached_balance, file_key(public_npz), flips)
 
 
 def worker_caches() -> tuple:
@@ -108,6 +121,16 @@ def clear_caches() -> None:
     """Empty :func:`worker_caches` (the next task that needs one rebuilds it from its file)."""
     for cache in worker_caches():
         cache.cache_clear()
+
+
+def forget_joint_incidences() -> None:
+    """Drop the joint incidences kept on every cached support (``IncidenceCache.forget_joints``),
+    between the state and the PUMA synthesis: the PUMA fits group their own workload lists, and the
+    state fits' lists (a few per support, tens to hundreds of MB each) would stay beside them, and
+    beside the balance targets, for the whole PUMA stage. The supports, their per-workload
+    incidences and patterns, which the PUMA fits do reuse, are kept."""
+    for cache in list(_incidence_caches):
+        cache.forget_joints()
 
 
 @task(name="select-workload")

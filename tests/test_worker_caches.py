@@ -47,7 +47,36 @@ def test_the_workers_caches_are_emptied_after_the_synthesis(tmp_path, vermont):
     cached_balance(str(path))
     cached_data(str(path))
     cached_widened(str(path), (Flip("SEX"),))
+    # the widened support's balance targets share the public support's block
+    assert cached_balance(str(path), (Flip("SEX"),)).blocks[0] is cached_balance(str(path)).blocks[0]
     assert all(c.cache_info().currsize > 0 for c in caches if c is not context.worker_caches()[0])  # no session without a private input
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         drop_worker_caches(cluster.scheduler_address)
     assert [c.cache_info().currsize for c in caches] == [0] * 5
+
+
+def test_the_joint_incidences_are_forgotten_between_the_stages(tmp_path, vermont):
+    """``tasks.synthesize.forget_joint_incidences`` (run in every worker after the state synthesis)
+    drops the joint incidences of the public and the widened supports and keeps the supports."""
+    from engine.queries import Workload
+    from tasks.synthesize import forget_joint_incidences
+
+    path = tmp_path / "public.npz"
+    _save(vermont[0].take(np.arange(300)), path)
+    ws = [Workload("group", ("NP",)), Workload("person", (), ("SEX",))]
+    public, widened = cached_support(str(path)), cached_widened(str(path), (Flip("SEX"),)).support
+    for s in (public, widened):
+        s.cache.joint_patterns(ws)
+        assert s.cache._joint
+    forget_joint_incidences()
+    assert not public.cache._joint and not widened.cache._joint
+    assert cached_support(str(path)) is public and cached_widened(str(path), (Flip("SEX"),)).support is widened
+
+
+def test_the_local_cluster_shares_each_process_between_two_threads():
+    """The run's own LocalCluster: two threads per worker process (sharing its supports), as many
+    processes as that leaves of the cores (at most 8); single-threaded processes when asked (H-GEM)."""
+    from flows.release import cluster_shape
+
+    assert [cluster_shape(c) for c in (1, 2, 3, 8, 64)] == [(1, 1), (1, 2), (1, 2), (4, 2), (4, 2)]
+    assert [cluster_shape(c, 1) for c in (1, 2, 8, 64)] == [(1, 1), (2, 1), (8, 1), (8, 1)]

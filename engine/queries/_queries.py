@@ -17,12 +17,14 @@ groups households with identical incidence columns (used by the entropy projecti
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -430,7 +432,7 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
         m = sp.csr_matrix(
             (np.ones(uniq.size), (np.arange(uniq.size), uniq)), shape=(uniq.size, A.shape[0])
         )
-        return Patterns(m, inv.astype(np.int64))
+        return Patterns(m, inv.astype(pattern_index(n)))
     At = A.T.tocsr()
     At.sort_indices()
     nnz = np.diff(At.indptr)
@@ -443,7 +445,14 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     keys[row, slot] = codes
     # exact row grouping, one column at a time (1-D uniques are much faster than unique(axis=0))
     gid, first = group_rows([keys[:, j] + 1 for j in range(width)], n)
-    return Patterns(At[first].tocsr(), gid)
+    return Patterns(At[first].tocsr(), gid.astype(pattern_index(n)))
+
+
+def pattern_index(n_households: int) -> type[np.signedinteger]:
+    """The integer type of a household's pattern number (:attr:`Patterns.pattern_of`): int32 while
+    the households allow, half of int64's memory on a support's every workload (a widened support
+    holds one such array per workload for each of its hundreds of thousands of households)."""
+    return np.int32 if n_households < 2**31 else np.int64
 
 
 @dataclass(frozen=True)
@@ -460,6 +469,20 @@ class PatternPairs:
         """W[row pattern, column pattern] = Σ q over the households of that pair."""
         data = np.bincount(self.pair_of, weights=np.asarray(q, dtype=np.float64), minlength=len(self.indices))
         return sp.csr_matrix((data, self.indices, self.indptr), shape=self.shape)
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def _locked(method: Method) -> Method:
+    """An :class:`IncidenceCache` method run under the cache's lock: the threads of a worker share
+    its supports, and a lookup that finds a list another thread is about to evict, or two threads
+    building the same incidence at once, would fail or hold it twice."""
+    @functools.wraps(method)
+    def run(self: IncidenceCache, *args: Any) -> Any:
+        with self._lock:
+            return method(self, *args)
+    return cast(Method, run)
 
 
 class IncidenceCache:
@@ -480,14 +503,17 @@ class IncidenceCache:
 
     # a node's fits reuse few lists at a time (an adaptive round extends the last one; a PUMA's
     # fits and error estimates alternate its own list and its state's), while each kept list holds
-    # its stacked incidence twice (both orientations, tens of MB on a public support): a longer
-    # memory mostly kept the lists of nodes already done, in every worker, for the whole run
-    JOINT_CACHE = 4
+    # its stacked incidence (tens of MB on a public support, a hundred on a widened one): a longer
+    # memory mostly kept the lists of nodes already done, in every worker, for the whole run; an
+    # adaptive round needs only the list it extends, and a node's chain of rounds passes through a
+    # cache of three as through one of four
+    JOINT_CACHE = 3
     LIVE_CACHE = 2  # restrictions kept (live_incidence): each is a copy of a joint incidence, and the fits that reuse one come one after another
 
     def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str]] | None = None):
         self.data: HierarchicalData = data
         self._copies_of = copies_of
+        self._lock = threading.RLock()
         if copies_of is not None:
             n = copies_of[0].data.n_households
             if n == 0 or data.n_households % n:
@@ -495,9 +521,9 @@ class IncidenceCache:
         self._A: dict[Workload, sp.csr_matrix] = {}
         self._patterns: dict[Workload, Patterns] = {}
         self._cells: dict[Workload, np.ndarray] = {}
-        self._joint: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix]] = OrderedDict()
+        self._joint: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray]] = OrderedDict()
         self._pairs: OrderedDict[tuple[tuple[Workload, ...], tuple[Workload, ...]], PatternPairs] = OrderedDict()
-        self._live: OrderedDict[tuple[Workload, ...], tuple[np.ndarray, sp.csr_matrix, sp.csr_matrix]] = OrderedDict()
+        self._live: OrderedDict[tuple[Workload, ...], tuple[np.ndarray, sp.csr_matrix]] = OrderedDict()
 
     def _copied(self, w: Workload) -> tuple[IncidenceCache, int] | None:
         """The copied cache and the number of repeats when ``w`` reads no attribute the repeats vary in."""
@@ -506,6 +532,7 @@ class IncidenceCache:
         base = self._copies_of[0]
         return base, self.data.n_households // base.data.n_households
 
+    @_locked
     def matrix(self, w: Workload) -> sp.csr_matrix:
         A = self._A.get(w)
         if A is None:
@@ -517,6 +544,7 @@ class IncidenceCache:
             A = self._A[w] = A
         return A
 
+    @_locked
     def patterns(self, w: Workload) -> Patterns:
         P = self._patterns.get(w)
         if P is None:
@@ -529,6 +557,7 @@ class IncidenceCache:
             self._patterns[w] = P
         return P
 
+    @_locked
     def joint_patterns(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
         """The households grouped by their column of the stacked incidence of ``workloads`` (equal
         in every one of them): ``(matrix, pattern_of)`` with ``matrix`` (Σ cells × U) holding one
@@ -540,41 +569,55 @@ class IncidenceCache:
         if got is None:
             # extend the longest cached prefix (the adaptive rounds add one workload at a time)
             n = next((k for k in range(len(key) - 1, 0, -1) if key[:k] in self._joint), 0)
-            _, prefix_of, prefix_rows = self._joint[key[:n]] if n else (None, None, None)
+            prefix, prefix_of = self._joint[key[:n]] if n else (None, None)
             gid, first = group_rows([self.patterns(w).pattern_of for w in key[n:]], self.data.n_households, prefix_of)
             # one row per pattern: the prefix's row of its pattern, then each new workload's
-            blocks = [] if prefix_of is None or prefix_rows is None else [prefix_rows[prefix_of[first]]]
+            blocks = [] if prefix is None or prefix_of is None else [prefix[:, prefix_of[first]].T]
             blocks += [self.patterns(w).matrix[self.patterns(w).pattern_of[first]] for w in key[n:]]
             by_pattern = sp.hstack(blocks, format="csr", dtype=np.float64) if blocks else sp.csr_matrix((first.size, 0))
-            got = self._joint[key] = (by_pattern.T.tocsr(), gid, by_pattern)
+            # one orientation kept: a product with the transpose is the same sums in the same order
+            # (scipy's CSC product of the transpose view adds a pattern's cells in ascending order,
+            # as the CSR product of a stored transpose does), and a second copy doubled the cache
+            got = self._joint[key] = (by_pattern.T.tocsr(), gid)
         self._joint.move_to_end(key)
         while len(self._joint) > self.JOINT_CACHE:
             self._joint.popitem(last=False)
-        return got[0], got[1]
+        return got
 
-    def joint_incidence(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
+    def joint_incidence(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
         """:meth:`joint_patterns` with the transpose of its matrix: ``(matrix, its transpose,
-        pattern_of)``, both CSR and both cached — what every MAP fit on these workloads multiplies
-        by (``engine.synthesis._map_update``)."""
+        pattern_of)``, the transpose a CSC view of the cached CSR matrix — what every MAP fit on
+        these workloads multiplies by (``engine.synthesis._map_update``)."""
         M, pattern_of = self.joint_patterns(workloads)
-        return M, self._joint[tuple(workloads)][2], pattern_of
+        return M, M.T, pattern_of
 
-    def live_incidence(self, workloads: Sequence[Workload], live: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    @_locked
+    def live_incidence(self, workloads: Sequence[Workload], live: np.ndarray) -> tuple[sp.csr_matrix, sp.csc_matrix]:
         """:meth:`joint_incidence`'s matrix and its transpose restricted to the patterns ``live``
-        (ascending): ``(matrix[:, live], transpose[live])``, both CSR. The last restriction of each
-        workload list is kept, for the last ``LIVE_CACHE`` lists: the fits that share a prior (every
-        candidate strength of a played state, every PUMA under one state posterior) share its
-        zero-mass patterns."""
+        (ascending): ``(matrix[:, live], transpose[live])``, the first CSR, the second its CSC view
+        (one copy kept, as in :meth:`joint_patterns`). The last restriction of each workload list
+        is kept, for the last ``LIVE_CACHE`` lists: the fits that share a prior (every candidate
+        strength of a played state, every PUMA under one state posterior) share its zero-mass
+        patterns."""
         key = tuple(workloads)
         got = self._live.get(key)
         if got is None or not np.array_equal(got[0], live):
-            At = self.joint_incidence(key)[1][live]
-            got = self._live[key] = (np.array(live, copy=True), At.T.tocsr(), At)
+            got = self._live[key] = (np.array(live, copy=True), self.joint_patterns(key)[0][:, live])
         self._live.move_to_end(key)
         while len(self._live) > self.LIVE_CACHE:
             self._live.popitem(last=False)
-        return got[1], got[2]
+        return got[1], got[1].T
 
+    @_locked
+    def forget_joints(self) -> None:
+        """Drop the kept joint incidences, their restrictions and pattern pairs (the per-workload
+        incidences and patterns stay): for a caller that knows the workload lists it grouped will
+        not come again."""
+        self._joint.clear()
+        self._live.clear()
+        self._pairs.clear()
+
+    @_locked
     def pattern_pairs(self, rows: Sequence[Workload], cols: Sequence[Workload]) -> PatternPairs:
         """The households grouped by their (pattern of ``rows``, pattern of ``cols``) pair
         (:meth:`joint_patterns` of each list), as a fixed CSR structure: the mass of every pair
@@ -594,6 +637,7 @@ class IncidenceCache:
             self._pairs.popitem(last=False)
         return got
 
+    @_locked
     def partition_cells(self, w: Workload) -> np.ndarray:
         """Cell of every household for a partition workload (group level, S_I = ∅)."""
         if not w.is_partition():

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse import _sparsetools
 
 from engine.data import Domain, HierarchicalData
 from engine.queries import Workload, household_cell_pairs
@@ -72,28 +73,70 @@ def balance_workloads(domain: Domain) -> list[Workload]:
 
 @dataclass(frozen=True, eq=False)
 class BalanceTargets:
-    """The balance marginals' incidence over one set of support households: ``rows`` (households ×
-    cells, CSR) holds household h's counts in every cell of every workload of ``workloads``. Built
-    once per support (:meth:`for_data`) and shared by every node drawn from it."""
+    """The balance marginals' incidence over one set of support households: ``blocks`` (households
+    × cells, CSR, one block per run of consecutive households, stacked in order: the rows) hold
+    household h's counts in every cell of every workload of ``workloads``, in the smallest unsigned
+    integer type that holds them (persons of one household: one byte, where float64 took eight, on
+    tens of millions of entries). Built once per support (:meth:`for_data`) and shared by every node
+    drawn from it; a widened support's targets (the public households, then their flipped copies)
+    share the public support's block (:meth:`extended`) instead of holding it again. Every product
+    with them is taken in float64, exactly as with the stacked float64 matrix."""
 
     workloads: tuple[Workload, ...]
-    rows: sp.csr_matrix
+    blocks: tuple[sp.csr_matrix, ...]
 
     @classmethod
     def for_data(cls, data: HierarchicalData, workloads: Sequence[Workload] | None = None) -> BalanceTargets:
         ws = tuple(balance_workloads(data.domain) if workloads is None else workloads)
         if not ws:
             raise ValueError("balanced sampling needs at least one balance workload")
-        return cls(ws, household_rows(data, ws))
+        return cls(ws, (household_rows(data, ws),))
+
+    def extended(self, more: HierarchicalData) -> BalanceTargets:
+        """These households followed by ``more``: the blocks kept, one block added."""
+        return BalanceTargets(self.workloads, (*self.blocks, household_rows(more, self.workloads)))
 
     @property
     def n_households(self) -> int:
-        return int(self.rows.shape[0])
+        return sum(int(b.shape[0]) for b in self.blocks)
+
+    @property
+    def n_cells(self) -> int:
+        return int(self.blocks[0].shape[1])
+
+    @property
+    def rows(self) -> sp.csr_matrix:
+        """The blocks stacked (a copy when there are several: for inspection, not for the draws)."""
+        return self.blocks[0] if len(self.blocks) == 1 else sp.vstack(self.blocks, format="csr")
+
+    def take(self, households: np.ndarray) -> sp.csr_matrix:
+        """The rows of ``households`` (in the given order) in float64: ``rows[households]``."""
+        households = np.asarray(households, dtype=np.int64)
+        starts = np.cumsum([0] + [int(b.shape[0]) for b in self.blocks])
+        block_of = np.searchsorted(starts, households, side="right") - 1
+        order = np.argsort(block_of, kind="stable")
+        parts = [b[households[order][block_of[order] == i] - starts[i]] for i, b in enumerate(self.blocks)]
+        return sp.vstack(parts, format="csr", dtype=np.float64)[np.argsort(order)]
 
     def expected(self, counts: np.ndarray) -> np.ndarray:
-        """The balance counts of households weighted by ``counts`` (expected copies per household)."""
-        balance: np.ndarray = self.rows.T @ np.asarray(counts, dtype=np.float64)
-        return balance
+        """The balance counts of households weighted by ``counts`` (expected copies per household):
+        ``rows.T @ counts`` in float64, the same sums in the same order (scipy's product of a CSR
+        matrix's transpose runs ``csc_matvec``, which adds household after household into one
+        output), taken over blocks of :data:`BLOCK` households so that only a block's counts are
+        ever converted to float64 (scipy converts the whole matrix for a mixed-type product)."""
+        x = np.asarray(counts, dtype=np.float64)
+        out, start = np.zeros(self.n_cells), 0
+        for R in self.blocks:
+            for lo in range(0, R.shape[0], BLOCK):
+                hi = min(lo + BLOCK, R.shape[0])
+                a, b = R.indptr[lo], R.indptr[hi]
+                _sparsetools.csc_matvec(R.shape[1], hi - lo, R.indptr[lo : hi + 1] - a, R.indices[a:b], R.data[a:b].astype(np.float64),
+                                        x[start + lo : start + hi], out)
+            start += R.shape[0]
+        return out
+
+
+BLOCK = 512  # households per block of BalanceTargets.expected: a few MB of float64 at a time, as fast as the whole product
 
 
 def household_rows(data: HierarchicalData, workloads: Sequence[Workload]) -> sp.csr_matrix:
@@ -103,13 +146,15 @@ def household_rows(data: HierarchicalData, workloads: Sequence[Workload]) -> sp.
     row's entries): stacking the incidences and transposing would hold the matrix twice at once,
     hundreds of MB on a widened public support."""
     n = data.n_households
-    lengths = np.zeros(n, dtype=np.int64)
+    lengths, top = np.zeros(n, dtype=np.int64), 0
     for w in workloads:
-        lengths += np.bincount(household_cell_pairs(data, w)[0], minlength=n)
+        h, _, k = household_cell_pairs(data, w)
+        lengths += np.bincount(h, minlength=n)
+        top = max(top, int(k.max(initial=0)))
     indptr = np.concatenate(([0], np.cumsum(lengths)))
     n_cells = sum(w.n_cells(data.domain) for w in workloads)
     index_type = np.int32 if max(int(indptr[-1]), n_cells) < 2**31 else np.int64
-    indices, values = np.empty(int(indptr[-1]), dtype=index_type), np.empty(int(indptr[-1]), dtype=np.float64)
+    indices, values = np.empty(int(indptr[-1]), dtype=index_type), np.empty(int(indptr[-1]), dtype=np.min_scalar_type(top))
     filled, offset = indptr[:-1].copy(), 0
     for w in workloads:
         # one entry per (household, cell), ordered by household, then cell
@@ -185,7 +230,7 @@ def balanced_draws(
     draws; a function of the weights, totals and generators (in this order)."""
     if not (len(weights) == len(totals) == len(rngs)):
         raise ValueError("give one total and one generator per node")
-    carried = np.zeros(balance.rows.shape[1])
+    carried = np.zeros(balance.n_cells)
     out = []
     for p, n, rng in zip(weights, totals, rngs):
         idx, residual = _draw(balance, p, n, rng, order, carried, 2, 100, 16)
@@ -215,7 +260,7 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
     pool = perm[systematic_positions(p[perm], k * n, float(rng.random()))]
     chosen = np.zeros(k * n, dtype=bool)
     chosen[int(rng.integers(k)) + k * np.arange(n)] = True
-    R = balance.rows[pool]  # pool unit × cell
+    R = balance.take(pool)  # pool unit × cell
     r = R.T @ chosen.astype(np.float64) - expected + shift
     if k == 1:
         return pool, r - shift

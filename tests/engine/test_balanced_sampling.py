@@ -48,9 +48,26 @@ def test_balance_rows_are_the_transposed_stack_of_the_incidences():
     rows = BalanceTargets.for_data(data, ws).rows
     stacked = sp.vstack([incidence_matrix(data, w) for w in ws], format="csr").T.tocsr()
     stacked.sort_indices()
-    assert rows.has_sorted_indices and rows.shape == stacked.shape and rows.dtype == stacked.dtype
+    assert rows.has_sorted_indices and rows.shape == stacked.shape and rows.dtype == np.uint8  # counts of ≤ M persons: one byte
     for a, b in ((rows.indptr, stacked.indptr), (rows.indices, stacked.indices), (rows.data, stacked.data)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_expected_is_the_float64_product_bit_for_bit():
+    """The one-byte rows' product (taken block by block) is the float64 matrix's ``rows.T @ x``
+    to the last bit: the balanced draw compares losses, so a rounding difference could change a
+    swap and the released households. Negative control: the same blocks' products added up
+    (each block's sums started from zero) are not bit-identical, so the equality is not vacuous."""
+    import engine.synthesis._balanced_sampling as bs
+
+    data = random_data(DOMAIN, 3000, seed=9)
+    bt = BalanceTargets.for_data(data)
+    wide = bt.rows.astype(np.float64)
+    x = np.random.default_rng(10).random(data.n_households)
+    np.testing.assert_array_equal(bt.expected(x), wide.T @ x)
+    starts = range(0, data.n_households, bs.BLOCK)
+    summed = sum(wide[lo : lo + bs.BLOCK].T @ x[lo : lo + bs.BLOCK] for lo in starts)
+    assert len(starts) > 1 and not np.array_equal(summed, wide.T @ x)
 
 
 def test_systematic_positions_hit_floor_or_ceil_of_n_q():
@@ -210,3 +227,29 @@ def test_a_node_whose_total_is_zero_gets_no_household_and_leaves_its_siblings_dr
         out = [sample_households(s, q, n, np.random.default_rng(k), geo=(1, 100 + k), order=order, method="systematic")
                for k, (q, n) in enumerate(zip(qs, totals))]
     assert [o.n_households for o in out] == totals and out[1].n_persons == 0
+
+
+def test_extended_targets_share_the_first_block_and_equal_the_stacked_build():
+    """A widened support's targets (the public households, then other households) built as the
+    public block plus one block are, array for array, the targets of the concatenated households:
+    the same rows, the same rows taken for a pool in any order, the same expected counts to the
+    last bit; the public block is shared, not copied. Negative control: the pool's rows left in
+    block order (the given order not restored) differ, so the row comparison is not vacuous."""
+    from engine.data import HierarchicalData
+
+    public, copies = random_data(DOMAIN, 700, seed=11), random_data(DOMAIN, 700, seed=12)
+    plain = BalanceTargets.for_data(public)
+    widened = plain.extended(copies)
+    full = BalanceTargets.for_data(HierarchicalData.concat([public, copies]))
+    assert widened.blocks[0] is plain.blocks[0] and widened.n_households == full.n_households == 1400
+    for a, b in ((widened.rows.indptr, full.rows.indptr), (widened.rows.indices, full.rows.indices), (widened.rows.data, full.rows.data)):
+        np.testing.assert_array_equal(a, b)
+    rng = np.random.default_rng(13)
+    pool = rng.integers(0, 1400, 300)
+    taken, reference = widened.take(pool), full.rows[pool].astype(np.float64)
+    for a, b in ((taken.indptr, reference.indptr), (taken.indices, reference.indices), (taken.data, reference.data)):
+        np.testing.assert_array_equal(a, b)
+    in_block_order = full.rows[np.sort(pool, kind="stable")].astype(np.float64)
+    assert (in_block_order != reference).nnz > 0
+    x = rng.random(1400)
+    np.testing.assert_array_equal(widened.expected(x), full.rows.astype(np.float64).T @ x)

@@ -21,6 +21,7 @@ from engine.queries._queries import (
     incidence_patterns,
     normalise_columns,
     normalised_answer,
+    pattern_index,
 )
 from engine.queries._support import Support
 from tests.engine._support_testdata import all_workloads, brute_force_answer, random_data, small_domain
@@ -220,7 +221,7 @@ def test_live_incidence_is_the_joint_incidence_restricted_to_each_live_set():
         np.testing.assert_array_equal(At.toarray(), Mt.toarray()[live])
         np.testing.assert_array_equal(A.toarray(), M.toarray()[:, live])
     again = cache.live_incidence(ws, first.copy())
-    assert again[0] is A and again[1] is At  # the same live set: the kept restriction
+    assert again[0] is A and np.shares_memory(again[1].data, A.data)  # the same live set: the kept restriction, its transpose a view
     for k in range(1, len(ws) + 1):  # a copy per workload list: only the last LIVE_CACHE lists are kept
         cache.live_incidence(ws[:k], np.arange(1, cache.joint_incidence(ws[:k])[0].shape[1]))
     assert len(cache._live) == cache.LIVE_CACHE
@@ -315,3 +316,39 @@ def test_centred_gram_is_the_answers_covariance_under_the_weights():
     w /= w.sum()
     D = A.toarray()
     np.testing.assert_allclose(centred_gram(A, w), D @ np.diag(w) @ D.T - np.outer(D @ w, D @ w), rtol=1e-12, atol=1e-15)
+
+
+def test_forgotten_joint_incidences_are_rebuilt_array_for_array():
+    """``forget_joints`` drops the kept joint incidences (and restrictions, pattern pairs) but not
+    the per-workload incidences; a list grouped again from nothing is the same matrix, array for
+    array and column for column, as the one extended from its cached prefix: a worker that forgot
+    its lists between stages fits on the same matrices. Negative control: the columns of another
+    list differ, so the comparison is not vacuous."""
+    ws = [w for w in WORKLOADS if len(w.attrs) <= 2][:4]
+    cache = IncidenceCache(DATA)
+    for k in range(1, len(ws) + 1):
+        extended, ext_of = cache.joint_patterns(ws[:k])
+    cache.live_incidence(ws, np.arange(1, extended.shape[1]))
+    cache.pattern_pairs(ws[:1], ws)
+    kept = dict(cache._A)
+    cache.forget_joints()
+    assert not cache._joint and not cache._live and not cache._pairs and cache._A == kept
+    fresh, fresh_of = cache.joint_patterns(ws)
+    for a, b in ((extended.indptr, fresh.indptr), (extended.indices, fresh.indices), (extended.data, fresh.data), (ext_of, fresh_of)):
+        np.testing.assert_array_equal(a, b)
+    other, _ = IncidenceCache(DATA).joint_patterns(ws[1:])
+    assert other.shape != fresh.shape or not np.array_equal(other.indices, fresh.indices)
+
+
+def test_pattern_numbers_are_int32_and_select_as_int64_did():
+    """A workload's pattern numbers are kept as int32 (half the memory on every household of a
+    support): the same numbers as the int64 grouping, so every gather and sum over them is the
+    same; a support too large for int32 keeps int64."""
+    w = Workload("person", ("TEN",), ("AGE",))
+    P = incidence_patterns(DATA, w)
+    assert P.pattern_of.dtype == np.int32
+    gid, _ = group_rows([P.pattern_of.astype(np.int64)], DATA.n_households)
+    np.testing.assert_array_equal(gid, P.pattern_of)  # numbered 0..U-1 in order: the grouping itself
+    x = np.random.default_rng(3).random(P.n_patterns)
+    np.testing.assert_array_equal(x[P.pattern_of], x[P.pattern_of.astype(np.int64)])
+    assert pattern_index(2**31 - 1) is np.int32 and pattern_index(2**31) is np.int64
