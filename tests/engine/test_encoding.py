@@ -1,6 +1,6 @@
 import numpy as np
 
-from engine import encoding
+from engine.data import _encoding as encoding
 
 
 def test_bin_ranges_matches_python_reference():
