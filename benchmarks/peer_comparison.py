@@ -21,7 +21,7 @@ Metrics (against the confidential data: benchmark output is internal):
   mean_l1    mean over the 165 marginals of ‖p − q‖₁ (p, q the confidential and synthetic
              marginals, each normalised to sum 1; ∈ [0, 2]; the papers' "average error" is half);
   max_cell   the largest |p − q| over every cell of every marginal;
-  contains_l1 (dprelease and public-only only: AIM and MST release no households) the same 165
+  contains_l1 (dprelease and public-only only: AIM, MST and JAM release no households) the same 165
              attribute triples at group level — the share of households (of the private state)
              whose PUMA / NP match and that contain at least one person with the person attributes
              of the triple — mean L1 between confidential and synthetic.
@@ -37,6 +37,10 @@ Methods (``--methods``):
              householder and the next M−1 by SPORDER), sensitivity M in L1 and L2 (a household of up
              to M persons changes a person-level marginal by up to M): household-level DP.
   mst_hh     the same for MST.
+  jam        JAM (benchmarks/peers/jam.py; Fuentes et al. 2024): AIM-like selection that may also pick a
+             public marginal, measured free: the public states' persons (no PUMA: their PUMAs are not
+             the private state's), scaled to a noisy person count. Person records, sensitivity 1.
+  jam_hh     the same on the clipped households with sensitivity M (public households clipped alike).
   dprelease  the real pipeline (``dprelease run``, subprocess) with the default release config's
              allocation and settings (deploy/releases/acs2018_default.yaml), domain
              acs_pums_aim.yaml, household unit, max_household_size M (the base config's, 8 by default,
@@ -109,11 +113,12 @@ FIPS = dict(zip(STATES, (10, 16, 23, 30, 38, 31, 33, 35, 44, 46, 50, 56)))  # a 
 PERSON_ATTRS = ("AGEP_BAND", "SEX", "RAC1P", "HISP_ORIGIN", "SCHL_GROUP", "MAR", "ESR_GROUP", "RELP_GROUP", "CIT")
 ATTRS = PERSON_ATTRS + ("NP", "PUMA")
 NP_TOP = 7  # NP is scored as 1..6, 7+
-ALL_METHODS = ("aim", "mst", "aim_hh", "mst_hh", "dprelease", "dprelease_person", "public", "public0")
-EXEC_ORDER = ("public0", "public", "dprelease", "dprelease_person", "mst", "mst_hh", "aim", "aim_hh")
+ALL_METHODS = ("aim", "mst", "aim_hh", "mst_hh", "jam", "jam_hh", "dprelease", "dprelease_person", "public", "public0")
+EXEC_ORDER = ("public0", "public", "dprelease", "dprelease_person", "mst", "mst_hh", "aim", "aim_hh", "jam", "jam_hh")
 PIPELINE = ("dprelease", "dprelease_person", "public", "public0")
 LABELS = {"aim": "AIM (person records)", "mst": "MST (person records)", "aim_hh": "AIM (household unit)",
-          "mst_hh": "MST (household unit)", "dprelease": "dprelease (default)",
+          "mst_hh": "MST (household unit)", "jam": "JAM (person records)", "jam_hh": "JAM (household unit)",
+          "dprelease": "dprelease (default)",
           "dprelease_person": "dprelease (person unit)", "public": "public-only baseline",
           "public0": "public-only, exact counts"}
 SOURCE_METHOD = "dprelease@"  # dprelease@NAME: the pipeline of the checkout given by --source NAME=PATH
@@ -172,6 +177,14 @@ def state_zip(state: str) -> str:
     return f"acs2018_1yr/csv_p{s}.zip"
 
 
+def person_np_codes(data: HierarchicalData) -> np.ndarray:
+    """Each person's codes of :data:`PERSON_ATTRS` and NP (index of 1..6, 7+): n × 10."""
+    d = data.domain
+    cols = [data.person[:, d.person_index(a)].astype(np.int64) for a in PERSON_ATTRS]
+    cols.append(np.minimum(data.sizes, NP_TOP)[data.person_household].astype(np.int64) - 1)
+    return np.stack(cols, axis=1)
+
+
 class Bench:
     """The private state's persons as benchmark codes (n × 11) and its households."""
 
@@ -197,6 +210,7 @@ class Bench:
         self.triples = list(itertools.combinations(range(len(ATTRS)), 3))
         self.true_marg = [self.marginal(self.truth, t) for t in self.triples]
         self.true_contains = [self.contains(self.truth_hh, t) for t in self.triples]
+        self._public: dict[tuple, np.ndarray] = {}
 
     def puma_index(self, puma: np.ndarray) -> np.ndarray:
         i = np.searchsorted(self.pumas, puma)
@@ -206,11 +220,24 @@ class Bench:
         return i
 
     def records(self, data: HierarchicalData) -> np.ndarray:
-        d = data.domain
-        cols = [data.person[:, d.person_index(a)].astype(np.int64) for a in PERSON_ATTRS]
-        cols.append(np.minimum(data.sizes, NP_TOP)[data.person_household].astype(np.int64) - 1)
-        cols.append(self.puma_index(data.geo[:, 1].astype(np.int64))[data.person_household])
-        return np.stack(cols, axis=1)
+        puma = self.puma_index(data.geo[:, 1].astype(np.int64))[data.person_household]
+        return np.concatenate([person_np_codes(data), puma[:, None]], axis=1)
+
+    def public_records(self, states: list[str], clipped: bool) -> np.ndarray:
+        """The public states' persons as the benchmark codes but PUMA (the private state's PUMAs are
+        none of theirs), households clipped to M like the private records of the *_hh methods when
+        ``clipped``: JAM's public data."""
+        if (tuple(states), clipped) in self._public:
+            return self._public[tuple(states), clipped]
+        rules = HouseholdRules(self.M if clipped else 20, "single_person_households", "clip")
+        parts = []
+        for s in states:
+            data, _ = load_person_file(DATA / state_zip(s), self.spec, rules)
+            if any(list(data.domain.person_attribute(a).codes) != list(self.person_codes[a]) for a in PERSON_ATTRS):
+                raise ValueError(f"{state_zip(s)}: person attribute codes differ from the private state's")
+            parts.append(person_np_codes(data))
+        self._public[tuple(states), clipped] = np.concatenate(parts)
+        return self._public[tuple(states), clipped]
 
     def households(self, data: HierarchicalData) -> dict:
         return {"person": self.records(data)[:, : len(PERSON_ATTRS)], "hh": data.person_household.astype(np.int64),
@@ -277,26 +304,33 @@ def marginal_kind(t: tuple[int, ...]) -> str:
 
 
 # -- peers -----------------------------------------------------------------------------------------
-def mbi_dataset(codes: np.ndarray, shape):
+def mbi_dataset(codes: np.ndarray, shape, attrs: tuple[str, ...] = ATTRS):
     from peers.common import import_mbi
 
     mbi = import_mbi()
-    return mbi.Dataset({a: codes[:, j] for j, a in enumerate(ATTRS)}, mbi.Domain(ATTRS, shape))
+    return mbi.Dataset({a: codes[:, j] for j, a in enumerate(attrs)}, mbi.Domain(attrs, shape))
 
 
 def synth_codes(synth) -> np.ndarray:
     return np.stack([np.asarray(synth.data[a]).astype(np.int64) for a in ATTRS], axis=1)
 
 
-def _peer_child(method: str, codes: np.ndarray, shape: tuple, rho: float, sens: float, settings: dict, t0: float) -> tuple[np.ndarray, dict]:
-    """One AIM / MST run (in a child process): the synthetic records and the mechanism's info."""
+def _peer_child(method: str, codes: np.ndarray, shape: tuple, rho: float, sens: float, settings: dict, t0: float,
+                public: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """One AIM / MST / JAM run (in a child process): the synthetic records and the mechanism's info."""
     global T0
     T0 = t0
-    from peers import aim, mst
+    from peers import aim, jam, mst
 
     data = mbi_dataset(codes, shape)
     rng = np.random.default_rng()
-    if method.startswith("aim"):
+    if method.startswith("jam"):
+        pub = mbi_dataset(public, shape[: public.shape[1]], ATTRS[: public.shape[1]])
+        workload = [(t, 1.0) for t in itertools.combinations(ATTRS, 3)]
+        _, synth, info = jam.run(data, pub, workload, rho, rng=rng, sensitivity=sens, rounds=settings["rounds"],
+                                 max_model_size=settings["max_model_size"], max_iters=settings["max_iters"],
+                                 log=lambda s: log(f"  {s}"))
+    elif method.startswith("aim"):
         workload = [(t, 1.0) for t in itertools.combinations(ATTRS, 3)]
         _, synth, info = aim.run(data, workload, rho, rng=rng, sensitivity=sens, rounds=settings["rounds"],
                                  max_model_size=settings["max_model_size"], max_iters=settings["max_iters"],
@@ -308,19 +342,22 @@ def _peer_child(method: str, codes: np.ndarray, shape: tuple, rho: float, sens: 
     return synth_codes(synth), info
 
 
-def run_peer(method: str, bench: Bench, rho: float, args) -> tuple[dict, dict]:
-    """AIM / MST in a fresh child process: every run starts with empty JAX caches (one long process
+def run_peer(method: str, bench: Bench, public: list[str], rho: float, args) -> tuple[dict, dict]:
+    """AIM / MST / JAM in a fresh child process: every run starts with empty JAX caches (one long process
     accumulates thousands of compiled programs), and a crash of the native code costs one cell,
     not the benchmark."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     hh_unit = method.endswith("_hh")
-    settings = ({"max_model_size": args.max_model_size, "max_iters": args.max_iters, "rounds": args.rounds}
-                if method.startswith("aim") else {"iters": args.mst_iters})
+    settings = ({"max_model_size": args.max_model_size, "max_iters": args.max_iters, "rounds": args.rounds} if method.startswith("aim")
+                else {"max_model_size": args.max_model_size, "max_iters": args.max_iters, "rounds": args.jam_rounds} if method.startswith("jam")
+                else {"iters": args.mst_iters})
     codes = bench.clipped if hh_unit else bench.truth
+    public_codes = bench.public_records(public, hh_unit) if method.startswith("jam") else None
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        synth, info = pool.submit(_peer_child, method, codes, bench.shape, rho, float(bench.M) if hh_unit else 1.0, settings, T0).result()
+        synth, info = pool.submit(_peer_child, method, codes, bench.shape, rho, float(bench.M) if hh_unit else 1.0, settings, T0,
+                                  public_codes).result()
     return bench.score(synth), info
 
 
@@ -464,6 +501,11 @@ def summarise(records: list[dict]) -> dict:
     return summary
 
 
+def better_ratio(num: dict, *peers: dict) -> float:
+    """Mean L1 of ``num`` over the best (lowest) mean L1 of ``peers`` (summary cells of one ε)."""
+    return num["mean_l1"]["mean"] / min(p["mean_l1"]["mean"] for p in peers)
+
+
 def fmt(s: dict, digits: int = 3) -> str:
     if not s or s["mean"] is None:
         return "—"
@@ -502,7 +544,7 @@ def render(res: dict) -> str:
         f"Workload: all 165 3-way marginals of {', '.join(ATTRS)} on person records.",
         "mean L1 = mean over the 165 marginals of ‖p − q‖₁ (normalised; the papers' 'average error' is half of it); "
         "max cell = largest |p − q| over all cells; contains L1 = the same triples at household level "
-        "(share of households containing a matching person; AIM/MST release no households).",
+        "(share of households containing a matching person; AIM/MST/JAM release no households).",
         "Mean ± s.e. over runs (no ± with one run). Wall time per run in seconds (2 shared CPU cores).",
         "",
     ]
@@ -518,12 +560,15 @@ def render(res: dict) -> str:
                          f"{fmt(s['contains_l1']):>16}  {s['wall_s']['mean']:>9.0f}")
         ratios = []
         for num, den in (("dprelease", "aim"), ("dprelease", "mst"), ("dprelease", "public"), ("dprelease", "public0"),
-                         ("dprelease", "aim_hh"), ("dprelease", "mst_hh"),
+                         ("dprelease", "aim_hh"), ("dprelease", "mst_hh"), ("dprelease", "jam"), ("dprelease", "jam_hh"),
                          ("dprelease_person", "aim"), ("dprelease_person", "mst"),
                          *((m, "dprelease") for m in methods if m.startswith(SOURCE_METHOD))):
             a, b = summary.get(num, {}).get(k), summary.get(den, {}).get(k)
             if a and b and a["mean_l1"]["mean"] and b["mean_l1"]["mean"]:
                 ratios.append(f"{num}/{den} {a['mean_l1']['mean'] / b['mean_l1']['mean']:.2f}")
+        best = [summary.get(m, {}).get(k) for m in ("aim_hh", "jam_hh")]
+        if summary.get("dprelease", {}).get(k) and all(best):
+            ratios.append(f"dprelease/min(aim_hh,jam_hh) {better_ratio(summary['dprelease'][k], *best):.2f}")
         if ratios:
             lines.append("  ratio of mean L1: " + ", ".join(ratios))
         if by_kind := breakdown(res["records"], methods, k, "l1_by_kind", KINDS):
@@ -542,10 +587,14 @@ def render(res: dict) -> str:
         f"    WEAKER: a household of k persons is k records (group privacy: kε). M = {st['max_household_size']}.",
         f"  AIM_hh, MST_hh: households clipped to M = {st['max_household_size']} persons ({st['clip_removed_persons']} persons removed), "
         "noise and selection sensitivity M: household-level DP, comparable with dprelease.",
+        "  JAM, JAM_hh: as AIM and AIM_hh; the public states' data (clipped alike for JAM_hh) are measured at no cost.",
         "",
         "Settings:",
         *[f"  AIM: max_model_size {a['max_model_size']:g} MB, max_iters {a['max_iters']} mirror-descent iterations per round, "
           f"rounds T = {a['rounds'] or '16·d = 176'} (paper defaults: 80 MB, 1000, 16·d)" for a in used("aim")],
+        *[f"  JAM: rounds T = {a['rounds']}, max_model_size {a['max_model_size']:g} MB, max_iters {a['max_iters']} (reference: 30, 80 MB, 1000), "
+          "α = 0.2, 2% of ρ for the noisy person count N̂ that scales the public marginals; public data: the public states' persons "
+          "without PUMA (cliques with PUMA are private candidates only)" for a in used("jam")],
         *[f"  MST: {a['iters']} mirror-descent iterations (reference: 10000), selection model 2500 iterations" for a in used("mst")],
         *(["  public-only: the pipeline with synthesizer public_baseline spends only its household-count share of ρ "
            "(count-of-counts / group_counts stages); the synthesis shares stay unspent."] if "public" in summary else []),
@@ -613,6 +662,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-model-size", type=float, default=80.0, help="AIM: model size limit in MB (paper: 80)")
     ap.add_argument("--max-iters", type=int, default=1000, help="AIM: mirror-descent iterations per round (paper: 1000)")
     ap.add_argument("--rounds", type=int, default=None, help="AIM: T (default 16·d = 176)")
+    ap.add_argument("--jam-rounds", type=int, default=30, help="JAM: rounds T (reference: 30)")
     ap.add_argument("--mst-iters", type=int, default=10000, help="MST: mirror-descent iterations of the final fit")
     ap.add_argument("--max-household-size", type=int, default=None,
                     help="M for dprelease and the *_hh variants (≥ 7 to score NP 7+; default: the base config's "
@@ -630,7 +680,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.epsilons, args.runs = "1", 1
-        args.max_model_size, args.max_iters, args.rounds, args.mst_iters = 1.0, 100, 20, 1000
+        args.max_model_size, args.max_iters, args.rounds, args.mst_iters, args.jam_rounds = 1.0, 100, 20, 1000, 10
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     try:
         source_roots = parse_sources(args.source)
@@ -705,6 +755,7 @@ def main(argv=None) -> int:
             "max_household_size": bench.M, "clip_removed_persons": int(bench.clip_removed),
             "aim": {"max_model_size": args.max_model_size, "max_iters": args.max_iters, "rounds": args.rounds},
             "mst": {"iters": args.mst_iters},
+            "jam": {"rounds": args.jam_rounds},
             "dprelease": {"config": config_name, "domain": str(SPEC_PATH.relative_to(ROOT)),
                           "allocation": (base_config.get("advanced") or {}).get("allocation"), "base_config": base_config},
             "attributes": {a: int(s) for a, s in zip(ATTRS, bench.shape)},
@@ -743,7 +794,7 @@ def main(argv=None) -> int:
                                                          f"peer-{name}-{str(e).replace('.', 'p')}-{run}", root=source_roots[name])
                             info["source_commit"] = sources[name]["commit"]
                         else:
-                            metrics, info = run_peer(m, bench, rho, args)
+                            metrics, info = run_peer(m, bench, public, rho, args)
                     except Exception as ex:  # noqa: BLE001 - record and go on with the other cells
                         log(f"ε={e:g} run {run + 1}: {m} FAILED: {ex}")
                         res["records"].append({"method": m, "epsilon": e, "run": run, "error": str(ex)[-4000:]})

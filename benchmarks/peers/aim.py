@@ -72,8 +72,8 @@ def filter_candidates(candidates, model, size_limit):
     return ans
 
 
-def _estimate(domain, measurements, iters, warm_start=None):
-    return mbi.estimation.MirrorDescent().estimate(domain, measurements, iters=iters, warm_start=warm_start)
+def _estimate(domain, measurements, iters, warm_start=None, known_total=None):
+    return mbi.estimation.MirrorDescent().estimate(domain, measurements, iters=iters, warm_start=warm_start, known_total=known_total)
 
 
 class Marginals:

@@ -120,3 +120,9 @@ def test_the_benchmark_sets_only_the_keys_every_config_format_knows(pc, tmp_path
     assert cfg["output_dir"] == str(tmp_path / "releases") and cfg["work_dir"] == str(tmp_path / "work")
     public = yaml.safe_load(pc.pipeline_config(shipped, Bench(), ["vt"], "public", 1.0, 1e-9, tmp_path).read_text())
     assert public["synthesizer"] == "public_baseline"
+
+
+def test_the_ratio_against_the_better_peer_takes_the_lower_error(pc):
+    cell = lambda v: {"mean_l1": {"mean": v}}  # noqa: E731
+    assert pc.better_ratio(cell(0.1), cell(0.2), cell(0.4)) == pytest.approx(0.5)
+    assert pc.better_ratio(cell(0.1), cell(0.4), cell(0.05)) == pytest.approx(2.0)

@@ -77,3 +77,11 @@ def test_pipeline_configs_set_the_unit_and_synthesizer(pc, bench, tmp_path):
         assert cfg.get("advanced") == base.get("advanced") and cfg["budget"]["epsilon"] == 1.0
     assert got == {"dprelease": ("household", "prior_update"), "dprelease_person": ("person", "prior_update"),
                    "public": ("household", "public_baseline")}
+
+
+def test_jams_public_records_are_the_public_states_codes_without_puma(pc, bench):
+    nh = pc.Bench("nh", bench.M)
+    for clipped, truth in ((False, nh.truth), (True, nh.clipped)):
+        pub = bench.public_records(["nh"], clipped)
+        np.testing.assert_array_equal(pub, truth[:, : len(pc.ATTRS) - 1])  # every attribute but PUMA, in order
+    assert len(bench.public_records(["nh"], True)) == nh.n - nh.clip_removed
