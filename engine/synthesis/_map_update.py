@@ -36,24 +36,6 @@ from scipy.optimize import minimize
 from engine.queries import Measurement, Support
 
 
-def map_update(
-    support: Support,
-    prior: np.ndarray,
-    measurements: Sequence[Measurement],
-    total: float,
-    *,
-    prior_strength: float = 1.0,
-    max_iter: int = 500,
-    tol: float = 1e-10,
-    dual0: np.ndarray | None = None,
-) -> tuple[np.ndarray, dict[str, Any]]:
-    """The MAP distribution on the support (module docstring). ``measurements``: noisy counts of
-    the node with their σ, divided here by the household total G = ``total``
-    (:meth:`~engine.queries._measurement.Measurement.answers`). Returns (weights, diagnostics)."""
-    fit = map_fit(support, prior, measurements, total, prior_strength=prior_strength, max_iter=max_iter, tol=tol, dual0=dual0)
-    return fit.weights, fit.diagnostics
-
-
 @dataclass
 class MapFit:
     """The MAP posterior ``weights``, the dual solution ``dual`` (one entry per measured cell, the
@@ -75,7 +57,9 @@ def map_fit(
     tol: float = 1e-10,
     dual0: np.ndarray | None = None,
 ) -> MapFit:
-    """:func:`map_update` with its dual. ``dual0``: a starting point for the dual (for example the
+    """The MAP distribution on the support (module docstring) with its dual. ``measurements``: noisy
+    counts of the node with their σ, divided here by the household total G = ``total``
+    (:meth:`~engine.queries._measurement.Measurement.answers`). ``dual0``: a starting point for the dual (for example the
     solution at a nearby household total, scaled by the ratio of totals: λ ∝ G·(ỹ − G·A q)/σ², and
     the prior strength grows with G too, so q's exponent Aᵀλ/α barely moves); the problem is
     strictly convex in λ, so the start changes only the number of iterations, not the optimum."""

@@ -17,7 +17,7 @@ from engine.privacy._measurements import MeasurementRecord as Measurement
 from engine.queries._measurement import Measurement as Noisy
 from engine.queries._queries import Workload, answer
 from engine.queries._support import Support
-from engine.synthesis._map_update import map_update
+from engine.synthesis._map_update import map_fit
 from engine.synthesis._uncertainty import (
     EB_BANDS,
     Z90,
@@ -162,7 +162,7 @@ def _fit(alpha_rel=0.3, sigma=4.0, seed=0):
     G = float(private.n_households)
     rng = np.random.default_rng(seed)
     ms = [Noisy(w, answer(private, w) + rng.normal(0, sigma, w.n_cells(DOMAIN)), sigma) for w in WORKLOADS]
-    q, _ = map_update(support, support.weights, ms, G, prior_strength=alpha_rel * G)
+    q = map_fit(support, support.weights, ms, G, prior_strength=alpha_rel * G).weights
     return support, q, G, alpha_rel * G, sigma
 
 
@@ -280,7 +280,7 @@ def _eb_node(rng, tilt: float, n: int = 400, sigma: float = 15.0, alpha_rel: flo
     G, alpha = float(n), alpha_rel * n
     truth = [answer(private, wl).astype(float) for wl in EB_WORKLOADS]
     noisy = [t + rng.normal(0, sigma, t.size) for t in truth]
-    q, _ = map_update(support, support.weights, [Noisy(wl, y, sigma) for wl, y in zip(EB_WORKLOADS, noisy)], G, prior_strength=alpha)
+    q = map_fit(support, support.weights, [Noisy(wl, y, sigma) for wl, y in zip(EB_WORKLOADS, noisy)], G, prior_strength=alpha).weights
     fitted = [(wl, sigma) for wl in EB_WORKLOADS]
     residual = prior_residual(support, support.weights, EB_WORKLOADS, noisy, G)
     est = np.concatenate(posterior_count_sd(support, q, fitted, G, alpha, residual=residual))
@@ -311,7 +311,7 @@ def test_prior_error_intervals_cover_90_percent(tilt):
 def test_response_sd_equals_the_finite_difference_jacobian_of_the_map_fit():
     """How much the fit's noise moves other workloads' counts: the sandwich of
     :func:`response_count_sd` against the MAP fit's Jacobian in the noisy answers, by finite
-    differences of ``map_update`` itself."""
+    differences of ``map_fit`` itself."""
     public = random_data(DOMAIN, 15, seed=41)
     private = random_data(DOMAIN, 80, seed=42)
     support = Support.from_data(public)
@@ -321,13 +321,13 @@ def test_response_sd_equals_the_finite_difference_jacobian_of_the_map_fit():
     y = [answer(private, w).astype(float) for w in fitted]
 
     def fit(ys):
-        q, _ = map_update(support, support.weights, [Noisy(w, v, sigma) for w, v in zip(fitted, ys)], G,
-                          prior_strength=alpha, tol=1e-14)
+        q = map_fit(support, support.weights, [Noisy(w, v, sigma) for w, v in zip(fitted, ys)], G,
+                          prior_strength=alpha, tol=1e-14).weights
         return G * np.concatenate([support.answer(w, q) for w in queries])
 
     q0 = fit(y)
-    q, _ = map_update(support, support.weights, [Noisy(w, v, sigma) for w, v in zip(fitted, y)], G,
-                      prior_strength=alpha, tol=1e-14)
+    q = map_fit(support, support.weights, [Noisy(w, v, sigma) for w, v in zip(fitted, y)], G,
+                      prior_strength=alpha, tol=1e-14).weights
     jac, h = [], 1e-3
     for i, v in enumerate(y):
         for c in range(v.size):
