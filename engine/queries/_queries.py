@@ -558,12 +558,18 @@ class IncidenceCache:
         return P
 
     @_locked
-    def joint_patterns(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
+    def joint_patterns(self, workloads: Sequence[Workload]) -> tuple[sp.csc_matrix, np.ndarray]:
         """The households grouped by their column of the stacked incidence of ``workloads`` (equal
         in every one of them): ``(matrix, pattern_of)`` with ``matrix`` (Σ cells × U) holding one
         column per pattern and ``pattern_of`` (N_G,) each household's pattern, so that
         ``vstack(incidences)[:, h] == matrix[:, pattern_of[h]]``. Exact: the per-workload
-        patterns (:func:`incidence_patterns`) are combined by successive 1-D ``np.unique``."""
+        patterns (:func:`incidence_patterns`) are combined by successive 1-D ``np.unique``.
+        ``matrix`` is the CSC view of the kept pattern-major CSR matrix (U × Σ cells)."""
+        P, pattern_of = self._by_pattern(workloads)
+        return P.T, pattern_of
+
+    def _by_pattern(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
+        """:meth:`joint_patterns` kept pattern-major: ``(U × Σ cells CSR, pattern_of)``."""
         key = tuple(workloads)
         got = self._joint.get(key)
         if got is None:
@@ -572,29 +578,32 @@ class IncidenceCache:
             prefix, prefix_of = self._joint[key[:n]] if n else (None, None)
             gid, first = group_rows([self.patterns(w).pattern_of for w in key[n:]], self.data.n_households, prefix_of)
             # one row per pattern: the prefix's row of its pattern, then each new workload's
-            blocks = [] if prefix is None or prefix_of is None else [prefix[:, prefix_of[first]].T]
+            blocks = [] if prefix is None or prefix_of is None else [prefix[prefix_of[first]]]
             blocks += [self.patterns(w).matrix[self.patterns(w).pattern_of[first]] for w in key[n:]]
             by_pattern = sp.hstack(blocks, format="csr", dtype=np.float64) if blocks else sp.csr_matrix((first.size, 0))
-            # one orientation kept: a product with the transpose is the same sums in the same order
-            # (scipy's CSC product of the transpose view adds a pattern's cells in ascending order,
-            # as the CSR product of a stored transpose does), and a second copy doubled the cache
-            got = self._joint[key] = (by_pattern.T.tocsr(), gid)
+            # one orientation kept, pattern-major: a pattern's row holds its few cells, so both
+            # products read a vector of cells that stays in cache — Mᵀλ gathers from λ (CSR) and
+            # M q scatters into it (the CSC view) — where the cell-major orientation gathered from
+            # and scattered into a vector of patterns, at twice the time. Either orientation adds a
+            # cell's patterns, and a pattern's cells, in ascending order: the same sums, bit for bit
+            got = self._joint[key] = (by_pattern, gid)
         self._joint.move_to_end(key)
         while len(self._joint) > self.JOINT_CACHE:
             self._joint.popitem(last=False)
         return got
 
-    def joint_incidence(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
+    def joint_incidence(self, workloads: Sequence[Workload]) -> tuple[sp.csc_matrix, sp.csr_matrix, np.ndarray]:
         """:meth:`joint_patterns` with the transpose of its matrix: ``(matrix, its transpose,
-        pattern_of)``, the transpose a CSC view of the cached CSR matrix — what every MAP fit on
-        these workloads multiplies by (``engine.synthesis._map_update``)."""
-        M, pattern_of = self.joint_patterns(workloads)
-        return M, M.T, pattern_of
+        pattern_of)``, the matrix a CSC view of the kept pattern-major CSR transpose — what every
+        MAP fit on these workloads multiplies by (``engine.synthesis._map_update``)."""
+        with self._lock:
+            P, pattern_of = self._by_pattern(workloads)
+        return P.T, P, pattern_of
 
     @_locked
-    def live_incidence(self, workloads: Sequence[Workload], live: np.ndarray) -> tuple[sp.csr_matrix, sp.csc_matrix]:
+    def live_incidence(self, workloads: Sequence[Workload], live: np.ndarray) -> tuple[sp.csc_matrix, sp.csr_matrix]:
         """:meth:`joint_incidence`'s matrix and its transpose restricted to the patterns ``live``
-        (ascending): ``(matrix[:, live], transpose[live])``, the first CSR, the second its CSC view
+        (ascending): ``(matrix[:, live], transpose[live])``, the second CSR, the first its CSC view
         (one copy kept, as in :meth:`joint_patterns`). The last restriction of each workload list
         is kept, for the last ``LIVE_CACHE`` lists: the fits that share a prior (every candidate
         strength of a played state, every PUMA under one state posterior) share its zero-mass
@@ -602,11 +611,11 @@ class IncidenceCache:
         key = tuple(workloads)
         got = self._live.get(key)
         if got is None or not np.array_equal(got[0], live):
-            got = self._live[key] = (np.array(live, copy=True), self.joint_patterns(key)[0][:, live])
+            got = self._live[key] = (np.array(live, copy=True), self._by_pattern(key)[0][live])
         self._live.move_to_end(key)
         while len(self._live) > self.LIVE_CACHE:
             self._live.popitem(last=False)
-        return got[1], got[1].T
+        return got[1].T, got[1]
 
     @_locked
     def forget_joints(self) -> None:

@@ -284,14 +284,14 @@ def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeyp
     size = Workload("group", ("NP",))
     extra = [Measurement(size, np.full(size.n_cells(d), 100.0), 5.0)]
     built = []  # (the list's workloads, how many of them a cached list already grouped)
-    real = IncidenceCache.joint_patterns
+    real = IncidenceCache._by_pattern
 
     def spy(self, ws):
         key = tuple(ws)
         built.append((key, next((k for k in range(len(key), 0, -1) if key[:k] in self._joint), 0)))
         return real(self, ws)
 
-    monkeypatch.setattr(IncidenceCache, "joint_patterns", spy)
+    monkeypatch.setattr(IncidenceCache, "_by_pattern", spy)
     s = session(tmp_path, private, rho=5)
     res = synthesize_node(support, support.weights, workloads, rho, session_measure(s, "s", "state", (10,)), 400.0, total_sd=5.0, extra=extra,
                           adaptive=AdaptiveRounds(3, Fraction(1, 2)), select=session_select(s, "s", "state", (10,)), unit="household",

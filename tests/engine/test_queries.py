@@ -221,7 +221,7 @@ def test_live_incidence_is_the_joint_incidence_restricted_to_each_live_set():
         np.testing.assert_array_equal(At.toarray(), Mt.toarray()[live])
         np.testing.assert_array_equal(A.toarray(), M.toarray()[:, live])
     again = cache.live_incidence(ws, first.copy())
-    assert again[0] is A and np.shares_memory(again[1].data, A.data)  # the same live set: the kept restriction, its transpose a view
+    assert again[1] is At and np.shares_memory(again[0].data, At.data)  # the same live set: the kept restriction, the matrix its CSC view
     for k in range(1, len(ws) + 1):  # a copy per workload list: only the last LIVE_CACHE lists are kept
         cache.live_incidence(ws[:k], np.arange(1, cache.joint_incidence(ws[:k])[0].shape[1]))
     assert len(cache._live) == cache.LIVE_CACHE
