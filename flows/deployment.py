@@ -109,6 +109,15 @@ def dask_address(spec: DaskSpec | str | Path | None) -> str | None:
     return spec.address if spec.cluster == "remote" else None
 
 
+# The environment every Dask worker process of a release runs with (the LocalCluster's through
+# distributed's nanny, a remote cluster's in the printed ``dask worker`` commands). The nanny sets
+# MALLOC_TRIM_THRESHOLD_, which also turns off glibc's adaptive mmap threshold: every array above
+# 128 KiB (a MAP fit's vectors over the patterns, a few per solver step) was then mapped fresh and
+# faulted in page by page, and the kernel time rivalled the arithmetic. Arrays below 4 MiB come from
+# the heap again; larger ones (incidences, supports) are still mapped and returned when freed.
+WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
+
+
 def _fmt_resource(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(v)
 
@@ -129,7 +138,7 @@ def dask_worker_commands(spec: DaskSpec) -> list[str]:
             cmd += ["--memory-limit", w.memory_limit]
         if w.resources:
             cmd += ["--resources", " ".join(f"{k}={_fmt_resource(v)}" for k, v in w.resources.items())]
-        cmds.append(shlex.join(cmd))
+        cmds.append(" ".join(f"{k}={shlex.quote(v)}" for k, v in WORKER_ENVIRON.items()) + " " + shlex.join(cmd))
     return cmds
 
 

@@ -134,8 +134,11 @@ def dask_scheduler(address: str | None, threads_per_worker: int = 2):
     share_ephemeral_prefect_api()
     logging.getLogger("distributed").setLevel(logging.WARNING)
     workers, threads = cluster_shape(os.cpu_count() or 1, threads_per_worker)
+    from flows.deployment import WORKER_ENVIRON
+
     # no dashboard, so no use for the workers' statistical profiler (it samples every task's thread)
-    with dask.config.set({"distributed.worker.profile.enabled": False}), \
+    spawn_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in WORKER_ENVIRON.items()}
+    with dask.config.set({"distributed.worker.profile.enabled": False, **spawn_env}), \
             LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True, dashboard_address=None,
                          silence_logs=logging.WARNING) as cluster:
         yield cluster.scheduler_address

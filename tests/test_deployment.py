@@ -57,7 +57,7 @@ def test_dask_specs():
     cmds = dep.dask_worker_commands(gpu)
     assert cmds[0] == "dask scheduler --host dask-scheduler.example.org --port 8786"
     gpu_lines = [c for c in cmds if "--resources" in c]
-    assert gpu_lines == ["dask worker tcp://dask-scheduler.example.org:8786 --name gpu --nworkers 1 --nthreads 1 --resources GPU=1"]
+    assert gpu_lines == ["MALLOC_MMAP_THRESHOLD_=4194304 dask worker tcp://dask-scheduler.example.org:8786 --name gpu --nworkers 1 --nthreads 1 --resources GPU=1"]
     assert any("--name cpu" in c and "--resources" not in c for c in cmds)
     assert dep.dask_worker_commands(local) == []
 

@@ -3,6 +3,7 @@ cache: a long-lived Dask worker serves run after run, and a run's work directory
 and the release rerun under the same name with other inputs at the same paths."""
 
 import numpy as np
+import pytest
 
 from engine.synthesis._prior_mixture import Flip
 from tasks.context import cached_data, file_key
@@ -80,3 +81,22 @@ def test_the_local_cluster_shares_each_process_between_two_threads():
 
     assert [cluster_shape(c) for c in (1, 2, 3, 8, 64)] == [(1, 1), (1, 2), (1, 2), (4, 2), (4, 2)]
     assert [cluster_shape(c, 1) for c in (1, 2, 8, 64)] == [(1, 1), (2, 1), (8, 1), (8, 1)]
+
+
+@pytest.mark.flow
+def test_the_local_cluster_workers_run_with_the_malloc_setting():
+    """The run's own LocalCluster spawns its workers with ``flows.deployment.WORKER_ENVIRON`` (the
+    mmap threshold the nanny's MALLOC_TRIM_THRESHOLD_ would otherwise pin at 128 KiB), beside the
+    nanny's own settings."""
+    import os
+
+    from distributed import Client
+
+    from flows.deployment import WORKER_ENVIRON
+
+    address = os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if not address:
+        pytest.skip("no shared LocalCluster in this test process (DPRELEASE_TEST_SHARED_DASK=0)")
+    with Client(address) as client:
+        seen = client.run(lambda: {k: os.environ.get(k) for k in [*WORKER_ENVIRON, "MALLOC_TRIM_THRESHOLD_"]})
+    assert seen and all(env == {**WORKER_ENVIRON, "MALLOC_TRIM_THRESHOLD_": "65536"} for env in seen.values())
