@@ -109,15 +109,6 @@ def dask_address(spec: DaskSpec | str | Path | None) -> str | None:
     return spec.address if spec.cluster == "remote" else None
 
 
-# The environment every Dask worker process of a release runs with (the LocalCluster's through
-# distributed's nanny, a remote cluster's in the printed ``dask worker`` commands). The nanny sets
-# MALLOC_TRIM_THRESHOLD_, which also turns off glibc's adaptive mmap threshold: every array above
-# 128 KiB (a MAP fit's vectors over the patterns, a few per solver step) was then mapped fresh and
-# faulted in page by page, and the kernel time rivalled the arithmetic. Arrays below 4 MiB come from
-# the heap again; larger ones (incidences, supports) are still mapped and returned when freed.
-WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
-
-
 def _fmt_resource(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(v)
 
@@ -129,6 +120,8 @@ def dask_worker_commands(spec: DaskSpec) -> list[str]:
     if not spec.address:
         raise ValueError("a remote cluster needs the scheduler address (address: tcp://host:8786)")
     from urllib.parse import urlparse
+
+    from flows.release import WORKER_ENVIRON
 
     u = urlparse(spec.address)
     cmds = [f"dask scheduler --host {u.hostname} --port {u.port or 8786}"]

@@ -117,6 +117,16 @@ def share_ephemeral_prefect_api() -> None:
         os.environ["PREFECT_API_URL"] = server.api_url
 
 
+# The environment every Dask worker process of a release runs with: the LocalCluster's through
+# distributed's nanny, a remote cluster's in the ``dask worker`` commands that flows.deployment
+# prints. The nanny sets MALLOC_TRIM_THRESHOLD_, which also turns off glibc's adaptive mmap
+# threshold: every array above 128 KiB (a MAP fit's vectors over the patterns, a few per solver
+# step) was then mapped fresh and faulted in page by page, and the kernel's time rivalled the
+# arithmetic. Arrays below 4 MiB come from the heap again; larger ones (incidences, supports) are
+# still mapped, and returned to the system when freed.
+WORKER_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
+
+
 @contextlib.contextmanager
 def dask_scheduler(address: str | None, threads_per_worker: int = 2):
     """Yield a Dask scheduler address: the given one, else Dask's own configured
@@ -134,8 +144,6 @@ def dask_scheduler(address: str | None, threads_per_worker: int = 2):
     share_ephemeral_prefect_api()
     logging.getLogger("distributed").setLevel(logging.WARNING)
     workers, threads = cluster_shape(os.cpu_count() or 1, threads_per_worker)
-    from flows.deployment import WORKER_ENVIRON
-
     # no dashboard, so no use for the workers' statistical profiler (it samples every task's thread)
     spawn_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in WORKER_ENVIRON.items()}
     with dask.config.set({"distributed.worker.profile.enabled": False, **spawn_env}), \

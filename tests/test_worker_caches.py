@@ -85,14 +85,14 @@ def test_the_local_cluster_shares_each_process_between_two_threads():
 
 @pytest.mark.flow
 def test_the_local_cluster_workers_run_with_the_malloc_setting():
-    """The run's own LocalCluster spawns its workers with ``flows.deployment.WORKER_ENVIRON`` (the
+    """The run's own LocalCluster spawns its workers with ``flows.release.WORKER_ENVIRON`` (the
     mmap threshold the nanny's MALLOC_TRIM_THRESHOLD_ would otherwise pin at 128 KiB), beside the
     nanny's own settings."""
     import os
 
     from distributed import Client
 
-    from flows.deployment import WORKER_ENVIRON
+    from flows.release import WORKER_ENVIRON
 
     address = os.environ.get("DASK_SCHEDULER_ADDRESS")
     if not address:
