@@ -84,7 +84,7 @@ def test_the_local_cluster_shares_each_process_between_two_threads():
 
 
 @pytest.mark.flow
-def test_the_local_cluster_workers_run_with_the_malloc_setting():
+def test_the_local_cluster_workers_run_with_the_malloc_setting(_session_dask_cluster):
     """The run's own LocalCluster spawns its workers with ``flows.release.WORKER_ENVIRON`` (the
     mmap threshold the nanny's MALLOC_TRIM_THRESHOLD_ would otherwise pin at 128 KiB), beside the
     nanny's own settings."""
@@ -94,9 +94,8 @@ def test_the_local_cluster_workers_run_with_the_malloc_setting():
 
     from flows.release import WORKER_ENVIRON
 
-    address = os.environ.get("DASK_SCHEDULER_ADDRESS")
-    if not address:
-        pytest.skip("no shared LocalCluster in this test process (DPRELEASE_TEST_SHARED_DASK=0)")
-    with Client(address) as client:
+    if _session_dask_cluster is None:  # an outside cluster, or none: not the LocalCluster a run starts
+        pytest.skip("no LocalCluster started by this test process (DPRELEASE_TEST_SHARED_DASK=0 or DASK_SCHEDULER_ADDRESS set)")
+    with Client(_session_dask_cluster) as client:
         seen = client.run(lambda: {k: os.environ.get(k) for k in [*WORKER_ENVIRON, "MALLOC_TRIM_THRESHOLD_"]})
     assert seen and all(env == {**WORKER_ENVIRON, "MALLOC_TRIM_THRESHOLD_": "65536"} for env in seen.values())

@@ -592,12 +592,12 @@ class IncidenceCache:
             self._joint.popitem(last=False)
         return got
 
+    @_locked
     def joint_incidence(self, workloads: Sequence[Workload]) -> tuple[sp.csc_matrix, sp.csr_matrix, np.ndarray]:
         """:meth:`joint_patterns` with the transpose of its matrix: ``(matrix, its transpose,
         pattern_of)``, the matrix a CSC view of the kept pattern-major CSR transpose — what every
         MAP fit on these workloads multiplies by (``engine.synthesis._map_update``)."""
-        with self._lock:
-            P, pattern_of = self._by_pattern(workloads)
+        P, pattern_of = self._by_pattern(workloads)
         return P.T, P, pattern_of
 
     @_locked
