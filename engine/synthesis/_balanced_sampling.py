@@ -125,13 +125,27 @@ class BalanceTargets:
         output), taken over blocks of :data:`BLOCK` households so that only a block's counts are
         ever converted to float64 (scipy converts the whole matrix for a mixed-type product)."""
         x = np.asarray(counts, dtype=np.float64)
-        out, start = np.zeros(self.n_cells), 0
+        if x.shape != (self.n_households,):
+            raise ValueError(f"expected counts: one entry per balance household ({self.n_households}), got shape {x.shape}")
+        return self.expected_many(x[:, None])[:, 0]
+
+    def expected_many(self, counts: np.ndarray) -> np.ndarray:
+        """:meth:`expected` of several count vectors at once, the columns of ``counts``
+        (households × k): (cells × k), each column bit for bit :meth:`expected` of its vector
+        (``csc_matvecs`` adds ``a·x[h, :]`` household after household, the same additions as
+        ``csc_matvec`` per column). The rows are read and converted to float64 once for all k
+        vectors: a state's PUMAs, whose draws each need their expected counts, share one pass."""
+        x = np.ascontiguousarray(counts, dtype=np.float64)
+        if x.ndim != 2 or x.shape[0] != self.n_households:
+            raise ValueError(f"expected counts: households × vectors with {self.n_households} rows, got shape {x.shape}")
+        k = x.shape[1]
+        out, start = np.zeros((self.n_cells, k)), 0
         for R in self.blocks:
             for lo in range(0, R.shape[0], BLOCK):
                 hi = min(lo + BLOCK, R.shape[0])
                 a, b = R.indptr[lo], R.indptr[hi]
-                _sparsetools.csc_matvec(R.shape[1], hi - lo, R.indptr[lo : hi + 1] - a, R.indices[a:b], R.data[a:b].astype(np.float64),
-                                        x[start + lo : start + hi], out)
+                _sparsetools.csc_matvecs(R.shape[1], hi - lo, k, R.indptr[lo : hi + 1] - a, R.indices[a:b], R.data[a:b].astype(np.float64),
+                                         x[start + lo : start + hi].ravel(), out.ravel())
             start += R.shape[0]
         return out
 
@@ -231,25 +245,40 @@ def balanced_draws(
     if not (len(weights) == len(totals) == len(rngs)):
         raise ValueError("give one total and one generator per node")
     carried = np.zeros(balance.n_cells)
-    out = []
-    for p, n, rng in zip(weights, totals, rngs):
-        idx, residual = _draw(balance, p, n, rng, order, carried, 2, 100, 16)
-        carried += residual
-        out.append(idx)
+    out: list[np.ndarray] = []
+    for lo in range(0, len(weights), EXPECTED_BATCH):
+        batch = weights[lo : lo + EXPECTED_BATCH]
+        expected = balance.expected_many(np.column_stack([_distribution(balance, p) for p in batch]))
+        for j, (p, n, rng) in enumerate(zip(batch, totals[lo : lo + EXPECTED_BATCH], rngs[lo : lo + EXPECTED_BATCH])):
+            idx, residual = _draw(balance, p, n, rng, order, carried, 2, 100, 16, expected=expected[:, j])
+            carried += residual
+            out.append(idx)
+    return out
+
+
+EXPECTED_BATCH = 16  # nodes whose expected balance counts share one pass over the rows: (households × 16) float64 at a time
+
+
+def _distribution(balance: BalanceTargets, p: np.ndarray) -> np.ndarray:
+    """The weights ``p`` checked (one non-negative entry per balance household, positive mass) and normalised."""
+    p = np.asarray(p, dtype=np.float64)
+    if p.shape != (balance.n_households,) or np.any(p < 0) or p.sum() <= 0:
+        raise ValueError("weights must be non-negative with positive mass, one per balance household")
+    out: np.ndarray = p / p.sum()
     return out
 
 
 def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generator, order: np.ndarray | None, offset: np.ndarray | None,
-          pool_factor: int, max_rounds: int, exact_candidates: int) -> tuple[np.ndarray, np.ndarray]:
+          pool_factor: int, max_rounds: int, exact_candidates: int, expected: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`balanced_draw` minimising ‖draw − expected + ``offset``‖² over the balance cells;
-    returns (indices, draw − expected)."""
+    returns (indices, draw − expected). ``expected``: the balance counts of ``p`` normalised, when
+    the caller computed them (:meth:`BalanceTargets.expected_many`)."""
     p = np.asarray(p, dtype=np.float64)
-    if p.shape != (balance.n_households,) or np.any(p < 0) or p.sum() <= 0:
-        raise ValueError("weights must be non-negative with positive mass, one per balance household")
+    q = _distribution(balance, p)
     if pool_factor < 1 or exact_candidates < 1:
         raise ValueError("pool_factor and exact_candidates must be >= 1")
     n = int(n)
-    expected = n * balance.expected(p / p.sum())
+    expected = n * (balance.expected(q) if expected is None else expected)
     shift = np.zeros_like(expected) if offset is None else np.asarray(offset, dtype=np.float64)
     if shift.shape != expected.shape:
         raise ValueError("the offset needs one entry per balance cell")

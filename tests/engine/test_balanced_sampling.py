@@ -70,6 +70,45 @@ def test_expected_is_the_float64_product_bit_for_bit():
     assert len(starts) > 1 and not np.array_equal(summed, wide.T @ x)
 
 
+def test_expected_many_is_expected_per_column_bit_for_bit(monkeypatch):
+    """The batched product a state's PUMAs share (one pass over the rows for several vectors)
+    gives each column exactly :meth:`BalanceTargets.expected` of its vector, on a widened
+    (two-block) target too; and the sibling draws that use it release exactly the households of
+    draws that compute their own expected counts, across more siblings than one batch holds.
+    Negative control: the batch's products per block of households added up (another summation
+    order) differ in the last bits, so the equality is not vacuous."""
+    import engine.synthesis._balanced_sampling as bs
+
+    data = random_data(DOMAIN, 3000, seed=11)
+    bt = BalanceTargets.for_data(data)
+    widened = bt.extended(random_data(DOMAIN, 700, seed=12))
+    rng = np.random.default_rng(13)
+    for targets in (bt, widened):
+        X = rng.random((targets.n_households, 5))
+        many = targets.expected_many(X)
+        for j in range(X.shape[1]):
+            np.testing.assert_array_equal(many[:, j], targets.expected(X[:, j]))
+    wide, Y = bt.rows.astype(np.float64), X[: bt.n_households]
+    other = sum(wide[lo : lo + bs.BLOCK].T @ Y[lo : lo + bs.BLOCK] for lo in range(0, bt.n_households, bs.BLOCK))
+    assert not np.array_equal(other, bt.expected_many(Y))
+    with pytest.raises(ValueError, match="one entry per balance household"):
+        bt.expected(np.ones(bt.n_households + 1))
+
+    small = random_data(DOMAIN, 300, seed=14)
+    st = BalanceTargets.for_data(small)
+    qs = [rng.dirichlet(np.ones(small.n_households)) for _ in range(5)]
+    totals = [30, 25, 40, 20, 35]
+    monkeypatch.setattr(bs, "EXPECTED_BATCH", 2)  # three batches over five siblings
+    batched = balanced_draws(st, qs, totals, [np.random.default_rng(k) for k in range(5)], household_order(small))
+    carried, own = np.zeros(st.n_cells), []
+    for k, (q, n) in enumerate(zip(qs, totals)):
+        idx, residual = bs._draw(st, q, n, np.random.default_rng(k), household_order(small), carried, 2, 100, 16)
+        carried += residual
+        own.append(idx)
+    for a, b in zip(batched, own):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_systematic_positions_hit_floor_or_ceil_of_n_q():
     p = np.random.default_rng(5).dirichlet(np.ones(40))
     for u in (0.0, 0.3, 0.999):
