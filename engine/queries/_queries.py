@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse import _sparsetools
 
 from engine.data import Domain, HierarchicalData
 
@@ -657,9 +658,27 @@ class IncidenceCache:
         return c
 
     def answer(self, w: Workload, weights: np.ndarray) -> np.ndarray:
-        """Σ_h weights_h · A[:, h] (counts if weights are counts, proportions if a distribution)."""
-        out: np.ndarray = self.matrix(w) @ np.asarray(weights, dtype=np.float64)
-        return out
+        """Σ_h weights_h · A[:, h] (counts if weights are counts, proportions if a distribution).
+
+        On repeats (``copies_of``) of a workload that reads no varied attribute, the copied cache's
+        incidence is applied to each repeat's weights in turn, accumulating into one output: the
+        additions of ``matrix(w) @ weights`` in their order (each row of the repeated matrix holds
+        the repeats' entries one after the other), without building that matrix — on a widened
+        support the repeated incidences were most of its cache."""
+        x = np.asarray(weights, dtype=np.float64)
+        copied = None if w in self._A else self._copied(w)
+        if copied is None:
+            out: np.ndarray = self.matrix(w) @ x
+            return out
+        base, repeats = copied
+        A = base.matrix(w)
+        n = A.shape[1]
+        if x.shape != (n * repeats,):
+            raise ValueError(f"{w.id}: weights of shape {x.shape}, expected ({n * repeats},)")
+        y = np.zeros(A.shape[0])
+        for k in range(repeats):  # csr_matvec adds onto y[i], row entry after row entry
+            _sparsetools.csr_matvec(A.shape[0], n, A.indptr, A.indices, A.data, np.ascontiguousarray(x[k * n : (k + 1) * n]), y)
+        return y
 
     def prepare(self, workloads: Iterable[Workload]) -> IncidenceCache:
         for w in workloads:

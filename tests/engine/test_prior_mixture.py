@@ -145,6 +145,31 @@ def test_the_widened_support_takes_what_no_flip_changes_from_the_public_cache_ex
         widen(public, (FLIP,), public_cache=IncidenceCache(random_data(BASE, 300, seed=5)))
 
 
+def test_answers_on_the_widened_support_are_the_repeated_incidence_products_bit_for_bit():
+    """A workload that reads no flipped attribute is answered on the widened support by the public
+    incidence applied to each copy's weights in turn, without building the repeated incidence: the
+    same numbers, to the last bit, as the widened households' own incidence times the weights (the
+    fits compare them). Negative control: the copies' products added afterwards (another order of
+    the same sums) differ in the last bits for some workload, so the equality is not vacuous."""
+    public = with_householder_sex(random_data(BASE, 400, seed=7))
+    public_support = Support.from_data(public)
+    widened = widen(public, (FLIP,), public_cache=public_support.cache)
+    fresh = IncidenceCache(widened.support.data)
+    n = public.n_households
+    x = np.random.default_rng(8).random(widened.support.data.n_households) * 1e3
+    reads_no_flip = [w for w in all_workloads(DOMAIN) if not {"SEX", "HHLDR_SEX"} & set(w.attrs)]
+    apart = []
+    for w in all_workloads(DOMAIN):
+        np.testing.assert_array_equal(widened.support.cache.answer(w, x), fresh.matrix(w) @ x)
+        if w in reads_no_flip:
+            base = public_support.cache.matrix(w)
+            apart.append(not np.array_equal(base @ x[:n] + base @ x[n:], fresh.matrix(w) @ x))
+    assert reads_no_flip and not any(w in widened.support.cache._A for w in reads_no_flip)  # never built there
+    assert any(apart)
+    with pytest.raises(ValueError, match="expected"):
+        widened.support.cache.answer(reads_no_flip[0], x[:n])
+
+
 def test_the_node_support_holds_only_the_copies_the_mixture_weighs_in():
     """Two flips, the measurements asking for one: the node's support is the public households and
     that flip's copies (the other's, at weight 0, would only widen every later fit), and its prior
