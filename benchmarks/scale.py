@@ -203,7 +203,7 @@ def main(argv=None) -> int:
             r = run(d / "national.yaml", env)
             spans, marks, samples = stage_spans(d / "releases" / "national"), r.pop("marks"), r.pop("samples")
             peaks = step_peaks(spans, marks, samples)
-            r.update(label=label, households=summary["households"], pumas=summary["pumas"], states=summary["states"],
+            r.update(label=label, code=code_version(), households=summary["households"], pumas=summary["pumas"], states=summary["states"],
                      stages=step_times(spans, marks), peak_step=step_at(spans, marks, marks["peak"]),
                      peak_by_process=max(peaks.values(), key=lambda m: m["total"]), step_peaks=peaks)
             rows.append(r)
@@ -223,23 +223,25 @@ def code_version() -> str:
 
 def write(rows: list[dict], out: Path) -> None:
     """The table (ratios to the first size, dominant stage) and the JSON rows, rewritten after every
-    size so that an interrupted curve keeps the sizes it finished."""
+    size so that an interrupted curve keeps the sizes it finished. The rows are ordered by size, so
+    the smallest is the base whichever sizes ``--keep`` kept; each names the code it ran."""
+    rows.sort(key=lambda r: r["households"])
     base = rows[0]
     lines = ["Scale curve: deploy/releases/acs2018_default.yaml settings on K re-keyed copies of the 12",
              "shared 2018 states (benchmarks/national_input.py), all private, the 12 originals public; "
-             f"{os.cpu_count()} CPUs (shared); {time.strftime('%Y-%m-%d')}; code: {code_version()}.",
+             f"{os.cpu_count()} CPUs (shared); {time.strftime('%Y-%m-%d')}; code: {code_version()} (each row's own in its last column).",
              "time/hh ratio: (wall / households) relative to the first size (1.0 = linear growth).",
              "peak PSS: the process tree's summed proportional set size (the memory it holds); RSS sum: the summed",
              "resident sets (shared pages counted in every process: an upper bound); both MiB (2^20 bytes).", "",
              f"{'size':<10}{'states':>7}{'PUMAs':>7}{'households':>12}{'wall s':>9}{'PSS MiB':>9}{'RSS MiB':>9}{'time ratio':>11}"
-             f"{'time/hh':>9}{'mem ratio':>10}  dominant stage; stage at memory peak"]
+             f"{'time/hh':>9}{'mem ratio':>10}  dominant stage; stage at memory peak; code"]
     for r in rows:
         dom = max(r["stages"], key=r["stages"].get)
         lines.append(f"{r['label']:<10}{r['states']:>7}{r['pumas']:>7}{r['households']:>12}{r['wall_s']:>9.0f}"
                      f"{r['peak_pss_mib']:>9.0f}{r['peak_rss_mib']:>9.0f}"
                      f"{r['wall_s'] / base['wall_s']:>11.2f}{(r['wall_s'] / r['households']) / (base['wall_s'] / base['households']):>9.2f}"
                      f"{r['peak_pss_mib'] / base['peak_pss_mib']:>10.2f}  {dom} ({r['stages'][dom]:.0f} s of {sum(r['stages'].values()):.0f});"
-                     f" {r['peak_step']}")
+                     f" {r['peak_step']}; {r.get('code', 'not recorded')}")
     lines += ["", "stage seconds per size:"] + [f"  {r['label']}: " + ", ".join(f"{k} {v:.0f}" for k, v in r["stages"].items()) for r in rows]
     lines += ["", "PSS MiB per process at each step's highest sample (the tree's peak marked *):"]
     for r in rows:
