@@ -383,8 +383,25 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray) -> np.ndarray:
     patterns) under the distribution ``w`` (one draw, unscaled) — what the interval estimates and the
     empirical-Bayes likelihood build their dense algebra on."""
     a = A @ w
-    gram: np.ndarray = (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray() - np.outer(a, a)
+    gram: np.ndarray = (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray()
+    subtract_outer(gram, a, a)
     return gram
+
+
+def subtract_outer(M: np.ndarray, x: np.ndarray, y: np.ndarray, *, divide: bool = False) -> None:
+    """``M -= outer(x, y)`` (or ``M /= outer(x, y)``) in place, a band of rows at a time: the same
+    operations on the same products as the whole expression, without the two further dense
+    matrices it holds at once (a state's measured cells make each tens of MB, and the two threads
+    of a worker may be in this step together)."""
+    for lo in range(0, M.shape[0], OUTER_ROWS):
+        band = np.outer(x[lo : lo + OUTER_ROWS], y)
+        if divide:
+            M[lo : lo + OUTER_ROWS] /= band
+        else:
+            M[lo : lo + OUTER_ROWS] -= band
+
+
+OUTER_ROWS = 256  # rows per band of subtract_outer: a few MB of products at a time
 
 
 GROUP_KEY_LIMIT = 1 << 62  # a fused group key stays below this: int64 with room to spare

@@ -79,9 +79,13 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     # a cell no household of positive prior weight falls in has C's row and column 0: a direction of
     # λ = 0 on its own (f = 1, its whitened residual z = y/σ), so the eigendecomposition runs on the others
     on = A @ (p > 0).astype(np.float64) > 0
-    B = centred_gram(A[on], p)  # A Σ_p Aᵀ
-    C = (G * G) * (inv_sd[on][:, None] * B * inv_sd[on][None, :])
-    lam, U = eigh((C + C.T) / 2, driver="evr", overwrite_a=True, check_finite=False)  # as engine.synthesis._uncertainty's
+    C = centred_gram(A[on], p)  # A Σ_p Aᵀ, scaled in place below: G² D B D, D = diag(1/σ)
+    C *= inv_sd[on][:, None]
+    C *= inv_sd[on][None, :]
+    C *= G * G
+    C = C + C.T  # symmetrised exactly, the halving in place: one dense copy at a time
+    C /= 2
+    lam, U = eigh(C, driver="evr", overwrite_a=True, check_finite=False)  # as engine.synthesis._uncertainty's
     lam = np.maximum(lam, 0.0)
     z2 = (U.T @ (inv_sd * (y - G * Ap))[on]) ** 2
     off = float(np.sum((inv_sd * y)[~on] ** 2))

@@ -59,6 +59,7 @@ from scipy.linalg import cholesky, eigh, solve_triangular
 
 from engine.count_of_counts import Hierarchy
 from engine.queries import Measurement, Support, Workload, centred_gram
+from engine.queries._queries import subtract_outer
 from engine.synthesis._node import MeasureFn
 
 __all__ = [
@@ -270,7 +271,8 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
         # so the dense algebra runs on the other cells only (the completed pairs' impossible
         # combinations are a fifth of a state's cells)
         on = np.flatnonzero(A @ (q > 0).astype(np.float64) > 0)
-        J = centred_gram(A[on], q) / max(float(prior_strength), 1e-6)
+        J = centred_gram(A[on], q)
+        J /= max(float(prior_strength), 1e-6)
         s_on = s[on]
         P_diag = np.zeros_like(s)
         if residual is None:  # diag of J (J + S)⁻¹ S = S − S (J + S)⁻¹ S, through the Cholesky factor of J + S
@@ -281,10 +283,13 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
             r = np.sqrt(s_on)
             # LAPACK's relatively robust representations (scipy's evr driver): faster than numpy's
             # divide and conquer at a state's number of measured cells
-            lam, V = eigh(J / np.outer(r, r), driver="evr", overwrite_a=True, check_finite=False)
+            subtract_outer(J, r, r, divide=True)  # S^(-1/2) J S^(-1/2), in place
+            lam, V = eigh(J, driver="evr", overwrite_a=True, check_finite=False)
+            del J
             lam = np.maximum(lam, 0.0)
             tau = band_scales(lam, V.T @ (np.asarray(residual, dtype=np.float64)[on] / r))
-            P_diag[on] = s_on * ((V * V) @ ((tau * lam + lam * lam) / (1.0 + lam) ** 2))
+            np.square(V, out=V)  # V ∘ V: the eigenvectors are not needed after the scales
+            P_diag[on] = s_on * (V @ ((tau * lam + lam * lam) / (1.0 + lam) ** 2))
         var = G * G * np.maximum(P_diag, 0.0)
     else:  # IDE matches the noisy answers: the measurement's own noise
         var = G * G * s

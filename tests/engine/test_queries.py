@@ -308,6 +308,22 @@ def test_sensitivity_bounds_hold_on_neighbours(w: Workload):
         assert np.abs(diff).sum() <= l1_p + 1e-9 and np.linalg.norm(diff) <= l2_p + 1e-9
 
 
+def test_subtract_outer_in_bands_is_the_whole_expression_bit_for_bit():
+    """The banded in-place ``M -= outer(x, y)`` and ``M /= outer(x, y)`` (the interval estimates'
+    memory-saving form) equal the one-expression results to the last bit, over several bands."""
+    from engine.queries._queries import OUTER_ROWS, subtract_outer
+
+    rng = np.random.default_rng(4)
+    n = 2 * OUTER_ROWS + 37
+    M, x, y = rng.normal(size=(n, n)), rng.random(n) + 0.1, rng.random(n) + 0.1
+    got = M.copy()
+    subtract_outer(got, x, y)
+    np.testing.assert_array_equal(got, M - np.outer(x, y))
+    got = M.copy()
+    subtract_outer(got, x, y, divide=True)
+    np.testing.assert_array_equal(got, M / np.outer(x, y))
+
+
 def test_centred_gram_is_the_answers_covariance_under_the_weights():
     """Brute force, dense: A diag(w) Aᵀ − (A w)(A w)ᵀ on a workload pair's stacked incidence."""
     ws = [Workload("group", ("TEN",)), Workload("person", ("TEN",), ("AGE",))]
