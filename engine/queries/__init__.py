@@ -23,6 +23,7 @@ from engine.queries._queries import (
     counted_person_cells,
     exact_answers,
     household_cell_pairs,
+    subtract_outer,
 )
 from engine.queries._support import Support
 
@@ -51,6 +52,7 @@ __all__ = [
     "project_to_hull_l1",
     "query_errors",
     "query_errors_by_level",
+    "subtract_outer",
     "two_way_l1",
     "two_way_l1_by_candidate",
 ]

@@ -58,8 +58,7 @@ from numpy.typing import ArrayLike
 from scipy.linalg import cholesky, eigh, solve_triangular
 
 from engine.count_of_counts import Hierarchy
-from engine.queries import Measurement, Support, Workload, centred_gram
-from engine.queries._queries import subtract_outer
+from engine.queries import Measurement, Support, Workload, centred_gram, subtract_outer
 from engine.synthesis._node import MeasureFn
 
 __all__ = [
