@@ -43,10 +43,14 @@ def powerset(iterable):
 
 
 def downward_closure(Ws):
+    """Every non-empty subset of the cliques ``Ws``, smallest first. Ties are ordered by the
+    cliques themselves: the reference sorts by length alone, which leaves equal lengths in the
+    set's order, and that changes with Python's hash seed from process to process (the
+    exponential mechanism's draw then picks a different clique for the same seed)."""
     ans = set()
     for proj in Ws:
         ans.update(powerset(proj))
-    return list(sorted(ans, key=len))
+    return sorted(ans, key=lambda cl: (len(cl), cl))
 
 
 def compile_workload(workload):

@@ -93,12 +93,25 @@ def test_a_small_domain_run_returns_data_over_the_domain(slice_, runs):
         assert abs(synth.records - data.records) < 0.5 * data.records  # N̂: the noisy count, σ ≈ 158 here
 
 
+SEEDS = range(4)  # at this ε the selection is nearly uniform: which cliques a run measures is luck, so the comparison averages runs
+
+
 def test_jam_uses_faithful_public_data_and_leaves_adversarial_data_alone(slice_, runs):
+    """Public data equal to the private data: JAM picks it in most rounds, and its error, averaged
+    over four seeds, is under half AIM's on the same seeds (free, exact measurements against noise at
+    a tiny ε; one seed alone can measure the same clique in every round and miss the rest).
+    Adversarial public data: hardly picked, and no harm done. The runs are reproducible from their
+    seeds (the candidates' order no longer depends on Python's hash seed)."""
+    from peers import aim, jam
+
     data, workload = slice_
-    err = {name: workload_error(data, runs[name][1], workload) for name in runs}
     # half the rounds at least: a one-way private measurement can beat a public one off by |N̂ − N| ≈ 158
     assert runs["same"][2]["public_selections"] >= ROUNDS // 2
-    assert err["same"] < 0.5 * err["aim"]  # the free, exact public measurements beat AIM's noise
+    kw = dict(rounds=ROUNDS, max_iters=ITERS, max_model_size=1.0)
+    same = [workload_error(data, jam.run(data, data, workload, RHO, rng=np.random.default_rng(s), **kw)[1], workload) for s in SEEDS]
+    base = [workload_error(data, aim.run(data, workload, RHO, rng=np.random.default_rng(s), **kw)[1], workload) for s in SEEDS]
+    assert np.mean(same) < 0.5 * np.mean(base)  # the free, exact public measurements beat AIM's noise
+    err = {name: workload_error(data, runs[name][1], workload) for name in ("adversarial", "none")}
     assert runs["adversarial"][2]["public_selections"] <= 1
     assert err["adversarial"] < 1.5 * err["none"]  # ... and are not used to the private data's harm
 
