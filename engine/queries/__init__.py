@@ -23,7 +23,7 @@ from engine.queries._queries import (
     counted_person_cells,
     exact_answers,
     household_cell_pairs,
-    subtract_outer,
+    outer_in_place,
 )
 from engine.queries._support import Support
 
@@ -49,10 +49,10 @@ __all__ = [
     "node_index",
     "normalise_counts",
     "project_simplex_l1",
+    "outer_in_place",
     "project_to_hull_l1",
     "query_errors",
     "query_errors_by_level",
-    "subtract_outer",
     "two_way_l1",
     "two_way_l1_by_candidate",
 ]

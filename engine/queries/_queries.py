@@ -384,24 +384,21 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray) -> np.ndarray:
     empirical-Bayes likelihood build their dense algebra on."""
     a = A @ w
     gram: np.ndarray = (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray()
-    subtract_outer(gram, a, a)
+    outer_in_place(gram, a, a)
     return gram
 
 
-def subtract_outer(M: np.ndarray, x: np.ndarray, y: np.ndarray, *, divide: bool = False) -> None:
-    """``M -= outer(x, y)`` (or ``M /= outer(x, y)``) in place, a band of rows at a time: the same
-    operations on the same products as the whole expression, without the two further dense
-    matrices it holds at once (a state's measured cells make each tens of MB, and the two threads
-    of a worker may be in this step together)."""
+def outer_in_place(M: np.ndarray, x: np.ndarray, y: np.ndarray, op: np.ufunc = np.subtract) -> None:
+    """``M = op(M, outer(x, y))`` in place (``np.subtract``: centring, ``np.divide``: whitening), a
+    band of rows at a time: the same operations on the same products as the whole expression,
+    without the two further dense matrices it holds at once (a state's measured cells make each
+    tens of MB, and the two threads of a worker may be in this step together)."""
     for lo in range(0, M.shape[0], OUTER_ROWS):
-        band = np.outer(x[lo : lo + OUTER_ROWS], y)
-        if divide:
-            M[lo : lo + OUTER_ROWS] /= band
-        else:
-            M[lo : lo + OUTER_ROWS] -= band
+        band = M[lo : lo + OUTER_ROWS]
+        op(band, np.outer(x[lo : lo + OUTER_ROWS], y), out=band)
 
 
-OUTER_ROWS = 256  # rows per band of subtract_outer: a few MB of products at a time
+OUTER_ROWS = 256  # rows per band of outer_in_place: a few MB of products at a time
 
 
 GROUP_KEY_LIMIT = 1 << 62  # a fused group key stays below this: int64 with room to spare

@@ -272,13 +272,14 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
           pool_factor: int, max_rounds: int, exact_candidates: int, expected: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`balanced_draw` minimising ‖draw − expected + ``offset``‖² over the balance cells;
     returns (indices, draw − expected). ``expected``: the balance counts of ``p`` normalised, when
-    the caller computed them (:meth:`BalanceTargets.expected_many`)."""
+    the caller checked ``p`` and computed them (:meth:`BalanceTargets.expected_many`)."""
     p = np.asarray(p, dtype=np.float64)
-    q = _distribution(balance, p)
+    if expected is None:  # a caller that gives them (balanced_draws) checked and normalised p already
+        expected = balance.expected(_distribution(balance, p))
     if pool_factor < 1 or exact_candidates < 1:
         raise ValueError("pool_factor and exact_candidates must be >= 1")
     n = int(n)
-    expected = n * (balance.expected(q) if expected is None else expected)
+    expected = n * expected
     shift = np.zeros_like(expected) if offset is None else np.asarray(offset, dtype=np.float64)
     if shift.shape != expected.shape:
         raise ValueError("the offset needs one entry per balance cell")

@@ -58,7 +58,7 @@ from numpy.typing import ArrayLike
 from scipy.linalg import cholesky, eigh, solve_triangular
 
 from engine.count_of_counts import Hierarchy
-from engine.queries import Measurement, Support, Workload, centred_gram, subtract_outer
+from engine.queries import Measurement, Support, Workload, centred_gram, outer_in_place
 from engine.synthesis._node import MeasureFn
 
 __all__ = [
@@ -282,7 +282,7 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
             r = np.sqrt(s_on)
             # LAPACK's relatively robust representations (scipy's evr driver): faster than numpy's
             # divide and conquer at a state's number of measured cells
-            subtract_outer(J, r, r, divide=True)  # S^(-1/2) J S^(-1/2), in place
+            outer_in_place(J, r, r, np.divide)  # S^(-1/2) J S^(-1/2), in place
             lam, V = eigh(J, driver="evr", overwrite_a=True, check_finite=False)
             del J
             lam = np.maximum(lam, 0.0)

@@ -308,19 +308,19 @@ def test_sensitivity_bounds_hold_on_neighbours(w: Workload):
         assert np.abs(diff).sum() <= l1_p + 1e-9 and np.linalg.norm(diff) <= l2_p + 1e-9
 
 
-def test_subtract_outer_in_bands_is_the_whole_expression_bit_for_bit():
+def test_outer_in_place_in_bands_is_the_whole_expression_bit_for_bit():
     """The banded in-place ``M -= outer(x, y)`` and ``M /= outer(x, y)`` (the interval estimates'
     memory-saving form) equal the one-expression results to the last bit, over several bands."""
-    from engine.queries._queries import OUTER_ROWS, subtract_outer
+    from engine.queries._queries import OUTER_ROWS, outer_in_place
 
     rng = np.random.default_rng(4)
     n = 2 * OUTER_ROWS + 37
     M, x, y = rng.normal(size=(n, n)), rng.random(n) + 0.1, rng.random(n) + 0.1
     got = M.copy()
-    subtract_outer(got, x, y)
+    outer_in_place(got, x, y)
     np.testing.assert_array_equal(got, M - np.outer(x, y))
     got = M.copy()
-    subtract_outer(got, x, y, divide=True)
+    outer_in_place(got, x, y, np.divide)
     np.testing.assert_array_equal(got, M / np.outer(x, y))
 
 
