@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -52,15 +53,19 @@ def process_kind(p: psutil.Process, root: int) -> str:
     return "dask_worker" if "spawn_main" in cmd else "other"
 
 
-def tree_memory(proc: psutil.Process, kinds: dict[int, str]) -> tuple[dict[int, int], int]:
+def tree_memory(proc: psutil.Process, kinds: dict[int, str], cpu: dict[int, float] | None = None) -> tuple[dict[int, int], int]:
     """({pid: PSS}, sum of RSS) over the process and its descendants, in bytes; ``kinds`` gains
-    the :func:`process_kind` of every process seen for the first time (in order of appearance)."""
+    the :func:`process_kind` of every process seen for the first time (in order of appearance);
+    ``cpu``, when given, each process's CPU seconds so far (user + system)."""
     pss, rss = {}, 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
             if p.pid not in kinds:
                 kinds[p.pid] = process_kind(p, proc.pid)
             info = p.memory_full_info()
+            if cpu is not None:
+                t = p.cpu_times()
+                cpu[p.pid] = t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         pss[p.pid] = getattr(info, "pss", info.rss)  # PSS is Linux-only; elsewhere RSS stands in
@@ -68,15 +73,16 @@ def tree_memory(proc: psutil.Process, kinds: dict[int, str]) -> tuple[dict[int, 
     return pss, rss
 
 
-def by_process(pss: dict[int, int], kinds: dict[int, str]) -> dict[str, float]:
-    """One sample's PSS in MiB per process: ``client``, ``prefect_server``, ``dask_worker_1``,
-    ``dask_worker_2``, ... (workers numbered in order of appearance) and ``other`` (summed)."""
+def by_process(values: Mapping[int, float], kinds: dict[int, str], scale: float = 2.0**-20) -> dict[str, float]:
+    """One sample's values per process (PSS bytes in MiB by default; ``scale`` 1 keeps the unit):
+    ``client``, ``prefect_server``, ``dask_worker_1``, ``dask_worker_2``, ... (workers numbered in
+    order of appearance) and ``other`` (summed)."""
     workers = [pid for pid, kind in kinds.items() if kind == "dask_worker"]
     out: dict[str, float] = {}
-    for pid, b in pss.items():
+    for pid, b in values.items():
         kind = kinds[pid]
         label = f"dask_worker_{workers.index(pid) + 1}" if kind == "dask_worker" else kind
-        out[label] = out.get(label, 0.0) + b / 2**20
+        out[label] = out.get(label, 0.0) + b * scale
     return dict(sorted(out.items()))
 
 
@@ -87,17 +93,20 @@ def run(config: Path, env: dict) -> dict:
     peak = {"pss": 0, "rss": 0, "at": start}
     kinds: dict[int, str] = {}
     samples: list[tuple[float, dict[int, int]]] = []  # (time, {pid: PSS}) every half second
+    cpu_samples: list[tuple[float, dict[int, float]]] = []  # (time, {pid: CPU seconds so far})
     done = threading.Event()
 
     def sample():
         ps = psutil.Process(proc.pid)
         while not done.is_set():
             try:
-                pss, rss = tree_memory(ps, kinds)
+                cpu: dict[int, float] = {}
+                pss, rss = tree_memory(ps, kinds, cpu)
             except psutil.NoSuchProcess:
                 return
             now = time.time()
             samples.append((now, pss))
+            cpu_samples.append((now, cpu))
             if sum(pss.values()) > peak["pss"]:
                 peak.update(pss=sum(pss.values()), at=now)
             peak["rss"] = max(peak["rss"], rss)
@@ -119,7 +128,8 @@ def run(config: Path, env: dict) -> dict:
         raise RuntimeError(f"dprelease run failed ({proc.returncode}):\n{''.join(lines)[-3000:]}")
     marks["peak"] = peak["at"]
     return {"wall_s": time.time() - start, "peak_pss_mib": peak["pss"] / 2**20, "peak_rss_mib": peak["rss"] / 2**20,
-            "marks": marks, "samples": [(t, by_process(pss, kinds)) for t, pss in samples]}
+            "marks": marks, "samples": [(t, by_process(pss, kinds)) for t, pss in samples],
+            "cpu_samples": cpu_samples, "kinds": kinds}
 
 
 def stage_spans(release: Path) -> dict[str, tuple[float, float]]:
@@ -176,6 +186,23 @@ def step_peaks(spans: dict[str, tuple[float, float]], marks: dict, samples: list
     return out
 
 
+def step_cpu(spans: dict[str, tuple[float, float]], marks: dict, cpu_samples: list[tuple[float, dict[int, float]]],
+             kinds: dict[int, str]) -> dict[str, dict[str, float]]:
+    """Per step (:func:`step_at`), the CPU seconds each process (:func:`by_process` labels) used in
+    it: each process's increase since its previous sample, counted to the step the later sample
+    falls in. Beside the step's wall time this says how busy the cores were and which process used
+    them: the worker's synthesis, or the client and the Prefect server orchestrating."""
+    out: dict[str, dict[int, float]] = {}
+    last: dict[int, float] = {}
+    for t, cpu in cpu_samples:
+        used = out.setdefault(step_at(spans, marks, t), {})
+        for pid, sec in cpu.items():
+            used[pid] = used.get(pid, 0.0) + max(sec - last.get(pid, 0.0), 0.0)
+            last[pid] = sec
+    labelled = {step: by_process(used, kinds, scale=1.0) for step, used in out.items()}
+    return {step: {"total": sum(v.values()), **v} for step, v in labelled.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scales", default="1,4,16", help="copies of the 12 shared states")
@@ -202,10 +229,10 @@ def main(argv=None) -> int:
             print(f"[scale] {label}: {summary['households']} households, {summary['pumas']} PUMAs; running ...", flush=True)
             r = run(d / "national.yaml", env)
             spans, marks, samples = stage_spans(d / "releases" / "national"), r.pop("marks"), r.pop("samples")
-            peaks = step_peaks(spans, marks, samples)
+            peaks, cpu = step_peaks(spans, marks, samples), step_cpu(spans, marks, r.pop("cpu_samples"), r.pop("kinds"))
             r.update(label=label, code=code_version(), households=summary["households"], pumas=summary["pumas"], states=summary["states"],
                      stages=step_times(spans, marks), peak_step=step_at(spans, marks, marks["peak"]),
-                     peak_by_process=max(peaks.values(), key=lambda m: m["total"]), step_peaks=peaks)
+                     peak_by_process=max(peaks.values(), key=lambda m: m["total"]), step_peaks=peaks, step_cpu=cpu)
             rows.append(r)
             print(f"[scale] {label}: {r['wall_s']:.0f} s, peak PSS {r['peak_pss_mib']:.0f} MiB (RSS sum {r['peak_rss_mib']:.0f}) "
                   f"during {r['peak_step']}, stages {r['stages']}", flush=True)
@@ -248,6 +275,13 @@ def write(rows: list[dict], out: Path) -> None:
         for step, mib in r.get("step_peaks", {}).items():
             mark = "*" if step == r["peak_step"] else " "
             lines.append(f"  {r['label']} {mark}{step:<28}" + ", ".join(f"{k} {v:.0f}" for k, v in mib.items()))
+    lines += ["", "CPU seconds per process in each step (sampled every 0.5 s; wall seconds beside; rows measured before this column "
+              "existed have none):"]
+    for r in rows:
+        for step, sec in r.get("step_cpu", {}).items():
+            wall = r["stages"].get(step)
+            lines.append(f"  {r['label']} {step:<28}" + (f"wall {wall:.0f}; " if wall is not None else "")
+                         + ", ".join(f"{k} {v:.0f}" for k, v in sec.items()))
     text = "\n".join(lines) + "\n"
     print(text, end="")
     out.parent.mkdir(parents=True, exist_ok=True)
