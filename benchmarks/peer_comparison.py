@@ -50,6 +50,10 @@ Methods (``--methods``):
   dprelease_person  the same pipeline with ``privacy_unit: person`` (add/remove one person, the
              household's size and derived attributes changing with it): the guarantee to set
              beside AIM and MST on person records.
+  hgem       the same pipeline with ``synthesizer: hgem`` (the shipped H-GEM: pretrained on the public
+             households, fitted to the state's measurements with the ``map`` update rule, the PUMAs
+             from its households; ``advanced.hgem`` at its defaults), on this machine's device
+             (cuda when visible, else CPU).
   public     the pipeline's public-only baseline (``synthesizer: public_baseline``, same config):
              public households resampled to each PUMA's household count (its household counts and
              size histograms come from the count-of-counts stage at the same ε, δ).
@@ -113,13 +117,13 @@ FIPS = dict(zip(STATES, (10, 16, 23, 30, 38, 31, 33, 35, 44, 46, 50, 56)))  # a 
 PERSON_ATTRS = ("AGEP_BAND", "SEX", "RAC1P", "HISP_ORIGIN", "SCHL_GROUP", "MAR", "ESR_GROUP", "RELP_GROUP", "CIT")
 ATTRS = PERSON_ATTRS + ("NP", "PUMA")
 NP_TOP = 7  # NP is scored as 1..6, 7+
-ALL_METHODS = ("aim", "mst", "aim_hh", "mst_hh", "jam", "jam_hh", "dprelease", "dprelease_person", "public", "public0")
-EXEC_ORDER = ("public0", "public", "dprelease", "dprelease_person", "mst", "mst_hh", "aim", "aim_hh", "jam", "jam_hh")
-PIPELINE = ("dprelease", "dprelease_person", "public", "public0")
+ALL_METHODS = ("aim", "mst", "aim_hh", "mst_hh", "jam", "jam_hh", "dprelease", "dprelease_person", "hgem", "public", "public0")
+EXEC_ORDER = ("public0", "public", "dprelease", "dprelease_person", "mst", "mst_hh", "aim", "aim_hh", "jam", "jam_hh", "hgem")
+PIPELINE = ("dprelease", "dprelease_person", "hgem", "public", "public0")
 LABELS = {"aim": "AIM (person records)", "mst": "MST (person records)", "aim_hh": "AIM (household unit)",
           "mst_hh": "MST (household unit)", "jam": "JAM (person records)", "jam_hh": "JAM (household unit)",
           "dprelease": "dprelease (default)",
-          "dprelease_person": "dprelease (person unit)", "public": "public-only baseline",
+          "dprelease_person": "dprelease (person unit)", "hgem": "dprelease, H-GEM synthesizer", "public": "public-only baseline",
           "public0": "public-only, exact counts"}
 SOURCE_METHOD = "dprelease@"  # dprelease@NAME: the pipeline of the checkout given by --source NAME=PATH
 # the release-config keys a benchmark run sets in every config format the repository has had; the
@@ -391,7 +395,7 @@ def pipeline_config(base: dict, bench: Bench, public: list[str], method: str, ep
         "privacy_unit": "person" if method == "dprelease_person" else "household",
         "budget": {"epsilon": float(epsilon), "delta": float(delta), "conversion": "cks"},
         "household_rules": {"max_household_size": bench.M, "group_quarters": "single_person_households", "oversize": "clip"},
-        "synthesizer": "prior_update" if method.startswith("dprelease") else "public_baseline",
+        "synthesizer": "prior_update" if method.startswith("dprelease") else "hgem" if method == "hgem" else "public_baseline",
         "output_dir": str(tmp / "releases"),
         "work_dir": str(tmp / "work"),
     }
@@ -561,6 +565,7 @@ def render(res: dict) -> str:
         ratios = []
         for num, den in (("dprelease", "aim"), ("dprelease", "mst"), ("dprelease", "public"), ("dprelease", "public0"),
                          ("dprelease", "aim_hh"), ("dprelease", "mst_hh"), ("dprelease", "jam"), ("dprelease", "jam_hh"),
+                         ("hgem", "aim_hh"), ("hgem", "jam_hh"), ("hgem", "dprelease"),
                          ("dprelease_person", "aim"), ("dprelease_person", "mst"),
                          *((m, "dprelease") for m in methods if m.startswith(SOURCE_METHOD))):
             a, b = summary.get(num, {}).get(k), summary.get(den, {}).get(k)

@@ -70,13 +70,16 @@ def test_pipeline_configs_set_the_unit_and_synthesizer(pc, bench, tmp_path):
     base = yaml.safe_load(pc.DEFAULT_CONFIG.read_text())
     public = [s for s in pc.STATES if s != "vt"]
     got = {}
-    for method in ("dprelease", "dprelease_person", "public"):
+    from schemas.release_config import load_config
+
+    for method in ("dprelease", "dprelease_person", "hgem", "public"):
         path = pc.pipeline_config(base, bench, public, method, 1.0, 1e-9, tmp_path)
         cfg = yaml.safe_load(path.read_text())
         got[method] = (cfg["privacy_unit"], cfg["synthesizer"])
         assert cfg.get("advanced") == base.get("advanced") and cfg["budget"]["epsilon"] == 1.0
+        load_config(path)  # a config the pipeline accepts, whichever synthesizer
     assert got == {"dprelease": ("household", "prior_update"), "dprelease_person": ("person", "prior_update"),
-                   "public": ("household", "public_baseline")}
+                   "hgem": ("household", "hgem"), "public": ("household", "public_baseline")}
 
 
 def test_jams_public_records_are_the_public_states_codes_without_puma(pc, bench):
