@@ -7,8 +7,9 @@ server and Dask workers, sampled every 0.5 s with psutil) as the sum of the proc
 set sizes (PSS: a shared page counted once, split between its sharers, so the sum is the memory the
 tree really holds) and, for comparison, the sum of their resident set sizes (RSS: shared pages counted
 in every process, an upper bound), the stage running at the memory peak, each stage's time from the
-release's audit log, the dominant stage, and the ratios to the smallest size (time per household:
-1.0 is linear growth).
+release's audit log, the dominant stage, each process's CPU seconds per step (how busy the cores were, and
+whether the worker's synthesis or the orchestration used them), and the ratios to the smallest size (time per
+household: 1.0 is linear growth).
 
     python benchmarks/scale.py --scales 1,4,16 [--national] [--keep]
 
