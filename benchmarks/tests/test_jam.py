@@ -16,6 +16,7 @@ pytest.importorskip("mbi")
 
 RHO = 0.001  # tiny: ε ≈ 0.2 at δ = 1e-6, where private measurements of 3-way marginals are mostly noise
 ROUNDS, ITERS = 6, 40
+SMALL = dict(rounds=ROUNDS, max_iters=ITERS, max_model_size=1.0)  # every run's size here
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,16 +46,14 @@ def workload_error(data, synth, workload) -> float:
 @pytest.fixture(scope="module")
 def runs(slice_):
     """JAM with public data equal to the private data, with adversarial public data (every record in
-    one cell) and without public data, and AIM, at the same tiny ρ."""
-    from peers import aim, jam
+    one cell) and without public data, at the same tiny ρ."""
+    from peers import jam
 
     data, workload = slice_
     adversarial = jam.mbi.Dataset({a: np.zeros(data.records, dtype=np.int64) for a in data.domain.attributes}, data.domain)
     out = {}
     for name, public in (("same", data), ("adversarial", adversarial), ("none", None)):
-        out[name] = jam.run(data, public, workload, RHO, rng=np.random.default_rng(3), rounds=ROUNDS, max_iters=ITERS, max_model_size=1.0)
-    _, synth, _ = aim.run(data, workload, RHO, rng=np.random.default_rng(3), rounds=ROUNDS, max_iters=ITERS, max_model_size=1.0)
-    out["aim"] = (None, synth, None)
+        out[name] = jam.run(data, public, workload, RHO, rng=np.random.default_rng(3), **SMALL)
     return out
 
 
@@ -107,9 +106,8 @@ def test_jam_uses_faithful_public_data_and_leaves_adversarial_data_alone(slice_,
     data, workload = slice_
     # half the rounds at least: a one-way private measurement can beat a public one off by |N̂ − N| ≈ 158
     assert runs["same"][2]["public_selections"] >= ROUNDS // 2
-    kw = dict(rounds=ROUNDS, max_iters=ITERS, max_model_size=1.0)
-    same = [workload_error(data, jam.run(data, data, workload, RHO, rng=np.random.default_rng(s), **kw)[1], workload) for s in SEEDS]
-    base = [workload_error(data, aim.run(data, workload, RHO, rng=np.random.default_rng(s), **kw)[1], workload) for s in SEEDS]
+    same = [workload_error(data, jam.run(data, data, workload, RHO, rng=np.random.default_rng(s), **SMALL)[1], workload) for s in SEEDS]
+    base = [workload_error(data, aim.run(data, workload, RHO, rng=np.random.default_rng(s), **SMALL)[1], workload) for s in SEEDS]
     assert np.mean(same) < 0.5 * np.mean(base)  # the free, exact public measurements beat AIM's noise
     err = {name: workload_error(data, runs[name][1], workload) for name in ("adversarial", "none")}
     assert runs["adversarial"][2]["public_selections"] <= 1
