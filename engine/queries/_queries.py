@@ -378,14 +378,30 @@ class Patterns:
         return np.bincount(self.pattern_of, weights=weights, minlength=self.n_patterns)
 
 
-def centred_gram(A: sp.csr_matrix, w: np.ndarray) -> np.ndarray:
+def centred_gram(A: sp.csr_matrix, w: np.ndarray, lower: bool = False) -> np.ndarray:
     """A diag(w) Aᵀ − (A w)(A w)ᵀ, dense: the covariance of the answers ``A`` (cells × households or
     patterns) under the distribution ``w`` (one draw, unscaled) — what the interval estimates and the
-    empirical-Bayes likelihood build their dense algebra on."""
+    empirical-Bayes likelihood build their dense algebra on. ``lower``: the lower triangle and the
+    diagonal are the product's (the same values, bit for bit), the upper triangle's off-diagonal
+    blocks their mirror: for the symmetric solvers that read one triangle (LAPACK's potrf and
+    syevr with ``lower=True``), a band of rows at a time against the rows up to its end only —
+    about a quarter less work on a state's thousands of cells."""
     a = A @ w
-    gram: np.ndarray = (A.multiply(np.asarray(w, dtype=np.float64)[None, :]) @ A.T).toarray()
+    Aw = A.multiply(np.asarray(w, dtype=np.float64)[None, :]).tocsr()
+    if not lower or A.shape[0] <= GRAM_BAND:
+        gram: np.ndarray = (Aw @ A.T).toarray()
+    else:
+        A = A.tocsr()
+        gram = np.empty((A.shape[0], A.shape[0]))
+        for lo in range(0, A.shape[0], GRAM_BAND):
+            hi = min(lo + GRAM_BAND, A.shape[0])
+            gram[lo:hi, :hi] = (Aw[lo:hi] @ A[:hi].T).toarray()  # row i against rows ≤ the band's end: as the whole product
+            gram[:lo, lo:hi] = gram[lo:hi, :lo].T
     outer_in_place(gram, a, a)
     return gram
+
+
+GRAM_BAND = 384  # rows per band of a lower centred_gram: fewer bands redo more of the upper triangle, more pay the sparse product's per-call cost
 
 
 def outer_in_place(M: np.ndarray, x: np.ndarray, y: np.ndarray, op: np.ufunc = np.subtract) -> None:

@@ -270,7 +270,7 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
         # so the dense algebra runs on the other cells only (the completed pairs' impossible
         # combinations are a fifth of a state's cells)
         on = np.flatnonzero(A @ (q > 0).astype(np.float64) > 0)
-        J = centred_gram(A[on], q)
+        J = centred_gram(A[on], q, lower=True)  # both solvers below read the lower triangle only
         J /= max(float(prior_strength), 1e-6)
         s_on = s[on]
         P_diag = np.zeros_like(s)
@@ -297,6 +297,9 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
     return [sd[b:e] for b, e in zip(bounds[:-1], bounds[1:])]
 
 
+DENSE_FITTED = 1 << 22  # entries of a fit's pattern incidence densified for the response's product: 32 MB
+
+
 def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Workload, float]], total: float,
                       prior_strength: float, queries: Sequence[Workload]) -> list[np.ndarray]:
     """Standard deviation of the counts G·(B q) of other workloads ``queries`` that the fit's
@@ -320,7 +323,12 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     s = (np.concatenate([np.full(w.n_cells(support.data.domain), float(sg)) for w, sg in fitted]) / G) ** 2
     a, b = A @ qa, B @ np.asarray(W.sum(axis=1)).ravel()
     J = centred_gram(A, qa) / alpha
-    C = (((B @ W) @ A.T).toarray() - np.outer(b, a)) / alpha
+    # (B W) Aᵀ with Aᵀ dense where it is small (a PUMA fits tens of cells): the sparse-dense product
+    # adds the same products in the same order as the sparse one (B W's row i in stored order) and
+    # writes straight into the dense result, without the sparse product's symbolic pass
+    BW = B @ W
+    C = (BW @ A.T.toarray() if A.shape[0] * A.shape[1] <= DENSE_FITTED else (BW @ A.T).toarray()) - np.outer(b, a)
+    C /= alpha
     J[np.diag_indices_from(J)] += s
     X = np.linalg.solve(J, C.T)  # (J + S)⁻¹ Cᵀ
     sd = G * np.sqrt(np.maximum(np.einsum("ij,i,ij->j", X, s, X), 0.0))

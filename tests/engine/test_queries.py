@@ -334,6 +334,24 @@ def test_centred_gram_is_the_answers_covariance_under_the_weights():
     np.testing.assert_allclose(centred_gram(A, w), D @ np.diag(w) @ D.T - np.outer(D @ w, D @ w), rtol=1e-12, atol=1e-15)
 
 
+def test_lower_centred_gram_keeps_the_products_lower_triangle_bit_for_bit(monkeypatch):
+    """In bands (here of 7 rows, against 31): the lower triangle and the diagonal are the whole
+    product's, value for value (the solvers that read it must give the same result), and the upper
+    triangle is its mirror."""
+    import engine.queries._queries as queries
+    rng = np.random.default_rng(5)
+    A = sp.random(31, 400, density=0.2, random_state=6, format="csr", data_rvs=lambda n: rng.integers(1, 4, n).astype(float))
+    w = rng.random(400)
+    w /= w.sum()
+    whole = centred_gram(A, w)
+    monkeypatch.setattr(queries, "GRAM_BAND", 7)
+    banded = centred_gram(A, w, lower=True)
+    low = np.tril_indices(31)
+    np.testing.assert_array_equal(banded[low], whole[low])
+    np.testing.assert_allclose(banded, banded.T, rtol=0, atol=0)
+    np.testing.assert_allclose(banded, whole, rtol=1e-13, atol=1e-16)
+
+
 def test_forgotten_joint_incidences_are_rebuilt_array_for_array():
     """``forget_joints`` drops the kept joint incidences (and restrictions, pattern pairs) but not
     the per-workload incidences; a list grouped again from nothing is the same matrix, array for
