@@ -36,6 +36,13 @@ from scipy.optimize import minimize
 from engine.queries import Measurement, Support
 
 
+# L-BFGS-B's relative reduction of the dual objective at which a fit stops. The released counts are
+# the fitted answers times G, with noise of σ households per cell: at this tolerance the optimum is
+# met to well under one household in any cell, and the solver stops after about two thirds of the
+# iterations that 1e-10 takes (benchmarks/results/HISTORY.md).
+FIT_TOL = 1e-8
+
+
 @dataclass
 class MapFit:
     """The MAP posterior ``weights``, the dual solution ``dual`` (one entry per measured cell, the
@@ -54,7 +61,7 @@ def map_fit(
     *,
     prior_strength: float = 1.0,
     max_iter: int = 500,
-    tol: float = 1e-10,
+    tol: float = FIT_TOL,
     dual0: np.ndarray | None = None,
 ) -> MapFit:
     """The MAP distribution on the support (module docstring) with its dual. ``measurements``: noisy

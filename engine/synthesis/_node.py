@@ -58,7 +58,7 @@ from engine.synthesis._adaptive import (
     round_budget,
     selection_first,
 )
-from engine.synthesis._map_update import map_fit
+from engine.synthesis._map_update import FIT_TOL, map_fit
 from engine.synthesis._prior_strength import choose_prior_strength
 from engine.synthesis._prior_update import prior_update
 
@@ -144,7 +144,7 @@ def local_measure(private: HierarchicalData, unit: PrivacyUnit, noise: Callable[
 
 
 def update_node(support: Support, prior: np.ndarray, measurements: Sequence[Measurement], total: float, rule: UpdateRule = "map",
-                prior_strength: float = 0.1, sweeps: int = 3, dual0: np.ndarray | None = None, tol: float = 1e-10) -> NodeResult:
+                prior_strength: float = 0.1, sweeps: int = 3, dual0: np.ndarray | None = None, tol: float = FIT_TOL) -> NodeResult:
     """Update ``prior`` with the node's measurements (noisy counts, divided by the household
     ``total``). ``prior_strength`` is relative to the node's household total (α = prior_strength ·
     total pseudo-households) for the MAP rule; ``dual0`` and ``tol``: its solver's starting point
@@ -169,9 +169,9 @@ def size_measurement(domain: Domain, histogram: Sequence[float], sd: float) -> M
 
 
 # The rounds' fits only rank the candidates for the exponential mechanism, whose noise has scale
-# 2Δ/ε₀ (hundreds of households at the default budgets): a solver tolerance of 1e-7 instead of
-# 1e-10 moves a candidate's model count by far less than that noise and needs fewer solver
-# iterations (benchmarks/results/HISTORY.md). The node's final fit keeps 1e-10.
+# 2Δ/ε₀ (hundreds of households at the default budgets): a solver tolerance looser than the final
+# fit's (engine.synthesis._map_update.FIT_TOL) moves a candidate's model count by far less than that
+# noise and needs fewer solver iterations (benchmarks/results/HISTORY.md).
 ROUND_FIT_TOL = 1e-7
 
 

@@ -51,7 +51,7 @@ def test_the_held_out_errors_equal_a_direct_recomputation():
             measured.append(Measurement(w, answer(truth, w) + rng.normal(0, sd, w.n_cells(DOMAIN)), sd, rho_w))
         errs = []
         for c in CANDIDATES:
-            q = map_fit(own, own.weights, measured, truth.n_households, prior_strength=c * truth.n_households).weights
+            q = map_fit(own, own.weights, measured, truth.n_households, prior_strength=c * truth.n_households, tol=1e-10).weights
             l1 = []
             for w in held_out:
                 a, b = answer(truth, w), answer(prior, w, q)
