@@ -36,6 +36,7 @@ from engine.synthesis import (
     NodeCount,
     NodeResult,
     Recording,
+    SharedPrior,
     SizeEstimate,
     SynthesisSettings,
     WidenedSupport,
@@ -223,19 +224,21 @@ def strength_floor(ctx: RunContext) -> float:
 
 
 def answer_sd(support: Support, res: NodeResult, prior: np.ndarray, workloads: list[Workload], record: Recording, prior_strength: float,
-              count: NodeCount, queries: list[Workload] | None = None, extra: list[Measurement] | None = None) -> dict:
+              count: NodeCount, queries: list[Workload] | None = None, extra: list[Measurement] | None = None,
+              shared: SharedPrior | None = None) -> dict:
     """``answer_sd`` (the sd of every fitted cell count of the node's measured workloads — the
     given ``workloads`` and those its adaptive rounds chose, every measurement the fit used — at a
     fixed total, the error of the fit's ``prior`` estimated from the noisy answers), ``total_var``
     (the variance of the fitted total) and ``response_sd`` (how much the fit's noise moves the
     ``queries``: a PUMA's on its state's workloads), by
     ``engine.synthesis.fit_answer_sd``; kept beside the node's diagnostics for the release's
-    ``intervals.parquet``. ``extra``: further measurements the fit took in (a state's PUMA sums)."""
+    ``intervals.parquet``. ``extra``: further measurements the fit took in (a state's PUMA sums);
+    ``shared``: the response's products of the fits that share ``prior`` (a state's PUMAs)."""
     workloads = [*workloads, *(Workload.from_id(w) for w in res.diagnostics.get("adaptive", []))]
     strength = (res.diagnostics.get("prior_strength_choice") or {}).get("strength", prior_strength)  # the fit's own
     e = fit_answer_sd(support, res.weights, res.total, workloads, record, rule="map", prior_strength=strength,
                       total_sd=count.sd, size=None if count.sizes is None else (np.asarray(count.sizes[0]), count.sizes[1]),
-                      queries=queries or [], prior=prior, extra=extra or [])
+                      queries=queries or [], prior=prior, extra=extra or [], shared=shared)
     return {"answer_sd": e.answer_sd, "total_var": e.total_var, "response_sd": e.response_sd}
 
 
@@ -324,6 +327,7 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
                              targets=[] if state_posterior is None else state_targets(state_posterior),
                              balance=cached_balance(support_npz or ctx.public_npz, flips))
     queries = [Workload.from_id(w) for w in state_workload_ids or []]
+    shared = None if baseline or not queries else SharedPrior(support, prior, queries)  # every PUMA fit starts from the state posterior
     count: dict[tuple[int, ...], NodeCount] = {job.node: job.count for job in jobs}
     for fit, draw in zip(released.fits, released.draws):
         out = outs[fit.node]
@@ -332,7 +336,7 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
         workloads = [] if baseline else [Workload.from_id(w) for w in workload_ids]
         write_json_atomic(out.with_suffix(".json"), {"node": node_key(fit.node), "diagnostics": fit.result.diagnostics,
                                                      **answer_sd(support, fit.result, fit.prior, workloads, fit.record, s.prior_strength,
-                                                                 count[fit.node], queries)})
+                                                                 count[fit.node], queries, shared=shared)})
         save_npz_atomic(out, draw.to_npz)
     return [str(outs[job.node]) for job in jobs]
 

@@ -35,11 +35,10 @@ from scipy.optimize import minimize
 
 from engine.queries import Measurement, Support
 
-
 # L-BFGS-B's relative reduction of the dual objective at which a fit stops. The released counts are
-# the fitted answers times G, with noise of σ households per cell: at this tolerance the optimum is
-# met to well under one household in any cell, and the solver stops after about two thirds of the
-# iterations that 1e-10 takes (benchmarks/results/HISTORY.md).
+# the fitted answers times G, measured with noise of many households per cell: at this tolerance the
+# fitted counts are within a small fraction of that noise of the optimum's, and the solver stops
+# far sooner than at tighter ones (benchmarks/results/HISTORY.md).
 FIT_TOL = 1e-8
 
 

@@ -62,7 +62,7 @@ from engine.queries import Measurement, Support, Workload, centred_gram, outer_i
 from engine.synthesis._node import MeasureFn
 
 __all__ = [
-    "EB_BANDS", "Z90", "CountNoise", "FitErrors", "Intervals", "Recording", "SizeNoise", "band_scales", "bootstrap_summary",
+    "EB_BANDS", "Z90", "CountNoise", "FitErrors", "Intervals", "Recording", "SharedPrior", "SizeNoise", "band_scales", "bootstrap_summary",
     "combine_total", "count_of_counts_bootstrap", "fit_answer_sd", "intervals", "posterior_count_sd", "prior_residual",
     "recording_measure", "response_count_sd", "simulate_at_least", "simulate_noise", "total_variance",
 ]
@@ -300,15 +300,52 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
 DENSE_FITTED = 1 << 22  # entries of a fit's pattern incidence densified for the response's product: 32 MB
 
 
+class SharedPrior:
+    """The response products of fits that share one prior p on one support and answer the same
+    ``queries`` (a state's PUMA fits: each starts from the state posterior). A MAP fit's
+    posterior is p tilted by one factor per pattern of its fitted workloads
+    (``engine.synthesis._map_update``: q_h = t_u p_h), so the masses of the (query pattern, fitted
+    pattern) pairs are W_q = W_p diag(t), and the response's sparse product is
+    B W_q = (B W_p) diag(t): B W_p is taken once per fitted workload list and prior, not once per fit.
+    :func:`response_count_sd` checks the tilt and takes the direct products where q is not one."""
+
+    def __init__(self, support: Support, prior: np.ndarray, queries: Sequence[Workload]) -> None:
+        p = np.asarray(prior, dtype=np.float64)
+        self.support, self.prior, self.queries = support, p / p.sum(), tuple(queries)
+        self._products: dict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray]] = {}
+
+    def products(self, fitted: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
+        """(B W_p: query cells × fitted patterns, the prior's mass per fitted pattern)."""
+        key = tuple(fitted)
+        if key not in self._products:
+            cache = self.support.cache
+            B, _ = cache.joint_patterns(list(self.queries))
+            W = cache.pattern_pairs(list(self.queries), list(fitted)).matrix(self.prior)
+            self._products[key] = ((B @ W).tocsr(), np.asarray(W.sum(axis=0)).ravel())
+        return self._products[key]
+
+    def tilt(self, fitted: Sequence[Workload], q: np.ndarray) -> np.ndarray | None:
+        """t with q_h = t_u p_h on every household h of fitted pattern u, or None where ``q`` is
+        not such a tilt of the prior (to rounding)."""
+        _, pattern_of = self.support.cache.joint_patterns(list(fitted))
+        mass = self.products(fitted)[1]
+        t = np.divide(np.bincount(pattern_of, weights=q, minlength=mass.size), mass, out=np.zeros_like(mass), where=mass > 0)
+        return t if np.allclose(q, t[pattern_of] * self.prior, rtol=1e-9, atol=1e-15) else None
+
+
 def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Workload, float]], total: float,
-                      prior_strength: float, queries: Sequence[Workload]) -> list[np.ndarray]:
+                      prior_strength: float, queries: Sequence[Workload], shared: SharedPrior | None = None) -> list[np.ndarray]:
     """Standard deviation of the counts G·(B q) of other workloads ``queries`` that the fit's
     measurement noise alone moves them by (the linear response of the MAP fit, a sandwich):
     dq = Σ₀ Aᵀ (J + S)⁻¹ dỹ with Σ₀ = (diag q − q qᵀ)/α, so Cov(B q) = C (J+S)⁻¹ S (J+S)⁻¹ Cᵀ,
     C = B Σ₀ Aᵀ. A PUMA fit moves its state's released answers by this much on top of the state
-    fit's error (a released state answer is the sum of its PUMAs'). One array per query."""
+    fit's error (a released state answer is the sum of its PUMAs'). ``shared``: the products of
+    the fit's prior (:class:`SharedPrior`, the same ``queries``), when several fits share it.
+    One array per query."""
     if not queries or not fitted:
         return [np.zeros(w.n_cells(support.data.domain)) for w in queries]
+    if shared is not None and (shared.support is not support or shared.queries != tuple(queries)):
+        raise ValueError("the shared prior's products are for another support or other queries")
     G = max(float(total), 1.0)
     alpha = max(float(prior_strength), 1e-6)
     # the fitted and the query workloads grouped separately (each grouping cached with the support,
@@ -316,18 +353,27 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     # households of query pattern v and fitted pattern u, so a PUMA costs one pass over the households
     # and products on patterns instead of the joint patterns of both (nearly one per household)
     q = np.asarray(q, dtype=np.float64)
-    A, _ = support.cache.joint_patterns([w for w, _ in fitted])
-    B, _ = support.cache.joint_patterns(list(queries))
-    W = support.cache.pattern_pairs(list(queries), [w for w, _ in fitted]).matrix(q)
-    qa = np.asarray(W.sum(axis=0)).ravel()
+    fitted_ws = [w for w, _ in fitted]
+    A, _ = support.cache.joint_patterns(fitted_ws)
+    # Aᵀ dense where it is small (a PUMA fits tens of cells): the sparse-dense product adds the
+    # same products in the same order as the sparse one (B W's row i in stored order) and writes
+    # straight into the dense result, without the sparse product's symbolic pass
+    At = A.T.toarray() if A.shape[0] * A.shape[1] <= DENSE_FITTED else A.T.tocsr()
+    t = None if shared is None else shared.tilt(fitted_ws, q)
+    if t is not None:  # B W_q = (B W_p) diag(t): the tilt goes onto Aᵀ's rows
+        BW, mass = shared.products(fitted_ws)  # type: ignore[union-attr]
+        qa, b = t * mass, BW @ t
+        At = At * t[:, None] if isinstance(At, np.ndarray) else sp.csr_matrix(At.multiply(t[:, None]))
+    else:
+        B, _ = support.cache.joint_patterns(list(queries))
+        W = support.cache.pattern_pairs(list(queries), fitted_ws).matrix(q)
+        BW, qa = B @ W, np.asarray(W.sum(axis=0)).ravel()
+        b = B @ np.asarray(W.sum(axis=1)).ravel()
     s = (np.concatenate([np.full(w.n_cells(support.data.domain), float(sg)) for w, sg in fitted]) / G) ** 2
-    a, b = A @ qa, B @ np.asarray(W.sum(axis=1)).ravel()
+    a = A @ qa
     J = centred_gram(A, qa) / alpha
-    # (B W) Aᵀ with Aᵀ dense where it is small (a PUMA fits tens of cells): the sparse-dense product
-    # adds the same products in the same order as the sparse one (B W's row i in stored order) and
-    # writes straight into the dense result, without the sparse product's symbolic pass
-    BW = B @ W
-    C = (BW @ A.T.toarray() if A.shape[0] * A.shape[1] <= DENSE_FITTED else (BW @ A.T).toarray()) - np.outer(b, a)
+    product = BW @ At
+    C = (product if isinstance(product, np.ndarray) else product.toarray()) - np.outer(b, a)
     C /= alpha
     J[np.diag_indices_from(J)] += s
     X = np.linalg.solve(J, C.T)  # (J + S)⁻¹ Cᵀ
@@ -360,7 +406,7 @@ def prior_residual(support: Support, prior: np.ndarray, workloads: Sequence[Work
 def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequence[Workload], record: Recording,
                   *, rule: str, prior_strength: float, total_sd: float = 0.0, size: tuple[np.ndarray, float] | None = None,
                   queries: Sequence[Workload] = (), prior: np.ndarray | None = None,
-                  extra: Sequence[Measurement] = ()) -> FitErrors:
+                  extra: Sequence[Measurement] = (), shared: SharedPrior | None = None) -> FitErrors:
     """The error estimates of one node's synthesis fit (``engine.synthesis._node.synthesize_node``):
     the measured ``workloads`` with their σ and noisy answers as recorded by
     :func:`recording_measure`, and the count-of-counts size marginal (``group:NP|``; ``size``:
@@ -373,7 +419,9 @@ def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequ
     PUMAs', whose totals were fitted separately. ``queries``: workloads on which the fit's
     response to its noise is kept (a PUMA fit's on its state's workloads). Empty when nothing
     was measured. ``extra``: further measurements the fit took in (a state's PUMA sums,
-    :func:`engine.synthesis._level_consistency.children_sum`), in its precision but not in the result."""
+    :func:`engine.synthesis._level_consistency.children_sum`), in its precision but not in the result.
+    ``shared``: the response's products of ``prior`` on ``queries`` (:class:`SharedPrior`), kept by
+    the caller across the fits that share them."""
     measured = [(w, float(record.sigmas[w.id])) for w in workloads if w.id in record.sigmas]
     if not measured:
         return FitErrors({}, 0.0, {})
@@ -392,7 +440,7 @@ def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequ
     if rule == "map" and prior is not None:
         residual = prior_residual(support, prior, [w for w, _ in fitted], noisy, total)
     sds = posterior_count_sd(support, q, fitted, total, alpha, rule, residual=residual)
-    response = response_count_sd(support, q, fitted, total, alpha, queries) if rule == "map" else []
+    response = response_count_sd(support, q, fitted, total, alpha, queries, shared) if rule == "map" else []
     sd_of = {w.id: sd for (w, _), sd in zip(fitted, sds)}
     return FitErrors({w.id: sd_of[w.id].tolist() for w in reported}, total_variance(support, q, measured, total_sd),
                      {w.id: sd.tolist() for w, sd in zip(queries, response)})

@@ -23,6 +23,7 @@ from engine.synthesis._uncertainty import (
     Z90,
     CountNoise,
     Recording,
+    SharedPrior,
     SizeNoise,
     band_scales,
     bootstrap_summary,
@@ -356,3 +357,36 @@ def test_response_sd_is_the_same_with_the_fitted_incidence_dense_or_sparse(monke
     for d, s in zip(dense, sparse):
         np.testing.assert_array_equal(d, s)
     assert any(np.any(d > 0) for d in dense)
+
+
+def test_response_sd_from_a_shared_prior_equals_the_direct_products():
+    """Fits that share a prior (a state's PUMAs) take the response's sparse product of the prior
+    once (:class:`SharedPrior`): for MAP fits from that prior, tilts of it per fitted pattern, the
+    estimates equal the direct products' to rounding; a posterior that is not such a tilt takes the
+    direct products, with the same result as without the shared products."""
+    public = random_data(DOMAIN, 60, seed=45)
+    private = random_data(DOMAIN, 90, seed=46)
+    support = Support.from_data(public)
+    rng = np.random.default_rng(47)
+    prior = rng.random(public.n_households) + 0.05
+    G, sigma, alpha = float(private.n_households), 3.0, 0.2 * private.n_households
+    queries = [Workload("group", ("TEN",), ()), Workload("person", (), ("AGE",)), *WORKLOADS[2:]]
+    shared = SharedPrior(support, prior, queries)
+    for fitted_ws in (WORKLOADS[:2], WORKLOADS[1:3]):
+        measured = [Noisy(w, answer(private, w) + rng.normal(0, sigma, w.n_cells(DOMAIN)), sigma) for w in fitted_ws]
+        q = map_fit(support, prior, measured, G, prior_strength=alpha).weights
+        fitted = [(w, sigma) for w in fitted_ws]
+        assert shared.tilt(fitted_ws, q) is not None
+        direct = response_count_sd(support, q, fitted, G, alpha, queries)
+        via = response_count_sd(support, q, fitted, G, alpha, queries, shared)
+        for d, v in zip(direct, via, strict=True):
+            np.testing.assert_allclose(v, d, rtol=1e-9, atol=1e-12)
+        assert any(np.any(d > 0) for d in direct)
+        other = rng.random(public.n_households)
+        other /= other.sum()  # not a tilt of the prior per fitted pattern
+        assert shared.tilt(fitted_ws, other) is None
+        for d, v in zip(response_count_sd(support, other, fitted, G, alpha, queries),
+                        response_count_sd(support, other, fitted, G, alpha, queries, shared), strict=True):
+            np.testing.assert_array_equal(v, d)
+    with pytest.raises(ValueError, match="other queries"):
+        response_count_sd(support, q, fitted, G, alpha, queries[:1], shared)
