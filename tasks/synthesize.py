@@ -327,7 +327,7 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
                              targets=[] if state_posterior is None else state_targets(state_posterior),
                              balance=cached_balance(support_npz or ctx.public_npz, flips))
     queries = [Workload.from_id(w) for w in state_workload_ids or []]
-    shared = None if baseline or not queries else SharedPrior(support, prior, queries)  # every PUMA fit starts from the state posterior
+    shared = None if prior is None or not queries else SharedPrior(support, prior, queries)  # every PUMA fit starts from the state posterior
     count: dict[tuple[int, ...], NodeCount] = {job.node: job.count for job in jobs}
     for fit, draw in zip(released.fits, released.draws):
         out = outs[fit.node]
