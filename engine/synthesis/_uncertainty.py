@@ -359,9 +359,8 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     # same products in the same order as the sparse one (B W's row i in stored order) and writes
     # straight into the dense result, without the sparse product's symbolic pass
     At = A.T.toarray() if A.shape[0] * A.shape[1] <= DENSE_FITTED else A.T.tocsr()
-    t = None if shared is None else shared.tilt(fitted_ws, q)
-    if t is not None:  # B W_q = (B W_p) diag(t): the tilt goes onto Aᵀ's rows
-        BW, mass = shared.products(fitted_ws)  # type: ignore[union-attr]
+    if shared is not None and (t := shared.tilt(fitted_ws, q)) is not None:  # B W_q = (B W_p) diag(t): t onto Aᵀ's rows
+        BW, mass = shared.products(fitted_ws)
         qa, b = t * mass, BW @ t
         At = At * t[:, None] if isinstance(At, np.ndarray) else sp.csr_matrix(At.multiply(t[:, None]))
     else:
