@@ -13,7 +13,16 @@ BLAS runs on one thread, as in the pipeline's Dask worker processes (distributed
 its threads waiting on each other. CPU seconds are the figure to compare on a shared machine;
 compare commits in one sitting, alternating runs.
 
+With ``--stages`` it runs the state's steps as the pipeline's tasks do (``tasks.synthesize``: the state fit
+and its error estimates, then every PUMA's fit, the balanced draws and their error estimates, the
+response's products shared across the PUMAs) and gives each step's CPU seconds; the strength floor
+is simulated once per work directory and the support's balance targets are built before the timing
+(a Dask worker builds both once per run). ``--private-data`` and ``--geography`` take a state of
+another input, e.g. a copy of ``benchmarks/national_input.py``'s national input with its PUMA list.
+
     python benchmarks/state_speed.py --work /tmp/state_speed [--data ../shared/data/acs2018_1yr] [--private nm] [--public id,nd,nh,ri,sd,wy] [--repeats 3]
+    python benchmarks/state_speed.py --work /tmp/state_speed --stages --private ak --private-data /tmp/national \
+        --geography /tmp/national/pumas.yaml --public de,id,me,mt,nd,ne,nh,nm,ri,sd,vt,wy --repeats 2
 """
 
 from __future__ import annotations
@@ -38,17 +47,31 @@ sys.path.insert(0, str(ROOT))
 
 import engine as dp  # noqa: E402
 from engine.data import HierarchicalData  # noqa: E402
+from engine.queries import Support, Workload  # noqa: E402
+from engine.synthesis import (  # noqa: E402
+    BalanceTargets,
+    SharedPrior,
+    choose_puma_workloads,
+    choose_workloads,
+    fit_state,
+    floor_rho,
+    measured_counts,
+    release_pumas,
+    simulate_strength_floor,
+    widen,
+)
 from schemas.domain_spec import load_domain_spec  # noqa: E402
-from schemas.geography import shipped_puma_list  # noqa: E402
+from schemas.geography import load_puma_list, shipped_puma_list  # noqa: E402
 from schemas.ingestion import HouseholdRules, load_person_file  # noqa: E402
 from schemas.release_config import load_config  # noqa: E402
+from tasks.synthesize import answer_sd  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "acs2018_1yr"
 
 
 def load_state(abbr: str, work: Path, data_dir: Path = DATA) -> HierarchicalData:
     """A state's households, read once from ``data_dir`` and kept in ``work``."""
-    cached = work / f"{abbr}.npz"
+    cached = work / (f"{abbr}.npz" if data_dir == DATA else f"{data_dir.name}_{abbr}.npz")
     if not cached.exists():
         data, _ = load_person_file(data_dir / f"csv_p{abbr}.zip", load_domain_spec(), HouseholdRules(max_household_size=8))
         data.to_npz(cached)
@@ -62,20 +85,82 @@ def digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
-def run_once(private: HierarchicalData, public: HierarchicalData, work: Path, epsilon: float, seed: int) -> dict:
+def open_session(private: HierarchicalData, work: Path, epsilon: float, geography: Path | None) -> tuple[dp.PrivateSession, int]:
     plan = dp.state_plan(epsilon=epsilon, delta=1e-10)
     state = int(private.geo[0, 0])
-    geography = shipped_puma_list().restricted([state])  # the state's published PUMAs
+    pumas = shipped_puma_list() if geography is None else load_puma_list(geography)
     session = dp.PrivateSession(private, "household", dp.PrivacyLedger(work / "ledger.jsonl", plan), dp.MeasurementStore(work / "measurements"),
-                                geography=geography)
+                                geography=pumas.restricted([state]))  # the state's PUMAs
+    return session, state
+
+
+def settings_for(public: HierarchicalData) -> dp.SynthesisSettings:
+    return load_config(ROOT / "deploy" / "releases" / "acs2018_default.yaml").synthesis_settings(public.domain)
+
+
+def run_once(private: HierarchicalData, public: HierarchicalData, work: Path, epsilon: float, seed: int, geography: Path | None = None) -> dict:
+    session, state = open_session(private, work, epsilon, geography)
     wall, cpu = time.perf_counter(), time.process_time()
-    settings = load_config(ROOT / "deploy" / "releases" / "acs2018_default.yaml").synthesis_settings(public.domain)
-    release = dp.synthesize_state(session, state, public, settings, seed=seed)
+    release = dp.synthesize_state(session, state, public, settings_for(public), seed=seed)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     r = release.data
     return {"cpu_s": cpu, "wall_s": wall, "households": r.n_households,
             "release": digest(r.group, r.person, r.geo, r.person_offsets),
             "diagnostics": hashlib.sha256(json.dumps(release.diagnostics, sort_keys=True, default=str).encode()).hexdigest()[:16]}
+
+
+class StageClock:
+    """CPU seconds of this thread per named step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.thread_time()
+
+    def lap(self, step: str) -> None:
+        now = time.thread_time()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self._last
+        self._last = now
+
+
+def run_stages(private: HierarchicalData, public: HierarchicalData, support: Support, balance: BalanceTargets, work: Path,
+               epsilon: float, seed: int, geography: Path | None = None) -> dict:
+    """One state's steps as ``tasks.synthesize``'s state and PUMA tasks run them, each step timed."""
+    session, state = open_session(private, work, epsilon, geography)
+    settings = settings_for(public)
+    plan = session.ledger.plan
+    pumas = sorted(n for n in session.nodes("puma") if n[0] == state)
+    counts = measured_counts(session, pumas)
+    selection = choose_workloads(public, settings)
+    selection, _ = choose_puma_workloads(public, selection, session.unit, plan.allocation("puma_synthesis", "puma"),
+                                         [counts[n].households for n in pumas], settings)
+    floor_file = work / "strength_floor.json"  # a run-level stage of the pipeline: simulated once here too
+    if not floor_file.exists():
+        floor_file.write_text(json.dumps(simulate_strength_floor(support, selection.state, session.unit, floor_rho(
+            plan.allocation("state_synthesis", "state"), settings), settings.strength_candidates).floor))
+    floor = float(json.loads(floor_file.read_text()))
+    clock, wall = StageClock(), time.perf_counter()
+    st = fit_state(session, state, support, lambda flips: widen(public, flips, public_cache=support.cache), selection, counts[(state,)], settings,
+                   pumas=pumas, strength_floor=floor)
+    clock.lap("state fit")
+    state_sd = answer_sd(st.support, st.result, st.prior, selection.state, st.record, settings.prior_strength, counts[(state,)], extra=st.sums)
+    clock.lap("state intervals")
+    # the widened support's balance targets extend the public ones (tasks.synthesize.cached_balance)
+    targets = balance if st.support is support else balance.extended(st.support.data.take(np.arange(support.n_support, st.support.n_support)))
+    clock.lap("balance targets of the widened support")
+    rel = release_pumas(session, st.support, st.result.weights, selection.puma, [(n, counts[n]) for n in pumas], settings, seed,
+                        targets=st.targets(), balance=targets)
+    clock.lap("PUMA fits and draws")
+    queries = [Workload.from_id(w) for w in st.record.sigmas]
+    shared = SharedPrior(st.support, st.result.weights, queries)
+    puma_sd = [answer_sd(st.support, f.result, f.prior, selection.puma, f.record, settings.prior_strength, counts[f.node], queries, shared=shared)
+               for f in rel.fits]
+    clock.lap("PUMA intervals")
+    r = HierarchicalData.concat(rel.draws)
+    return {"cpu_s": sum(clock.seconds.values()), "wall_s": time.perf_counter() - wall, "households": r.n_households, "steps": clock.seconds,
+            "release": digest(r.group, r.person, r.geo, r.person_offsets),
+            "diagnostics": hashlib.sha256(json.dumps([st.result.diagnostics, *(f.result.diagnostics for f in rel.fits)], sort_keys=True,
+                                                     default=str).encode()).hexdigest()[:16],
+            "intervals": hashlib.sha256(json.dumps([state_sd, puma_sd], sort_keys=True).encode()).hexdigest()[:16]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,16 +172,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilon", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--stages", action="store_true", help="the tasks' steps, each timed, the error estimates included")
+    ap.add_argument("--private-data", type=Path, default=None, help="the private state's file's folder (default: --data)")
+    ap.add_argument("--geography", type=Path, default=None, help="the PUMA list of the private state's input (default: the shipped one)")
     args = ap.parse_args(argv)
-    work = args.work / f"{args.private}_from_{args.public.replace(',', '_')}_eps{args.epsilon:g}"
+    private_data = args.private_data or args.data
+    source = "" if private_data == args.data else f"{private_data.name}_"
+    work = args.work / f"{source}{args.private}_from_{args.public.replace(',', '_')}_eps{args.epsilon:g}{'_stages' if args.stages else ''}"
     work.mkdir(parents=True, exist_ok=True)
-    private = load_state(args.private, args.work, args.data)
+    private = load_state(args.private, args.work, private_data)
     public = HierarchicalData.concat([load_state(s, args.work, args.data) for s in args.public.split(",")])
-    runs = [run_once(private, public, work, args.epsilon, args.seed) for _ in range(args.repeats)]
+    if args.stages:
+        support = Support.from_data(public)
+        balance = BalanceTargets.for_data(public)
+        runs = [run_stages(private, public, support, balance, work, args.epsilon, args.seed, args.geography) for _ in range(args.repeats)]
+    else:
+        runs = [run_once(private, public, work, args.epsilon, args.seed, args.geography) for _ in range(args.repeats)]
     for r in runs:
-        print(f"cpu {r['cpu_s']:.2f} s  wall {r['wall_s']:.2f} s  households {r['households']}  release {r['release']}  diagnostics {r['diagnostics']}")
+        steps = "".join(f"  {k} {v:.2f}" for k, v in r.get("steps", {}).items())
+        print(f"cpu {r['cpu_s']:.2f} s  wall {r['wall_s']:.2f} s{steps}  households {r['households']}  release {r['release']}  "
+              f"diagnostics {r['diagnostics']}" + (f"  intervals {r['intervals']}" if "intervals" in r else ""))
     print(f"median cpu {statistics.median(r['cpu_s'] for r in runs):.2f} s, wall {statistics.median(r['wall_s'] for r in runs):.2f} s")
-    if len({(r["release"], r["diagnostics"]) for r in runs}) != 1:
+    if len({(r["release"], r["diagnostics"], r.get("intervals")) for r in runs}) != 1:
         print("the runs released different households: the measurements were not all read back", file=sys.stderr)
         return 1
     return 0

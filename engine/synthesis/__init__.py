@@ -35,12 +35,13 @@ from engine.synthesis._state_release import (
     choose_workloads,
     fit_state,
     floor_rho,
+    measured_counts,
     node_rng,
     release_pumas,
     state_plan,
     synthesize_state,
 )
-from engine.synthesis._strength_floor import play_state, played_states, strength_floor
+from engine.synthesis._strength_floor import play_state, played_states, simulate_strength_floor, strength_floor
 from engine.synthesis._uncertainty import (
     BOOTSTRAP_REPLICATES,
     CountNoise,
@@ -86,6 +87,7 @@ __all__ = [
     "floor_rho",
     "intervals",
     "local_measure",
+    "measured_counts",
     "named_flips",
     "node_rng",
     "play_state",
@@ -94,6 +96,7 @@ __all__ = [
     "release_pumas",
     "sample_households",
     "select_workloads",
+    "simulate_strength_floor",
     "split_rounds",
     "state_plan",
     "strength_floor",

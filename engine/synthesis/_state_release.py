@@ -48,7 +48,7 @@ from engine.synthesis._uncertainty import Recording, recording_measure
 from engine.synthesis._workload_selection import WorkloadSelection, select_workloads
 
 __all__ = ["STATE_SHARES", "NodeCount", "PumaFit", "StateFit", "StateRelease", "choose_puma_workloads", "choose_workloads", "fit_state",
-           "floor_rho", "node_rng", "release_pumas", "session_measure", "session_puma_sums", "session_select", "state_plan",
+           "floor_rho", "measured_counts", "node_rng", "release_pumas", "session_measure", "session_puma_sums", "session_select", "state_plan",
            "synthesize_state"]
 
 STATE_SHARES: Mapping[str, Fraction] = {
@@ -276,7 +276,7 @@ class StateRelease:
     diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _measured_counts(session: PrivateSession, pumas: Sequence[Node]) -> dict[Node, NodeCount]:
+def measured_counts(session: PrivateSession, pumas: Sequence[Node]) -> dict[Node, NodeCount]:
     """Every PUMA's household count measured through the session (discrete Gaussian, sensitivity 1
     under both units; the ``group_counts`` stage at the PUMA level), the state's their sum."""
     rho = session.ledger.plan.allocation("group_counts", "puma")
@@ -304,7 +304,7 @@ def synthesize_state(session: PrivateSession, state: int, public: HierarchicalDa
     pumas = sorted(n for n in session.nodes("puma") if n[0] == int(state))
     if not pumas:
         raise ValueError(f"state {state} has no PUMA in the declared geography")
-    counts = _measured_counts(session, pumas) if counts is None else counts
+    counts = measured_counts(session, pumas) if counts is None else counts
     node = (int(state),)
     support = Support.from_data(public)
     selection = choose_workloads(public, settings, sizes_measured=sizes_measured)
