@@ -348,10 +348,6 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
         raise ValueError("the shared prior's products are for another support or other queries")
     G = max(float(total), 1.0)
     alpha = max(float(prior_strength), 1e-6)
-    # the fitted and the query workloads grouped separately (each grouping cached with the support,
-    # the same for every PUMA of a state): B diag(q) Aᵀ = M_B W M_Aᵀ with W[v, u] the mass of the
-    # households of query pattern v and fitted pattern u, so a PUMA costs one pass over the households
-    # and products on patterns instead of the joint patterns of both (nearly one per household)
     q = np.asarray(q, dtype=np.float64)
     fitted_ws = [w for w, _ in fitted]
     A, _ = support.cache.joint_patterns(fitted_ws)
@@ -364,6 +360,10 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
         qa, b = t * mass, BW @ t
         At = At * t[:, None] if isinstance(At, np.ndarray) else sp.csr_matrix(At.multiply(t[:, None]))
     else:
+        # the fitted and the query workloads grouped separately (each grouping cached with the support,
+        # the same for every PUMA of a state): B diag(q) Aᵀ = M_B W M_Aᵀ with W[v, u] the mass of the
+        # households of query pattern v and fitted pattern u, so a fit costs one pass over the households
+        # and products on patterns instead of the joint patterns of both (nearly one per household)
         B, _ = support.cache.joint_patterns(list(queries))
         W = support.cache.pattern_pairs(list(queries), fitted_ws).matrix(q)
         BW, qa = B @ W, np.asarray(W.sum(axis=0)).ravel()
