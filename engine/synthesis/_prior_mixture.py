@@ -275,9 +275,12 @@ def choose_mixture(widened: WidenedSupport, public_prior: np.ndarray, measuremen
     if any(m.sigma <= 0 for m in ms):
         raise ValueError("the mixture fit needs measurements with positive noise")
     G = max(float(total), 1.0)
-    A, pattern_of = widened.support.cache.joint_patterns([m.workload for m in ms])
+    # each component's expected answers, workload by workload: the mixture is fitted once per node
+    # on its initial measurements, so grouping the widened support's households by their joint
+    # pattern of these workloads (what the node's fits multiply by) would cost far more than the
+    # products it saves, and on a node that keeps the public support it would be thrown away
     comps = [widened.prior(public_prior, np.eye(k)[i - 1] if i else np.zeros(k)) for i in range(k + 1)]
-    answers = [A @ np.bincount(pattern_of, weights=c / c.sum(), minlength=A.shape[1]) for c in comps]
+    answers = [np.concatenate([widened.support.answer(m.workload, c / c.sum()) for m in ms]) for c in comps]
     y = np.concatenate([m.noisy_answer for m in ms])
     inv_sd = np.concatenate([np.full(m.noisy_answer.size, 1.0 / m.sigma) for m in ms])
     r = inv_sd * (y - G * answers[0])
