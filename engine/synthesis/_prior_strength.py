@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.linalg import eigh
 
 from engine.queries import Measurement, Support, centred_gram
 
@@ -85,7 +84,8 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     C *= G * G
     C = C + C.T  # symmetrised exactly, the halving in place: one dense copy at a time
     C /= 2
-    lam, U = eigh(C, driver="evr", overwrite_a=True, check_finite=False)  # as engine.synthesis._uncertainty's
+    lam, U = np.linalg.eigh(C)  # numpy's, which releases the GIL (as engine.synthesis._uncertainty's)
+    del C
     lam = np.maximum(lam, 0.0)
     z2 = (U.T @ (inv_sd * (y - G * Ap))[on]) ** 2
     off = float(np.sum((inv_sd * y)[~on] ** 2))

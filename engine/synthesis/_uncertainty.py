@@ -55,7 +55,7 @@ from fractions import Fraction
 import numpy as np
 import scipy.sparse as sp
 from numpy.typing import ArrayLike
-from scipy.linalg import cholesky, eigh, solve_triangular
+from scipy.linalg import cholesky, solve_triangular
 
 from engine.count_of_counts import Hierarchy
 from engine.queries import Measurement, Support, Workload, centred_gram, outer_in_place
@@ -280,10 +280,10 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
             P_diag[on] = s_on - s_on * s_on * np.einsum("ij,ij->j", L_inv, L_inv)
         else:  # in the eigenbasis of S^(-1/2) J S^(-1/2)
             r = np.sqrt(s_on)
-            # LAPACK's relatively robust representations (scipy's evr driver): faster than numpy's
-            # divide and conquer at a state's number of measured cells
             outer_in_place(J, r, r, np.divide)  # S^(-1/2) J S^(-1/2), in place
-            lam, V = eigh(J, driver="evr", overwrite_a=True, check_finite=False)
+            # numpy's eigh releases the GIL for the decomposition, scipy's holds it: a Dask worker's
+            # other thread, fitting another state, would wait the whole decomposition out
+            lam, V = np.linalg.eigh(J)
             del J
             lam = np.maximum(lam, 0.0)
             tau = band_scales(lam, V.T @ (np.asarray(residual, dtype=np.float64)[on] / r))
