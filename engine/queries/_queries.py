@@ -383,8 +383,8 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray, lower: bool = False) -> np.nda
     patterns) under the distribution ``w`` (one draw, unscaled) — what the interval estimates and the
     empirical-Bayes likelihood build their dense algebra on. ``lower``: the lower triangle and the
     diagonal are the product's (the same values, bit for bit), the upper triangle's off-diagonal
-    blocks their mirror: for the symmetric solvers that read one triangle (LAPACK's potrf and
-    syevr with ``lower=True``), a band of rows at a time against the rows up to its end only, so
+    blocks their mirror: for the symmetric solvers that read one triangle (LAPACK's potrf with
+    ``lower=True``, numpy's ``eigh`` with its default ``UPLO="L"``), a band of rows at a time against the rows up to its end only, so
     that the upper triangle's off-diagonal blocks are never multiplied out."""
     a = A @ w
     Aw = A.multiply(np.asarray(w, dtype=np.float64)[None, :]).tocsr()
