@@ -28,8 +28,7 @@ G is estimated jointly with the posterior q — the MAP of both under the same G
 the given total entering as one more measurement of G: starting from a posterior-free estimate
 (:func:`start_total`), alternately q given G (the update above)
 and G given q in closed form (:func:`fit_total`), the fixed point G = F(G) accelerated by Aitken's
-extrapolation (F is close to linear), until G moves by less than half a household (a state's, which
-is not released, by less than a tenth of its standard error, :data:`TOTAL_TOL`); G stays
+extrapolation (F is close to linear), until G moves by less than half a household; G stays
 within three of the count's standard deviations of it (where only "contains" and person counts
 are measured, other household sizes can meet them and G is pinned only weakly).
 At small budgets the synthesis workloads hold several times the count's information, so the
@@ -81,12 +80,6 @@ class NodeResult:
 
 
 TOTAL_ROUNDS = 4  # alternations of q | G and G | q (with the extrapolation G settles in two or three)
-# a node whose fitted total is not released (a state: its households are its PUMAs', whose shares
-# of the consistent count come from their own fitted totals) stops its alternation once G moves by
-# less than this share of G's standard error: G then lies within about a tenth of its error of the
-# fixed point, which adds about 1 % to its variance, while each further round refits the whole node
-# — on a state, one of its costliest steps
-TOTAL_TOL = 0.1
 
 
 def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn) -> list[Measurement]:
@@ -111,21 +104,20 @@ def initial_measurements(workloads: Sequence[Workload], rho: Fraction, measure: 
     return measure_node(workloads, initial_rho(rho, adaptive), measure)
 
 
-def fit_total(support: Support, q: np.ndarray, measured: Sequence[Measurement], total: float, total_sd: float) -> tuple[float, float]:
+def fit_total(support: Support, q: np.ndarray, measured: Sequence[Measurement], total: float, total_sd: float) -> float:
     """The household total G that maximises the Gaussian likelihood of the noisy counts given the
     per-household answers a_w = A_w q of the posterior q, with the given ``total`` ~ N(G, total_sd²)
-    as one more measurement, and that estimate's standard error:
+    as one more measurement:
 
         G = (Σ_w a_w·ỹ_w / σ_w² + total / total_sd²) / (Σ_w ‖a_w‖² / σ_w² + 1 / total_sd²),
-        sd(G) = (Σ_w ‖a_w‖² / σ_w² + 1 / total_sd²)^(-1/2),
 
-    G floored at 0 (weighted least squares in one unknown)."""
+    floored at 0 (weighted least squares in one unknown)."""
     num, den = float(total) / total_sd**2, 1.0 / total_sd**2
     for m in measured:
         a = support.answer(m.workload, q)
         num += float(a @ m.noisy_answer) / m.variance
         den += float(a @ a) / m.variance
-    return max(num / den, 0.0), den ** -0.5
+    return max(num / den, 0.0)
 
 
 def start_total(measured: Sequence[Measurement], total: float, total_sd: float) -> float:
@@ -260,7 +252,6 @@ def synthesize_node(
     sweeps: int = 3,
     extra: Sequence[Measurement] = (),
     total_sd: float = 0.0,
-    total_tol: float = 0.0,
     adaptive: AdaptiveRounds | None = None,
     select: SelectFn | None = None,
     unit: PrivacyUnit = "household",
@@ -272,9 +263,7 @@ def synthesize_node(
     elsewhere (the count-of-counts size marginal, :func:`size_measurement`) fitted jointly with
     the node's own, each by its precision. ``total_sd`` > 0: ``total`` is a noisy count of that
     standard deviation, and the node's total is estimated jointly with the posterior (module
-    docstring); 0: ``total`` is taken as given. ``total_tol``: the joint estimate's alternation
-    stops once G moves by less than this share of G's standard error (at least half a household;
-    :data:`TOTAL_TOL` for a node whose total is not released). ``adaptive`` (with ``select``; ``unit`` the
+    docstring); 0: ``total`` is taken as given. ``adaptive`` (with ``select``; ``unit`` the
     privacy unit of the selection's sensitivity): part of ρ goes to adaptive rounds after the
     given workloads (:func:`adaptive_measure`). ``strengths`` (two or more, MAP rule): the prior
     strength is chosen among them from the given workloads' measurements by empirical Bayes
@@ -322,9 +311,9 @@ def synthesize_node(
         res.total = G
         if not joint:
             break
-        F, F_sd = fit_total(support, res.weights, measured, total, total_sd)
+        F = fit_total(support, res.weights, measured, total, total_sd)
         trace.append([G, F])
-        if abs(F - G) < max(0.5, total_tol * F_sd) or r == TOTAL_ROUNDS - 1:
+        if abs(F - G) < 0.5 or r == TOTAL_ROUNDS - 1:
             break  # keep the G the posterior was fitted with
         G_next = F
         if previous is not None:  # Aitken: F is close to linear, F(G) ≈ G* + c (G − G*) with 0 ≤ c < 1

@@ -39,7 +39,7 @@ from engine.synthesis._adaptive import SelectFn, initial_rho
 from engine.synthesis._balanced_sampling import BalanceTargets
 from engine.synthesis._household_sampling import household_order, sample_sibling_households
 from engine.synthesis._level_consistency import children_sum, rake_to_parent, totals_to_parent
-from engine.synthesis._node import TOTAL_TOL, MeasureFn, NodeResult, initial_measurements, size_measurement, synthesize_node
+from engine.synthesis._node import MeasureFn, NodeResult, initial_measurements, size_measurement, synthesize_node
 from engine.synthesis._prior_mixture import Flip, MixtureChoice, WidenedSupport, node_prior, resolve_flips, used_flips, widen
 from engine.synthesis._puma_attributes import PumaAttributeChoice, keep_puma_attributes
 from engine.synthesis._settings import SynthesisSettings
@@ -200,7 +200,7 @@ def fit_state(session: PrivateSession, state: int, support: Support, widen_by: C
     node_support, prior, mixture = node_prior(support, widen_by(flips) if flips else None, [*extra, *initial], count.households,
                                               narrow=widen_by)
     res = synthesize_node(node_support, prior, selection.state, rho_state, measure, total=count.households,
-                          prior_strength=settings.prior_strength, extra=extra, total_sd=count.sd, total_tol=TOTAL_TOL, adaptive=adaptive,
+                          prior_strength=settings.prior_strength, extra=extra, total_sd=count.sd, adaptive=adaptive,
                           select=session_select(session, "state_synthesis", "state", node), unit=session.unit,
                           strengths=settings.strength_candidates, strength_floor=strength_floor, completion=selection.completed)
     if sums:
