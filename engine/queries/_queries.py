@@ -384,8 +384,9 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray, lower: bool = False) -> np.nda
     empirical-Bayes likelihood build their dense algebra on. ``lower``: the lower triangle and the
     diagonal are the product's (the same values, bit for bit), the upper triangle's off-diagonal
     blocks their mirror: for the symmetric solvers that read one triangle (LAPACK's potrf with
-    ``lower=True``, numpy's ``eigh`` with its default ``UPLO="L"``), a band of rows at a time against the rows up to its end only, so
-    that the upper triangle's off-diagonal blocks are never multiplied out."""
+    ``lower=True``, numpy's ``eigh`` with its default ``UPLO="L"``), a band of rows at a time
+    against the rows up to its end only, so that the upper triangle's off-diagonal blocks are never
+    multiplied out."""
     a = A @ w
     Aw = A.multiply(np.asarray(w, dtype=np.float64)[None, :]).tocsr()
     if not lower or A.shape[0] <= GRAM_BAND:
