@@ -280,7 +280,8 @@ def choose_mixture(widened: WidenedSupport, public_prior: np.ndarray, measuremen
     # pattern of these workloads (what the node's fits multiply by) would cost far more than the
     # products it saves, and on a node that keeps the public support it would be thrown away
     comps = [widened.prior(public_prior, np.eye(k)[i - 1] if i else np.zeros(k)) for i in range(k + 1)]
-    answers = [np.concatenate([widened.support.answer(m.workload, c / c.sum()) for m in ms]) for c in comps]
+    comps = [c / c.sum() for c in comps]  # each a distribution, normalised once for all its workloads
+    answers = [np.concatenate([widened.support.answer(m.workload, c) for m in ms]) for c in comps]
     y = np.concatenate([m.noisy_answer for m in ms])
     inv_sd = np.concatenate([np.full(m.noisy_answer.size, 1.0 / m.sigma) for m in ms])
     r = inv_sd * (y - G * answers[0])
