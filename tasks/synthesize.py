@@ -103,7 +103,7 @@ def _cached_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
         return BalanceTargets.for_data(public)
     # the widened households are the public ones, then their copies: the public targets' block is shared
     widened = _cached_widened(key, flips).support.data
-    return _cached_balance(key, ()).extended(widened.take(np.arange(public.n_households, widened.n_households)))
+    return _cached_balance(key, ()).with_copies(public, widened.take(np.arange(public.n_households, widened.n_households)))
 
 
 def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTargets:

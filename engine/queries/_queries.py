@@ -387,16 +387,21 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray, lower: bool = False) -> np.nda
     ``lower=True``, numpy's ``eigh`` with its default ``UPLO="L"``), a band of rows at a time
     against the rows up to its end only, so that the upper triangle's off-diagonal blocks are never
     multiplied out."""
+    A = A.tocsr()
     a = A @ w
-    Aw = A.multiply(np.asarray(w, dtype=np.float64)[None, :]).tocsr()
+    # diag(w) applied to the stored entries (each entry times its column's weight: the products
+    # ``A.multiply`` forms, without its broadcast's conversions)
+    Aw = sp.csr_matrix((A.data * np.asarray(w, dtype=np.float64)[A.indices], A.indices, A.indptr), shape=A.shape)
     if not lower or A.shape[0] <= GRAM_BAND:
         gram: np.ndarray = (Aw @ A.T).toarray()
     else:
-        A = A.tocsr()
         gram = np.empty((A.shape[0], A.shape[0]))
         for lo in range(0, A.shape[0], GRAM_BAND):
             hi = min(lo + GRAM_BAND, A.shape[0])
-            gram[lo:hi, :hi] = (Aw[lo:hi] @ A[:hi].T).toarray()  # row i against rows ≤ the band's end: as the whole product
+            # rows ≤ the band's end against the band, transposed: entry (i, j) adds A[i, k]·Aw[j, k]
+            # over k in ascending order, the whole product's sums bit for bit; the band side is the
+            # one transposed (its few rows, not the rows up to the band's end, as the other order does)
+            gram[lo:hi, :hi] = (A[:hi] @ Aw[lo:hi].T).toarray().T
             gram[:lo, lo:hi] = gram[lo:hi, :lo].T
     outer_in_place(gram, a, a)
     return gram

@@ -92,9 +92,49 @@ class BalanceTargets:
             raise ValueError("balanced sampling needs at least one balance workload")
         return cls(ws, (household_rows(data, ws),))
 
-    def extended(self, more: HierarchicalData) -> BalanceTargets:
-        """These households followed by ``more``: the blocks kept, one block added."""
-        return BalanceTargets(self.workloads, (*self.blocks, household_rows(more, self.workloads)))
+    def extended(self, more: HierarchicalData, originals: HierarchicalData | None = None,
+                 copied_from: np.ndarray | None = None) -> BalanceTargets:
+        """These households followed by ``more``: the blocks kept, one block added. ``originals``
+        (the first block's households) and ``copied_from`` (for each household of ``more``, its
+        original's index there): ``more`` holds edited copies of them (a widened support's flipped
+        copies), and the cells of every workload that reads only attributes on which each copy
+        equals its original are taken from the original's row, not built again; the block is the
+        same, entry for entry."""
+        if originals is None or copied_from is None:
+            return BalanceTargets(self.workloads, (*self.blocks, household_rows(more, self.workloads)))
+        if originals.n_households != self.blocks[0].shape[0]:
+            raise ValueError(f"originals: {originals.n_households} households for a first block of {self.blocks[0].shape[0]}")
+        copied_from = np.asarray(copied_from, dtype=np.int64)
+        if copied_from.shape != (more.n_households,):
+            raise ValueError(f"copied_from: one original per household of more ({more.n_households}), got shape {copied_from.shape}")
+        same = unchanged_attributes(originals.take(copied_from), more)
+        reread = [w for w in self.workloads if not set(w.group_attrs) | set(w.person_attrs) <= same]
+        sizes = [w.n_cells(more.domain) for w in self.workloads]
+        ends = np.cumsum(sizes)
+        new_cells = np.concatenate([np.arange(e - n, e) for w, n, e in zip(self.workloads, sizes, ends) if w in reread] or [np.zeros(0, np.int64)])
+        kept = np.ones(self.n_cells, dtype=bool)
+        kept[new_cells] = False
+        block = copied_rows(self.blocks[0], copied_from, kept)
+        if reread:
+            fresh = household_rows(more, reread)
+            fresh.indices = new_cells[fresh.indices].astype(fresh.indices.dtype)  # each workload's cells to their place: orders kept
+            fresh = sp.csr_matrix((fresh.data, fresh.indices, fresh.indptr), shape=block.shape)
+            block = block + fresh  # disjoint cells: each row's entries merged in column order, no value added to another
+        block.has_sorted_indices = True
+        return BalanceTargets(self.workloads, (*self.blocks, block))
+
+    def with_copies(self, originals: HierarchicalData, copies: HierarchicalData) -> BalanceTargets:
+        """These targets (of ``originals``, their first block) followed by ``copies``: runs of
+        edited copies of ``originals``, one copy of each household per run, in order (a widened
+        support's flipped copies, a run per flip). One block per run (:meth:`extended`): each run
+        rebuilds only the cells of the attributes its own edit changed."""
+        n = originals.n_households
+        if n == 0 or copies.n_households % n:
+            raise ValueError(f"copies: runs of {n} copies of the originals, got {copies.n_households} households")
+        targets = self
+        for lo in range(0, copies.n_households, n):
+            targets = targets.extended(copies.take(np.arange(lo, lo + n)), originals, np.arange(n))
+        return targets
 
     @property
     def n_households(self) -> int:
@@ -181,6 +221,42 @@ def household_rows(data: HierarchicalData, workloads: Sequence[Workload]) -> sp.
     rows = sp.csr_matrix((values, indices, indptr.astype(index_type)), shape=(n, n_cells), copy=False)
     rows.has_sorted_indices = True
     return rows
+
+
+def unchanged_attributes(a: HierarchicalData, b: HierarchicalData) -> frozenset[str]:
+    """The attributes on which every household of ``a`` equals the same household of ``b``: the
+    household attributes column by column, the person attributes where both have the same persons
+    per household (otherwise none of them)."""
+    d = a.domain
+    same = {x.name for j, x in enumerate(d.group) if np.array_equal(a.group[:, j], b.group[:, j])}
+    if np.array_equal(a.person_offsets, b.person_offsets):
+        same |= {x.name for j, x in enumerate(d.person) if np.array_equal(a.person[:, j], b.person[:, j])}
+    return frozenset(same)
+
+
+def copied_rows(R: sp.csr_matrix, rows: np.ndarray, cells: np.ndarray) -> sp.csr_matrix:
+    """``R[rows]`` with only the entries in the columns where ``cells`` (a mask) holds: sorted
+    indices and the data type kept, taken :data:`BLOCK` · 16 rows at a time (a whole widened
+    support's entries would hold a position array several times the matrix)."""
+    indptr = np.zeros(rows.size + 1, dtype=np.int64)
+    parts_i, parts_d = [], []
+    step = BLOCK * 16
+    for lo in range(0, rows.size, step):
+        part = R[rows[lo : lo + step]]
+        keep = cells[part.indices]
+        # int32 running counts (a chunk's entries stay far below 2^31): int64's cumsum is several times slower
+        kept_before = np.zeros(keep.size + 1, dtype=np.int32)
+        np.cumsum(keep.view(np.uint8), dtype=np.int32, out=kept_before[1:])
+        indptr[lo + 1 : lo + 1 + part.shape[0]] = kept_before[part.indptr[1:]] - kept_before[part.indptr[:-1]]
+        parts_i.append(part.indices[keep])
+        parts_d.append(part.data[keep])
+    np.cumsum(indptr, out=indptr)
+    index_type = R.indices.dtype if indptr[-1] < 2**31 else np.int64
+    out = sp.csr_matrix((np.concatenate(parts_d) if parts_d else np.zeros(0, R.dtype),
+                         np.concatenate(parts_i).astype(index_type, copy=False) if parts_i else np.zeros(0, index_type),
+                         indptr.astype(index_type)), shape=(rows.size, R.shape[1]), copy=False)
+    out.has_sorted_indices = True
+    return out
 
 
 def systematic_positions(p: np.ndarray, n: int, u: float) -> np.ndarray:

@@ -268,6 +268,46 @@ def test_a_node_whose_total_is_zero_gets_no_household_and_leaves_its_siblings_dr
     assert [o.n_households for o in out] == totals and out[1].n_persons == 0
 
 
+def test_targets_with_edited_copies_equal_the_stacked_build():
+    """Edited copies of the public households (a run with one person attribute relabelled, a run
+    with a household attribute and another person attribute's two codes swapped: a widened
+    support's flipped copies) get the targets of the concatenated households, array for array,
+    though each run rebuilds only its edited attributes' cells and takes the rest from the
+    originals' rows. Negative control: the copies' rows differ from their originals' (taking
+    every cell from the originals would fail), while the cells of a workload reading no edited
+    attribute are equal (what is taken over)."""
+    from engine.data import HierarchicalData
+
+    public = random_data(DOMAIN, 700, seed=11)
+    sex, rac, ten = DOMAIN.person_index("SEX"), DOMAIN.person_index("RAC"), DOMAIN.group_index("TEN")
+    person = public.person.copy()
+    person[:, sex] = 1 - person[:, sex]
+    first = HierarchicalData(DOMAIN, public.geo, public.group, person, public.person_offsets)
+    group, person = public.group.copy(), public.person.copy()
+    group[:, ten] = (group[:, ten] + 1) % 3
+    person[:, rac] = np.choose(person[:, rac], [2, 1, 0])
+    second = HierarchicalData(DOMAIN, public.geo, group, person, public.person_offsets)
+    plain = BalanceTargets.for_data(public)
+    widened = plain.with_copies(public, HierarchicalData.concat([first, second]))
+    full = BalanceTargets.for_data(HierarchicalData.concat([public, first, second]))
+    assert len(widened.blocks) == 3 and widened.blocks[0] is plain.blocks[0]
+    for a, b in ((widened.rows.indptr, full.rows.indptr), (widened.rows.indices, full.rows.indices), (widened.rows.data, full.rows.data)):
+        np.testing.assert_array_equal(a, b)
+    for block in widened.blocks[1:]:
+        assert (block != plain.blocks[0]).nnz > 0
+    untouched = bt_columns(plain, Workload("person", ("NP",), ("AGE", "RAC")))
+    np.testing.assert_array_equal(widened.blocks[1][:, untouched].toarray(), plain.blocks[0][:, untouched].toarray())
+    with pytest.raises(ValueError, match="runs of 700 copies"):
+        plain.with_copies(public, first.take(np.arange(699)))
+
+
+def bt_columns(targets: BalanceTargets, workload: Workload) -> np.ndarray:
+    """The columns of ``workload``'s cells in ``targets``' rows."""
+    i = targets.workloads.index(workload)
+    start = sum(w.n_cells(DOMAIN) for w in targets.workloads[:i])
+    return np.arange(start, start + workload.n_cells(DOMAIN))
+
+
 def test_extended_targets_share_the_first_block_and_equal_the_stacked_build():
     """A widened support's targets (the public households, then other households) built as the
     public block plus one block are, array for array, the targets of the concatenated households:
