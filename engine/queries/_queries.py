@@ -407,6 +407,35 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray, lower: bool = False) -> np.nda
     return gram
 
 
+def hstack_rows(blocks: Sequence[sp.csr_matrix]) -> sp.csr_matrix:
+    """Row-aligned CSR blocks side by side in float64: ``sp.hstack(blocks, format="csr",
+    dtype=np.float64)`` array for array (each row holds the blocks' entries in block order, each
+    block's columns shifted past the blocks before it). Each block's entries are written straight
+    to their places; scipy's stack first concatenates every block's arrays into copies, which on a
+    state's joint incidence (tens of millions of entries, each fresh allocation paged in by the
+    worker's allocator) took several times as long."""
+    n = blocks[0].shape[0]
+    if any(b.shape[0] != n for b in blocks):
+        raise ValueError(f"blocks of {sorted({b.shape[0] for b in blocks})} rows: hstack_rows needs one row count")
+    lengths = np.zeros(n, dtype=np.int64)
+    for b in blocks:
+        lengths += np.diff(b.indptr)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    nnz, n_cols = int(indptr[-1]), sum(int(b.shape[1]) for b in blocks)
+    index_type = np.int32 if max(nnz, n_cols - 1) <= np.iinfo(np.int32).max else np.int64
+    indices, data = np.empty(nnz, dtype=index_type), np.empty(nnz, dtype=np.float64)
+    filled, offset = indptr[:-1].copy(), 0
+    for b in blocks:
+        per = np.diff(b.indptr)
+        pos = np.repeat(filled - b.indptr[:-1], per) + np.arange(b.indptr[-1])
+        indices[pos] = b.indices[: b.indptr[-1]].astype(index_type, copy=False) + index_type(offset)
+        data[pos] = b.data[: b.indptr[-1]]
+        filled += per
+        offset += int(b.shape[1])
+    return sp.csr_matrix((data, indices, indptr.astype(index_type)), shape=(n, n_cols), copy=False)
+
+
 GRAM_BAND = 384  # rows per band of a lower centred_gram: fewer bands redo more of the upper triangle, more pay the sparse product's per-call cost
 
 
@@ -617,7 +646,7 @@ class IncidenceCache:
             # one row per pattern: the prefix's row of its pattern, then each new workload's
             blocks = [] if prefix is None or prefix_of is None else [prefix[prefix_of[first]]]
             blocks += [self.patterns(w).matrix[self.patterns(w).pattern_of[first]] for w in key[n:]]
-            by_pattern = sp.hstack(blocks, format="csr", dtype=np.float64) if blocks else sp.csr_matrix((first.size, 0))
+            by_pattern = hstack_rows(blocks) if blocks else sp.csr_matrix((first.size, 0))
             # one orientation kept, pattern-major: a pattern's row holds its few cells, so both
             # products read a vector of cells that stays in cache — Mᵀλ gathers from λ (CSR) and
             # M q scatters into it (the CSC view) — where the cell-major orientation gathered from

@@ -269,12 +269,36 @@ def systematic_positions(p: np.ndarray, n: int, u: float) -> np.ndarray:
     return np.minimum(np.searchsorted(cdf, (u + np.arange(n)) / n, side="right"), p.size - 1).astype(np.int64)
 
 
-def _rows_sum(R: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
-    """Σ of the given rows of ``R`` (dense, one entry per column), by one bincount."""
+def _entries(R: sp.csr_matrix, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The positions of the given rows' entries in ``R``'s arrays, row after row, and each row's count."""
     start, stop = R.indptr[rows], R.indptr[np.asarray(rows) + 1]
     lengths = stop - start
     pos = np.repeat(start - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths) + np.arange(int(lengths.sum()))
+    return pos, lengths
+
+
+def _rows_sum(R: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
+    """Σ of the given rows of ``R`` (dense, one entry per column), by one bincount."""
+    pos, _ = _entries(R, rows)
     return np.bincount(R.indices[pos], weights=R.data[pos], minlength=R.shape[1])
+
+
+def _cross(R: sp.csr_matrix, a: np.ndarray, b: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """``R[a] @ R[b].T`` dense: the rows ``b`` spread into ``scratch`` (zeros, columns × at least
+    len(b); left zero), gathered at each row of ``a``'s entries and summed per row. The entries
+    are counts, so every product and sum is an integer held exactly, in any order: the sparse
+    product's values, without its per-call conversions (the exact swaps take one per round)."""
+    pb, lb = _entries(R, b)
+    which, cells = np.repeat(np.arange(b.size), lb), R.indices[pb]
+    pa, la = _entries(R, a)
+    if a.size == 0 or b.size == 0 or not np.all(la > 0):  # reduceat needs every row non-empty
+        return (R[a] @ R[b].T).toarray()
+    scratch[cells, which] = R.data[pb]
+    products = np.take(scratch, R.indices[pa], axis=0)  # whole rows: faster than a fancy index with a slice
+    products *= R.data[pa][:, None]
+    scratch[cells, which] = 0.0
+    cross: np.ndarray = np.add.reduceat(products, np.concatenate(([0], np.cumsum(la)[:-1])), axis=0)[:, : b.size]
+    return cross
 
 
 def _top(score: np.ndarray, k: int) -> np.ndarray:
@@ -372,6 +396,7 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
         return pool, r - shift
     sq = np.add.reduceat(R.data**2, R.indptr[:-1]) if R.nnz else np.zeros(R.shape[0])  # ‖a_u‖²
     loss = float(r @ r)
+    scratch = np.zeros((R.shape[1], exact_candidates))  # the exact swaps' candidate additions, spread (_cross)
     batch_max = max(1, n // 10)
     batch = batch_max
     for _ in range(max_rounds):
@@ -399,7 +424,7 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
         out, into = _top(gain_remove, exact_candidates), _top(gain_add, exact_candidates)
         if out.size == 0 or into.size == 0:
             break
-        cross = (R[out] @ R[into].T).toarray()  # sparse: no BLAS threads for a 16 × 16 product
+        cross = _cross(R, out, into, scratch)
         delta = -gain_remove[out][:, None] - gain_add[into][None, :] - 2 * cross
         i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
         if delta[i, j] >= -1e-9:

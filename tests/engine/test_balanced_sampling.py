@@ -332,3 +332,20 @@ def test_extended_targets_share_the_first_block_and_equal_the_stacked_build():
     assert (in_block_order != reference).nnz > 0
     x = rng.random(1400)
     np.testing.assert_array_equal(widened.expected(x), full.rows.astype(np.float64).T @ x)
+
+
+def test_cross_products_of_pool_rows_equal_the_sparse_product():
+    """The exact swaps' cross terms (``_cross``) are ``R[a] @ R[b].T`` value for value on count
+    rows, for fewer candidates than the scratch holds, with repeated rows, and through the sparse
+    product where a row has no entry; the scratch is left zero for the next round."""
+    from engine.synthesis._balanced_sampling import _cross
+
+    rng = np.random.default_rng(21)
+    R = sp.random(60, 500, density=0.1, random_state=22, format="csr", data_rvs=lambda n: rng.integers(1, 9, n).astype(float))
+    R = sp.vstack([R, sp.csr_matrix((1, 500))], format="csr")  # row 60: empty
+    scratch = np.zeros((500, 16))
+    for a, b in ((rng.choice(60, 16, replace=False), rng.choice(60, 16, replace=False)), (rng.integers(0, 60, 7), rng.integers(0, 60, 5)),
+                 (np.array([3, 60, 4]), np.array([60, 1]))):
+        got = _cross(R, a, b, scratch)
+        np.testing.assert_array_equal(got, (R[a] @ R[b].T).toarray())
+        assert got.shape == (a.size, b.size) and not scratch.any()

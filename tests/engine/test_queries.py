@@ -357,6 +357,29 @@ def test_lower_centred_gram_keeps_the_products_lower_triangle_bit_for_bit(monkey
     np.testing.assert_allclose(banded, whole, rtol=1e-13, atol=1e-16)
 
 
+def test_hstack_rows_is_scipys_hstack_array_for_array():
+    """The joint incidence's stacking (``hstack_rows``) against scipy's: the same indptr, indices
+    and data, with an empty block, empty rows and integer blocks among them; blocks of different
+    row counts are refused."""
+    from engine.queries._queries import hstack_rows
+
+    rng = np.random.default_rng(8)
+    blocks = [sp.random(40, k, density=d, random_state=int(rng.integers(1 << 30)), format="csr") for k, d in ((5, 0.3), (9, 0.0), (3, 0.5), (12, 0.1))]
+    counts = rng.integers(0, 3, (40, 4)).astype(np.uint8)
+    counts[:10] = 0
+    blocks = [b.tolil() for b in blocks]
+    for b in blocks:
+        b[:10] = 0  # rows 0-9 empty in every block
+    blocks = [b.tocsr() for b in blocks] + [sp.csr_matrix(counts)]
+    got, want = hstack_rows(blocks), sp.hstack(blocks, format="csr", dtype=np.float64)
+    for a, b in ((got.indptr, want.indptr), (got.indices, want.indices), (got.data, want.data)):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype
+    assert got.shape == want.shape and (np.diff(got.indptr) == 0).any()
+    with pytest.raises(ValueError, match="one row count"):
+        hstack_rows([blocks[0], sp.csr_matrix((39, 2))])
+
+
 def test_forgotten_joint_incidences_are_rebuilt_array_for_array():
     """``forget_joints`` drops the kept joint incidences (and restrictions, pattern pairs) but not
     the per-workload incidences; a list grouped again from nothing is the same matrix, array for
