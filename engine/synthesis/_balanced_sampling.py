@@ -292,7 +292,8 @@ def _cross(R: sp.csr_matrix, a: np.ndarray, b: np.ndarray, scratch: np.ndarray) 
     which, cells = np.repeat(np.arange(b.size), lb), R.indices[pb]
     pa, la = _entries(R, a)
     if a.size == 0 or b.size == 0 or not np.all(la > 0):  # reduceat needs every row non-empty
-        return (R[a] @ R[b].T).toarray()
+        sparse: np.ndarray = (R[a] @ R[b].T).toarray()
+        return sparse
     scratch[cells, which] = R.data[pb]
     products = np.take(scratch, R.indices[pa], axis=0)  # whole rows: faster than a fancy index with a slice
     products *= R.data[pa][:, None]
