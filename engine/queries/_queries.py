@@ -742,7 +742,11 @@ class IncidenceCache:
             raise ValueError(f"{w.id}: weights of shape {x.shape}, expected ({n * repeats},)")
         y = np.zeros(A.shape[0])
         for k in range(repeats):  # csr_matvec adds onto y[i], row entry after row entry
-            _sparsetools.csr_matvec(A.shape[0], n, A.indptr, A.indices, A.data, np.ascontiguousarray(x[k * n : (k + 1) * n]), y)
+            block = np.ascontiguousarray(x[k * n : (k + 1) * n])
+            # a repeat without weight adds only zeros (a copy outside the mixture, or a mixture
+            # component on one repeat): skipping it leaves every sum as it was
+            if block.any():
+                _sparsetools.csr_matvec(A.shape[0], n, A.indptr, A.indices, A.data, block, y)
         return y
 
     def prepare(self, workloads: Iterable[Workload]) -> IncidenceCache:

@@ -149,7 +149,8 @@ def test_answers_on_the_widened_support_are_the_repeated_incidence_products_bit_
     """A workload that reads no flipped attribute is answered on the widened support by the public
     incidence applied to each copy's weights in turn, without building the repeated incidence: the
     same numbers, to the last bit, as the widened households' own incidence times the weights (the
-    fits compare them). Negative control: the copies' products added afterwards (another order of
+    fits compare them), also where the public households or the copies have no weight (that repeat
+    is skipped). Negative control: the copies' products added afterwards (another order of
     the same sums) differ in the last bits for some workload, so the equality is not vacuous."""
     public = with_householder_sex(random_data(BASE, 400, seed=7))
     public_support = Support.from_data(public)
@@ -166,6 +167,11 @@ def test_answers_on_the_widened_support_are_the_repeated_incidence_products_bit_
             apart.append(not np.array_equal(base @ x[:n] + base @ x[n:], fresh.matrix(w) @ x))
     assert reads_no_flip and not any(w in widened.support.cache._A for w in reads_no_flip)  # never built there
     assert any(apart)
+    for zero in (slice(0, n), slice(n, None)):  # a repeat without weight (skipped) changes no sum
+        y = x.copy()
+        y[zero] = 0.0
+        for w in reads_no_flip:
+            np.testing.assert_array_equal(widened.support.cache.answer(w, y), fresh.matrix(w) @ y)
     with pytest.raises(ValueError, match="expected"):
         widened.support.cache.answer(reads_no_flip[0], x[:n])
 
