@@ -92,29 +92,25 @@ class BalanceTargets:
             raise ValueError("balanced sampling needs at least one balance workload")
         return cls(ws, (household_rows(data, ws),))
 
-    def extended(self, more: HierarchicalData, originals: HierarchicalData | None = None,
-                 copied_from: np.ndarray | None = None) -> BalanceTargets:
-        """These households followed by ``more``: the blocks kept, one block added. ``originals``
-        (the first block's households) and ``copied_from`` (for each household of ``more``, its
-        original's index there): ``more`` holds edited copies of them (a widened support's flipped
-        copies), and the cells of every workload that reads only attributes on which each copy
-        equals its original are taken from the original's row, not built again; the block is the
-        same, entry for entry."""
-        if originals is None or copied_from is None:
+    def extended(self, more: HierarchicalData, originals: HierarchicalData | None = None) -> BalanceTargets:
+        """These households followed by ``more``: the blocks kept, one block added. ``originals``:
+        the first block's households, of which ``more`` holds edited copies row for row (a widened
+        support's flipped copies); the cells of every workload that reads only attributes on which
+        each copy equals its original are then taken from the original's row, not built again, and
+        the block is the same, entry for entry."""
+        if originals is None:
             return BalanceTargets(self.workloads, (*self.blocks, household_rows(more, self.workloads)))
-        if originals.n_households != self.blocks[0].shape[0]:
-            raise ValueError(f"originals: {originals.n_households} households for a first block of {self.blocks[0].shape[0]}")
-        copied_from = np.asarray(copied_from, dtype=np.int64)
-        if copied_from.shape != (more.n_households,):
-            raise ValueError(f"copied_from: one original per household of more ({more.n_households}), got shape {copied_from.shape}")
-        same = unchanged_attributes(originals.take(copied_from), more)
+        if not originals.n_households == more.n_households == self.blocks[0].shape[0]:
+            raise ValueError(f"originals: {originals.n_households} households for {more.n_households} copies and a first block of "
+                             f"{self.blocks[0].shape[0]}")
+        same = unchanged_attributes(originals, more)
         reread = [w for w in self.workloads if not set(w.group_attrs) | set(w.person_attrs) <= same]
         sizes = [w.n_cells(more.domain) for w in self.workloads]
         ends = np.cumsum(sizes)
         new_cells = np.concatenate([np.arange(e - n, e) for w, n, e in zip(self.workloads, sizes, ends) if w in reread] or [np.zeros(0, np.int64)])
         kept = np.ones(self.n_cells, dtype=bool)
         kept[new_cells] = False
-        block = copied_rows(self.blocks[0], copied_from, kept)
+        block = copied_rows(self.blocks[0], kept)
         if reread:
             fresh = household_rows(more, reread)
             fresh.indices = new_cells[fresh.indices].astype(fresh.indices.dtype)  # each workload's cells to their place: orders kept
@@ -133,7 +129,7 @@ class BalanceTargets:
             raise ValueError(f"copies: runs of {n} copies of the originals, got {copies.n_households} households")
         targets = self
         for lo in range(0, copies.n_households, n):
-            targets = targets.extended(copies.take(np.arange(lo, lo + n)), originals, np.arange(n))
+            targets = targets.extended(copies.take(np.arange(lo, lo + n)), originals)
         return targets
 
     @property
@@ -234,15 +230,16 @@ def unchanged_attributes(a: HierarchicalData, b: HierarchicalData) -> frozenset[
     return frozenset(same)
 
 
-def copied_rows(R: sp.csr_matrix, rows: np.ndarray, cells: np.ndarray) -> sp.csr_matrix:
-    """``R[rows]`` with only the entries in the columns where ``cells`` (a mask) holds: sorted
-    indices and the data type kept, taken :data:`BLOCK` · 16 rows at a time (a whole widened
-    support's entries would hold a position array several times the matrix)."""
-    indptr = np.zeros(rows.size + 1, dtype=np.int64)
+def copied_rows(R: sp.csr_matrix, cells: np.ndarray) -> sp.csr_matrix:
+    """``R`` with only the entries in the columns where ``cells`` (a mask) holds: sorted indices
+    and the data type kept, taken :data:`BLOCK` · 16 rows at a time (a whole widened support's
+    entries would hold a position array several times the matrix)."""
+    n = R.shape[0]
+    indptr = np.zeros(n + 1, dtype=np.int64)
     parts_i, parts_d = [], []
     step = BLOCK * 16
-    for lo in range(0, rows.size, step):
-        part = R[rows[lo : lo + step]]
+    for lo in range(0, n, step):
+        part = R[lo : lo + step]
         keep = cells[part.indices]
         # int32 running counts (a chunk's entries stay far below 2^31): int64's cumsum is several times slower
         kept_before = np.zeros(keep.size + 1, dtype=np.int32)
@@ -254,7 +251,7 @@ def copied_rows(R: sp.csr_matrix, rows: np.ndarray, cells: np.ndarray) -> sp.csr
     index_type = R.indices.dtype if indptr[-1] < 2**31 else np.int64
     out = sp.csr_matrix((np.concatenate(parts_d) if parts_d else np.zeros(0, R.dtype),
                          np.concatenate(parts_i).astype(index_type, copy=False) if parts_i else np.zeros(0, index_type),
-                         indptr.astype(index_type)), shape=(rows.size, R.shape[1]), copy=False)
+                         indptr.astype(index_type)), shape=R.shape, copy=False)
     out.has_sorted_indices = True
     return out
 

@@ -295,13 +295,13 @@ def test_targets_with_edited_copies_equal_the_stacked_build():
         np.testing.assert_array_equal(a, b)
     for block in widened.blocks[1:]:
         assert (block != plain.blocks[0]).nnz > 0
-    untouched = bt_columns(plain, Workload("person", ("NP",), ("AGE", "RAC")))
+    untouched = _columns(plain, Workload("person", ("NP",), ("AGE", "RAC")))
     np.testing.assert_array_equal(widened.blocks[1][:, untouched].toarray(), plain.blocks[0][:, untouched].toarray())
     with pytest.raises(ValueError, match="runs of 700 copies"):
         plain.with_copies(public, first.take(np.arange(699)))
 
 
-def bt_columns(targets: BalanceTargets, workload: Workload) -> np.ndarray:
+def _columns(targets: BalanceTargets, workload: Workload) -> np.ndarray:
     """The columns of ``workload``'s cells in ``targets``' rows."""
     i = targets.workloads.index(workload)
     start = sum(w.n_cells(DOMAIN) for w in targets.workloads[:i])

@@ -136,6 +136,41 @@ def test_noiseless_workloads_recover_the_true_total_from_a_wrong_count(setting):
         assert len(res.diagnostics["total"]["trace"]) >= 2 and abs(res.total - G) < 40.0, res.diagnostics["total"]
 
 
+def test_the_alternation_stops_near_the_fixed_point_of_the_total(setting):
+    """The kept G lies within half a household of the fixed point G* = F(G*) up to F's
+    contraction, G* found by brute force: bisection of F(G) − G, each F from a posterior fitted
+    from scratch at that G."""
+    from engine.synthesis._node import fit_total, measure_node, update_node
+
+    support, private = setting
+    G_true = private.n_households
+    noise = {}
+
+    def measure(w, rho):  # the same noisy answers on every call
+        if w not in noise:
+            counts = answer(private, w).astype(float)
+            noise[w] = counts + np.random.default_rng(len(noise) + 11).normal(0, 30.0, counts.size)
+        return noise[w], 30.0
+
+    given, sd = G_true + 60.0, 40.0
+    res = synthesize_node(support, support.weights, WORKLOADS, Fraction(1), measure, given, total_sd=sd, prior_strength=0.1)
+    measured = measure_node(WORKLOADS, Fraction(1), measure)
+
+    def F(G):
+        return fit_total(support, update_node(support, support.weights, measured, G, "map", 0.1, tol=1e-12).weights, measured, given, sd)
+
+    lo, hi = given - 3 * sd, given + 3 * sd
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if F(mid) > mid else (lo, mid)
+    G_star = 0.5 * (lo + hi)
+    trace = res.diagnostics["total"]["trace"]
+    G_last, F_last = trace[-1]
+    c = (F_last - trace[-2][1]) / (G_last - trace[-2][0]) if len(trace) > 1 else 0.0  # F's slope between the last two rounds
+    assert len(trace) > 1 and abs(F_last - G_last) < 0.5 * 1.01
+    assert abs(res.total - G_star) <= 0.5 / (1.0 - min(max(c, 0.0), 0.9)) * 1.05, (trace, G_star)
+
+
 def test_the_total_stays_in_its_trust_region(setting):
     """"Contains" and person counts can be met by other household sizes: G is pinned weakly and
     may not leave total ± 3 sd."""
