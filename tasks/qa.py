@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.data import HierarchicalData
+from engine.data import HierarchicalData, unique_rows
 from engine.queries import k_way_workloads, query_errors_by_level, two_way_l1_by_candidate
 
 
@@ -140,8 +140,8 @@ def coc_emd_by_level(table: tuple[list[str], np.ndarray, np.ndarray], true: Hier
 def household_count_errors(true: HierarchicalData, release: HierarchicalData) -> dict:
     """Released against confidential household counts per PUMA (the release's are DP estimates
     unless the invariant is declared): share of PUMAs that differ, mean and RMS difference."""
-    nodes, exact = np.unique(true.geo[:, :2], axis=0, return_counts=True)
-    rel_nodes, rel_counts = np.unique(release.geo[:, :2], axis=0, return_counts=True)
+    nodes, exact = unique_rows(true.geo[:, :2], return_counts=True)
+    rel_nodes, rel_counts = unique_rows(release.geo[:, :2], return_counts=True)
     released = dict(zip(map(tuple, rel_nodes.tolist()), rel_counts.tolist()))
     diff = np.array([released.get(tuple(n), 0) for n in nodes.tolist()], dtype=np.float64) - exact
     return {"pumas": int(len(nodes)), "share_differing": float(np.mean(diff != 0)), "mean_difference": float(diff.mean()),

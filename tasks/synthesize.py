@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from engine.data import HierarchicalData, node_key
+from engine.data import HierarchicalData, node_key, unique_rows
 from engine.queries import IncidenceCache, Measurement, Support, Workload
 from engine.synthesis import (
     BalanceTargets,
@@ -344,6 +344,6 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:
     """The ε = 0 baseline for every PUMA of ``private`` at once (internal QA and benchmarks only:
     it uses the exact PUMA household counts)."""
-    nodes, counts = np.unique(private.geo, axis=0, return_counts=True)
+    nodes, counts = unique_rows(private.geo, return_counts=True)
     parts = [place(public.take(node_rng(seed + 1, tuple(n)).integers(0, public.n_households, g)), tuple(n)) for n, g in zip(nodes, counts)]
     return HierarchicalData.concat(parts)

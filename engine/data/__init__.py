@@ -8,6 +8,7 @@ so every package above (queries, privacy, synthesis, count-of-counts, H-GEM) can
 types without an import cycle.
 """
 
+from engine.data._arrays import repeat_runs, sorted_counts, unique_rows
 from engine.data._domain import Attribute, Domain
 from engine.data._encoding import bin_ranges, clip_sizes, householder_first_order, map_codes, multigenerational, segment_any
 from engine.data._geography import LEVELS, Geography, Node, node_households, node_key, node_level, parse_node_key
@@ -29,5 +30,8 @@ __all__ = [
     "node_key",
     "node_level",
     "parse_node_key",
+    "repeat_runs",
+    "sorted_counts",
+    "unique_rows",
     "segment_any",
 ]

@@ -21,6 +21,8 @@ from typing import Literal
 
 import numpy as np
 
+from engine.data._arrays import unique_rows
+
 Node = tuple[int, ...]
 LEVELS = ("nation", "state", "puma")
 
@@ -70,7 +72,7 @@ def node_households(geo: np.ndarray, depth: int) -> dict[Node, np.ndarray]:
         return {(): np.arange(len(geo), dtype=np.int64)}
     if len(geo) == 0:
         return {}
-    keys, inverse = np.unique(geo[:, :depth], axis=0, return_inverse=True)
+    keys, inverse = unique_rows(geo[:, :depth], return_inverse=True)
     inverse = inverse.reshape(-1)
     order = np.argsort(inverse, kind="stable")
     bounds = np.concatenate(([0], np.cumsum(np.bincount(inverse, minlength=len(keys)))))

@@ -20,6 +20,7 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import ArrayLike
 
+from engine.data._arrays import repeat_runs, unique_rows
 from engine.data._domain import Domain
 
 
@@ -103,7 +104,7 @@ class HierarchicalData:
     @cached_property
     def person_household(self) -> np.ndarray:
         """Index of the household of every person, (N_I,) int64 (computed once, read-only)."""
-        out: np.ndarray = np.repeat(np.arange(self.n_households, dtype=np.int64), self.sizes)
+        out: np.ndarray = repeat_runs(np.arange(self.n_households, dtype=np.int64), self.sizes)
         out.flags.writeable = False
         return out
 
@@ -111,7 +112,7 @@ class HierarchicalData:
     def person_slot(self) -> np.ndarray:
         """Position of every person inside its household (0 = first / householder; computed once,
         read-only)."""
-        out: np.ndarray = np.arange(self.n_persons, dtype=np.int64) - np.repeat(self.person_offsets[:-1], self.sizes)
+        out: np.ndarray = np.arange(self.n_persons, dtype=np.int64) - self.person_offsets[:-1][self.person_household]
         out.flags.writeable = False
         return out
 
@@ -142,7 +143,7 @@ class HierarchicalData:
         k = self.domain.geography.index(level) + 1
         if self.n_households == 0:
             return []
-        return [tuple(int(x) for x in row) for row in np.unique(self.geo[:, :k], axis=0)]
+        return [tuple(int(x) for x in row) for row in unique_rows(self.geo[:, :k])]
 
     def node_mask(self, node: tuple[int, ...]) -> np.ndarray:
         k = len(node)

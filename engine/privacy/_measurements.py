@@ -155,10 +155,17 @@ class MeasurementStore:
 
     def _load(self, key: str, path: Path | None = None) -> MeasurementRecord:
         path = path or self._paths(key)[0]
+        meta, vec = self._read_checked(key, path)
+        return self._record(key, path, meta, vec)
+
+    def _read_checked(self, key: str, path: Path) -> tuple[dict[str, Any], np.ndarray]:
         try:
-            meta, vec = self._read(path)
+            return self._read(path)
         except (OSError, ValueError, KeyError) as e:
             raise MeasurementIntegrityError(f"measurement {key!r}: {path} is unreadable ({e})") from e
+
+    def _record(self, key: str, path: Path, meta: dict[str, Any], vec: np.ndarray) -> MeasurementRecord:
+        """The record of a stored file's contents, once its key, hash, type and shape check out."""
         if meta["key"] != key:
             raise MeasurementIntegrityError(f"{path} holds key {meta['key']!r}, expected {key!r}")
         h = _vector_sha256(vec)
@@ -209,11 +216,11 @@ class MeasurementStore:
         """Every completed measurement (hashes verified), sorted by key; each file read once."""
         out = []
         for p in self._files():
-            with np.load(p, allow_pickle=False) as z:
-                key = json.loads(bytes(z["meta"]).decode())["key"]
+            meta, vec = self._read_checked(p.stem, p)
+            key = meta["key"]
             if self._stem(key) != p.stem:
                 raise MeasurementIntegrityError(f"{p} holds key {key!r}, whose file would be {self._stem(key)}.npz")
-            out.append(self._load(key, p))
+            out.append(self._record(key, p, meta, vec))
         return sorted(out, key=lambda r: r.key)
 
     def _measure(

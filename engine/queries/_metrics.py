@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from engine.data import Domain, HierarchicalData
+from engine.data import Domain, HierarchicalData, unique_rows
 from engine.queries._queries import Level, Workload, counted_person_cells, household_cell_pairs
 
 
@@ -92,7 +92,7 @@ def query_errors_by_level(true: HierarchicalData, candidates: dict[str, Hierarch
     finest level; a coarser level's counts are its nodes' sums (:func:`_nested_counts`)."""
     geography = true.domain.geography
     levels_fine_last = sorted(levels, key=geography.index)
-    nodes = {lv: np.unique(true.geo[:, : geography.index(lv) + 1], axis=0) for lv in levels}
+    nodes = {lv: unique_rows(true.geo[:, : geography.index(lv) + 1]) for lv in levels}
     true_node = {lv: node_index(true, lv, nodes[lv]) for lv in levels}
     synth_node = {name: {lv: node_index(synth, lv, nodes[lv]) for lv in levels} for name, synth in candidates.items()}
     max_err = {name: {lv: np.zeros(len(nodes[lv])) for lv in levels} for name in candidates}
@@ -127,7 +127,7 @@ def _nested_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray,
     out = {fine: _node_counts(data, w, pairs, node[fine], len(nodes[fine]))}
     for lv in levels[:-1]:
         k = nodes[lv].shape[1]
-        prefixes, parent = np.unique(nodes[fine][:, :k], axis=0, return_inverse=True)
+        prefixes, parent = unique_rows(nodes[fine][:, :k], return_inverse=True)
         if not np.array_equal(prefixes, nodes[lv]) or np.any((node[fine] < 0) & (node[lv] >= 0)):
             out[lv] = _node_counts(data, w, pairs, node[lv], len(nodes[lv]))
             continue
@@ -177,7 +177,7 @@ def two_way_l1_by_candidate(true: HierarchicalData, candidates: dict[str, Hierar
     computed once per pair for all of them."""
     rng = rng or np.random.default_rng(0)
     k = true.domain.geography.index(level) + 1
-    nodes = np.unique(true.geo[:, :k], axis=0)
+    nodes = unique_rows(true.geo[:, :k])
     sizes = list(true.domain.group_sizes) + list(true.domain.person_sizes)
     n_attr = len(sizes)
     pairs = [tuple(rng.choice(n_attr, 2, replace=False)) for _ in range(n_pairs)]

@@ -30,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import _sparsetools
 
-from engine.data import Domain, HierarchicalData
+from engine.data import Domain, HierarchicalData, repeat_runs, sorted_counts
 
 Level = Literal["group", "person"]
 PrivacyUnit = Literal["household", "person"]
@@ -268,8 +268,7 @@ def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarra
         return np.arange(data.n_households, dtype=np.int64), g, np.ones(data.n_households, dtype=np.int64)
     hh, cells = counted_person_cells(data, w, g)
     n_cells = w.n_cells(data.domain)
-    key = hh * n_cells + cells
-    uniq, counts = np.unique(key, return_counts=True)
+    uniq, counts = sorted_counts(hh * n_cells + cells)
     h, c = np.divmod(uniq, n_cells)
     if w.level == "group":
         counts = np.ones_like(counts)
@@ -401,10 +400,17 @@ def centred_gram(A: sp.csr_matrix, w: np.ndarray, lower: bool = False) -> np.nda
             # rows ≤ the band's end against the band, transposed: entry (i, j) adds A[i, k]·Aw[j, k]
             # over k in ascending order, the whole product's sums bit for bit; the band side is the
             # one transposed (its few rows, not the rows up to the band's end, as the other order does)
-            gram[lo:hi, :hi] = (A[:hi] @ Aw[lo:hi].T).toarray().T
+            gram[lo:hi, :hi] = (leading_rows(A, hi) @ Aw[lo:hi].T).toarray().T
             gram[:lo, lo:hi] = gram[lo:hi, :lo].T
     outer_in_place(gram, a, a)
     return gram
+
+
+def leading_rows(A: sp.csr_matrix, n: int) -> sp.csr_matrix:
+    """``A[:n]`` as a view of ``A``'s arrays: scipy's slice copies them in a routine that holds the
+    GIL, and the banded gram takes one such slice per band of up to the whole matrix."""
+    end = int(A.indptr[n])
+    return sp.csr_matrix((A.data[:end], A.indices[:end], A.indptr[: n + 1]), shape=(n, A.shape[1]), copy=False)
 
 
 def hstack_rows(blocks: Sequence[sp.csr_matrix]) -> sp.csr_matrix:
@@ -428,7 +434,8 @@ def hstack_rows(blocks: Sequence[sp.csr_matrix]) -> sp.csr_matrix:
     filled, offset = indptr[:-1].copy(), 0
     for b in blocks:
         per = np.diff(b.indptr)
-        pos = np.repeat(filled - b.indptr[:-1], per) + np.arange(b.indptr[-1])
+        pos = repeat_runs(filled - b.indptr[:-1], per)
+        pos += np.arange(b.indptr[-1])
         indices[pos] = b.indices[: b.indptr[-1]].astype(index_type, copy=False) + index_type(offset)
         data[pos] = b.data[: b.indptr[-1]]
         filled += per
@@ -505,8 +512,8 @@ def incidence_patterns(data: HierarchicalData, w: Workload, A: sp.csr_matrix | N
     width = max(int(nnz.max(initial=0)), 1)
     B1 = max(data.domain.max_size, int(At.data.max(initial=0))) + 1
     codes = At.indices.astype(np.int64) * B1 + np.rint(At.data).astype(np.int64)
-    row = np.repeat(np.arange(n, dtype=np.int64), nnz)
-    slot = np.arange(codes.size, dtype=np.int64) - np.repeat(At.indptr[:-1].astype(np.int64), nnz)
+    row = repeat_runs(np.arange(n, dtype=np.int64), nnz)
+    slot = np.arange(codes.size, dtype=np.int64) - repeat_runs(At.indptr[:-1].astype(np.int64), nnz)
     keys = np.full((n, width), -1, dtype=np.int64)
     keys[row, slot] = codes
     # exact row grouping, one column at a time (1-D uniques are much faster than unique(axis=0))

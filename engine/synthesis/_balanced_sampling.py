@@ -47,7 +47,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import _sparsetools
 
-from engine.data import Domain, HierarchicalData
+from engine.data import Domain, HierarchicalData, repeat_runs
 from engine.queries import Workload, household_cell_pairs
 
 __all__ = ["BalanceTargets", "balance_workloads", "balanced_draw", "balanced_draws", "systematic_positions"]
@@ -210,7 +210,7 @@ def household_rows(data: HierarchicalData, workloads: Sequence[Workload]) -> sp.
         # one entry per (household, cell), ordered by household, then cell
         h, c, k = household_cell_pairs(data, w)
         per = np.bincount(h, minlength=n)
-        pos = filled[h] + np.arange(h.size) - np.repeat(np.cumsum(per) - per, per)
+        pos = filled[h] + np.arange(h.size) - repeat_runs(np.cumsum(per) - per, per)
         indices[pos], values[pos] = c + offset, k
         filled += per
         offset += w.n_cells(data.domain)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.data import HierarchicalData
+from engine.data import HierarchicalData, unique_rows
 from engine.queries import PrivacyUnit, Workload, counts_by_node
 
 __all__ = ["STATE_FRACTIONS", "SplitChoice", "choose_state_fraction", "expected_errors"]
@@ -74,8 +74,8 @@ def _public_cells(public: HierarchicalData, workloads: Sequence[Workload], unit:
     """Per workload: its L2 sensitivity and its :class:`_PlayedState` at every public state with
     at least two PUMAs (the part of the simulation that does not depend on ρ, computed once)."""
     geo_state, geo_puma = public.domain.geography[0], public.domain.geography[1]
-    states = np.unique(public.geo[:, :1], axis=0)
-    pumas = np.unique(public.geo[:, :2], axis=0)
+    states = unique_rows(public.geo[:, :1])
+    pumas = unique_rows(public.geo[:, :2])
     puma_state = np.searchsorted(states[:, 0], pumas[:, 0])
     play = np.flatnonzero(np.bincount(puma_state, minlength=len(states)) >= 2)
     if len(states) < 2 or not len(play) or not workloads:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.data import HierarchicalData
+from engine.data import HierarchicalData, unique_rows
 from engine.queries import PrivacyUnit, Workload, answer, counts_by_node
 from engine.synthesis._workload_selection import WorkloadSelection
 
@@ -49,8 +49,8 @@ def between_puma_variation(public: HierarchicalData, workloads: Sequence[Workloa
     distance between the PUMA's normalised answer and its state's (module docstring). States with
     one PUMA carry no such variation and are left out; 0 where no state has two PUMAs."""
     geo_state, geo_puma = public.domain.geography[0], public.domain.geography[1]
-    states = np.unique(public.geo[:, :1], axis=0)
-    pumas, households = np.unique(public.geo[:, :2], axis=0, return_counts=True)
+    states = unique_rows(public.geo[:, :1])
+    pumas, households = unique_rows(public.geo[:, :2], return_counts=True)
     puma_state = np.searchsorted(states[:, 0], pumas[:, 0])
     several = np.bincount(puma_state, minlength=len(states))[puma_state] >= 2
     weight = households * several

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.data import Domain, HierarchicalData
+from engine.data import Domain, HierarchicalData, unique_rows
 from engine.queries import Workload
 
 PUMA_ATTRIBUTES = 4  # the PUMA level's one-way marginals by default (module docstring; six: benchmarks/results/HISTORY.md)
@@ -121,7 +121,7 @@ def geographic_information(data: HierarchicalData) -> np.ndarray:
     (the information a PUMA measurement can add to a state posterior). Zeros where the data have one
     PUMA per state."""
     names, kinds, sizes, cols = attribute_columns(data)
-    nodes, node = np.unique(data.geo[:, :2], axis=0, return_inverse=True)
+    nodes, node = unique_rows(data.geo[:, :2], return_inverse=True)
     node = node.reshape(-1).astype(np.int64)
     _, node_state = np.unique(nodes[:, 0], return_inverse=True)
     node_state = node_state.reshape(-1)

@@ -414,3 +414,4 @@ def test_pattern_numbers_are_int32_and_select_as_int64_did():
     x = np.random.default_rng(3).random(P.n_patterns)
     np.testing.assert_array_equal(x[P.pattern_of], x[P.pattern_of.astype(np.int64)])
     assert pattern_index(2**31 - 1) is np.int32 and pattern_index(2**31) is np.int64
+
