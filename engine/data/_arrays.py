@@ -7,10 +7,9 @@ the same array from steps that release the GIL: each non-empty run's first entry
 from the run before it, and a cumulative sum spreads the steps.
 
 :func:`sorted_counts` (``np.unique`` with counts) and :func:`unique_rows` (``np.unique`` along
-rows): numpy sorts with a quicksort, and along rows through a record view compared field by field;
-the keys here (persons household after household, households node after node) arrive mostly
-sorted, which a stable sort's merge of natural runs uses, and a row of small non-negative codes
-is one integer key.
+rows): :func:`sorted_counts` sorts stably, which merges the natural runs of keys that arrive
+household after household (numpy's quicksort does not use them); :func:`unique_rows` makes a row of
+small non-negative codes one integer key instead of numpy's record view compared field by field.
 """
 
 from __future__ import annotations
