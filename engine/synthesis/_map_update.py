@@ -40,6 +40,11 @@ from engine.queries import Measurement, Support
 # fitted counts are within a small fraction of that noise of the optimum's, and the solver stops
 # far sooner than at tighter ones (benchmarks/results/HISTORY.md).
 FIT_TOL = 1e-8
+# corrections L-BFGS keeps: the dual is ill-conditioned (cells that overlap across workloads share
+# their curvature, directions they leave free have only the noise's), and a longer memory of its
+# curvature takes fewer iterations, each a pair of sparse products, for an update of a few
+# vectors of the cells' length (benchmarks/results/HISTORY.md)
+MEMORY = 50
 
 
 @dataclass
@@ -123,7 +128,7 @@ def map_fit(
         return val, grad
 
     x0 = np.zeros(A.shape[0]) if dual0 is None or np.shape(dual0) != (A.shape[0],) else np.asarray(dual0, dtype=np.float64)
-    res = minimize(f, x0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-9})
+    res = minimize(f, x0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-9, "maxcor": MEMORY})
     q_live, _ = dual_q(res.x)
     q_pattern = np.zeros(P.size)
     q_pattern[live] = q_live / P[live]

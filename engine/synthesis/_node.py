@@ -120,6 +120,25 @@ def fit_total(support: Support, q: np.ndarray, measured: Sequence[Measurement], 
     return max(num / den, 0.0)
 
 
+def warm_dual(fitted: Sequence[tuple[float, np.ndarray | None]], total: float) -> np.ndarray | None:
+    """A starting dual for the fit at household total ``total`` from the fits before it
+    (``fitted``: their totals and duals, in order): the line through the last two duals at
+    ``total``, or with one fit (or two at one total) its dual scaled by the ratio of totals, as the
+    dual scales with G (:func:`engine.synthesis._map_update.map_fit`). The optimum moves smoothly
+    with G and the alternation's totals are close together, so the line starts the solver next to
+    the optimum, where the scaled dual alone leaves it as many iterations as a cold start; the
+    problem is strictly convex, so the start changes only the iterations. ``None`` without a dual."""
+    G1, d1 = fitted[-1] if fitted else (0.0, None)
+    if d1 is None:
+        return None
+    G0, d0 = fitted[-2] if len(fitted) > 1 else (G1, None)
+    if d0 is not None and G0 != G1 and d0.shape == d1.shape:
+        line: np.ndarray = d1 + (d1 - d0) * ((float(total) - G1) / (G1 - G0))
+        return line
+    scaled: np.ndarray = d1 * (max(float(total), 1.0) / max(G1, 1.0))
+    return scaled
+
+
 def start_total(measured: Sequence[Measurement], total: float, total_sd: float) -> float:
     """A posterior-free first estimate of G: the given total and the sum of every measured
     partition workload (each an unbiased count of G with variance cells·σ²), merged by inverse
@@ -304,11 +323,12 @@ def synthesize_node(
     G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
     dual0 = None if last is None or last.dual is None else last.dual * (max(G, 1.0) / max(G0, 1.0))  # as the rounds below
     res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, dual0)
+    fitted: list[tuple[float, np.ndarray | None]] = []  # (total, dual) of every round's fit
     for r in range(TOTAL_ROUNDS if joint else 1):
-        if r > 0:  # warm start: the previous round's dual, which scales with the total (engine.synthesis._map_update.map_fit)
-            dual0 = None if res.dual is None else res.dual * (max(G, 1.0) / max(res.total, 1.0))
-            res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, dual0)
+        if r > 0:
+            res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, warm_dual(fitted, G))
         res.total = G
+        fitted.append((G, res.dual))
         if not joint:
             break
         F = fit_total(support, res.weights, measured, total, total_sd)

@@ -171,6 +171,37 @@ def test_the_alternation_stops_near_the_fixed_point_of_the_total(setting):
     assert abs(res.total - G_star) <= 0.5 / (1.0 - min(max(c, 0.0), 0.9)) * 1.05, (trace, G_star)
 
 
+def test_warm_dual_is_the_line_through_the_last_two_fits():
+    """Two fits: the line through their duals at the new total; one fit (or two at one total):
+    its dual scaled by the ratio of totals; no dual: none."""
+    from engine.synthesis._node import warm_dual
+
+    d0, d1 = np.array([1.0, -2.0, 0.5]), np.array([1.5, -1.0, 0.25])
+    np.testing.assert_allclose(warm_dual([(100.0, d0), (110.0, d1)], 115.0), d1 + 0.5 * (d1 - d0))
+    np.testing.assert_allclose(warm_dual([(50.0, d1), (100.0, d0), (110.0, d1)], 100.0), d0)  # the last two only
+    np.testing.assert_allclose(warm_dual([(100.0, d0)], 120.0), 1.2 * d0)
+    np.testing.assert_allclose(warm_dual([(100.0, d0), (100.0, d1)], 120.0), 1.2 * d1)
+    np.testing.assert_allclose(warm_dual([(100.0, None), (110.0, d1)], 120.0), d1 * 120.0 / 110.0)
+    assert warm_dual([], 100.0) is None and warm_dual([(100.0, d0), (110.0, None)], 120.0) is None
+
+
+def test_the_line_through_two_fits_starts_next_to_the_optimum(setting):
+    """At a third total the line through two fits' duals reaches the cold fit's posterior (within
+    the solver's tolerance) in fewer iterations than the last dual scaled, which is what makes the
+    total's later rounds cheap."""
+    from engine.synthesis._node import measure_node, update_node, warm_dual
+
+    support, private = setting
+    measured = measure_node(WORKLOADS, Fraction(1), gaussian_measure(private, np.random.default_rng(21), 20.0))
+    G = [private.n_households * f for f in (0.96, 0.98, 0.99)]
+    fits = [(g, update_node(support, support.weights, measured, g, "map", 0.1).dual) for g in G[:2]]
+    cold = update_node(support, support.weights, measured, G[2], "map", 0.1)
+    line = update_node(support, support.weights, measured, G[2], "map", 0.1, dual0=warm_dual(fits, G[2]))
+    scaled = update_node(support, support.weights, measured, G[2], "map", 0.1, dual0=warm_dual(fits[1:], G[2]))
+    assert np.abs(line.weights - cold.weights).sum() < 1e-4
+    assert line.diagnostics["iterations"] < scaled.diagnostics["iterations"]
+
+
 def test_the_total_stays_in_its_trust_region(setting):
     """"Contains" and person counts can be met by other household sizes: G is pinned weakly and
     may not leave total ± 3 sd."""
