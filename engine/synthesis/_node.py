@@ -28,7 +28,8 @@ G is estimated jointly with the posterior q — the MAP of both under the same G
 the given total entering as one more measurement of G: starting from a posterior-free estimate
 (:func:`start_total`), alternately q given G (the update above)
 and G given q in closed form (:func:`fit_total`), the fixed point G = F(G) accelerated by Aitken's
-extrapolation (F is close to linear), until G moves by less than half a household; G stays
+extrapolation (F is close to linear), each q started from the line through the last two
+fits' duals (:func:`warm_dual`), until G moves by less than half a household; G stays
 within three of the count's standard deviations of it (where only "contains" and person counts
 are measured, other household sizes can meet them and G is pinned only weakly).
 At small budgets the synthesis workloads hold several times the count's information, so the
