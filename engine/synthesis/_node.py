@@ -28,7 +28,7 @@ G is estimated jointly with the posterior q — the MAP of both under the same G
 the given total entering as one more measurement of G: starting from a posterior-free estimate
 (:func:`start_total`), alternately q given G (the update above)
 and G given q in closed form (:func:`fit_total`), the fixed point G = F(G) accelerated by Aitken's
-extrapolation (F is close to linear), each q started from the line through the last two
+extrapolation (F is close to linear), each later q started from the line through the last two
 fits' duals (:func:`warm_dual`), until G moves by less than half a household; G stays
 within three of the count's standard deviations of it (where only "contains" and person counts
 are measured, other household sizes can meet them and G is pinned only weakly).
@@ -127,7 +127,7 @@ def warm_dual(fitted: Sequence[tuple[float, np.ndarray | None]], total: float) -
     ``total``, or with one fit (or two at one total) its dual scaled by the ratio of totals, as the
     dual scales with G (:func:`engine.synthesis._map_update.map_fit`). The optimum moves smoothly
     with G and the alternation's totals are close together, so the line starts the solver next to
-    the optimum, where the scaled dual alone leaves it as many iterations as a cold start; the
+    the optimum, where the scaled dual alone still leaves the solver tens of iterations; the
     problem is strictly convex, so the start changes only the iterations. ``None`` without a dual."""
     G1, d1 = fitted[-1] if fitted else (0.0, None)
     if d1 is None:
