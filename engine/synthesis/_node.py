@@ -133,7 +133,7 @@ def warm_dual(fitted: Sequence[tuple[float, np.ndarray | None]], total: float) -
     if d1 is None:
         return None
     G0, d0 = fitted[-2] if len(fitted) > 1 else (G1, None)
-    if d0 is not None and G0 != G1 and d0.shape == d1.shape:
+    if d0 is not None and G0 != G1:
         line: np.ndarray = d1 + (d1 - d0) * ((float(total) - G1) / (G1 - G0))
         return line
     scaled: np.ndarray = d1 * (max(float(total), 1.0) / max(G1, 1.0))
@@ -322,8 +322,8 @@ def synthesize_node(
     if not measured and not extra:
         return NodeResult(p / p.sum(), {"measured": 0}, float(total))
     G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
-    dual0 = None if last is None or last.dual is None else last.dual * (max(G, 1.0) / max(G0, 1.0))  # as the rounds below
-    res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, dual0)
+    # the rounds' last fit at G0 (the completion's cells at 0) starts the first fit, scaled to G
+    res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, warm_dual([] if last is None else [(G0, last.dual)], G))
     fitted: list[tuple[float, np.ndarray | None]] = []  # (total, dual) of every round's fit
     for r in range(TOTAL_ROUNDS if joint else 1):
         if r > 0:
