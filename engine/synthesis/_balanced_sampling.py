@@ -397,11 +397,14 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
     scratch = np.zeros((R.shape[1], exact_candidates))  # the exact swaps' candidate additions, spread (_cross)
     batch_max = max(1, n // 10)
     batch = batch_max
+    changed = True
     for _ in range(max_rounds):
-        s = R @ r
-        # loss change of removing a chosen unit: −(2 s_u − ‖a_u‖²); of adding an unchosen one: 2 s_u + ‖a_u‖²
-        gain_remove = np.where(chosen, 2 * s - sq, -np.inf)
-        gain_add = np.where(chosen, -np.inf, -(2 * s + sq))
+        if changed:  # a round that swaps nothing (a batch that did not help) leaves r, s and the gains as they were
+            s = R @ r
+            # loss change of removing a chosen unit: −(2 s_u − ‖a_u‖²); of adding an unchosen one: 2 s_u + ‖a_u‖²
+            gain_remove = np.where(chosen, 2 * s - sq, -np.inf)
+            gain_add = np.where(chosen, -np.inf, -(2 * s + sq))
+            changed = False
         if batch > 1:
             out, into = _top(gain_remove, batch), _top(gain_add, batch)
             m = min(out.size, into.size)
@@ -413,7 +416,7 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
                 loss_new = float(r_new @ r_new)
                 if loss_new < loss:
                     chosen[out], chosen[into] = False, True
-                    r, loss = r_new, loss_new
+                    r, loss, changed = r_new, loss_new, True
                     batch = min(2 * batch, batch_max)
                     continue
             batch //= 2
@@ -429,5 +432,5 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
             break
         chosen[out[i]], chosen[into[j]] = False, True
         r = r - _rows_sum(R, out[i : i + 1]) + _rows_sum(R, into[j : j + 1])
-        loss = float(r @ r)
+        loss, changed = float(r @ r), True
     return pool[chosen], r - shift

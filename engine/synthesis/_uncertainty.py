@@ -307,7 +307,10 @@ class SharedPrior:
     (``engine.synthesis._map_update``: q_h = t_u p_h), so the masses of the (query pattern, fitted
     pattern) pairs are W_q = W_p diag(t), and the response's sparse product is
     B W_q = (B W_p) diag(t): B W_p is taken once per fitted workload list and prior, not once per fit.
-    :func:`response_count_sd` checks the tilt and takes the direct products where q is not one."""
+    :func:`response_count_sd` checks the tilt and takes the direct products where q is not one.
+    B W_p is kept in single precision: the fits' products with it, the largest step of a state's
+    PUMA error estimates, are memory-bound, and an error estimate needs no more than single
+    precision's seven digits (tests/engine/test_uncertainty.py bounds the difference)."""
 
     def __init__(self, support: Support, prior: np.ndarray, queries: Sequence[Workload]) -> None:
         p = np.asarray(prior, dtype=np.float64)
@@ -315,13 +318,13 @@ class SharedPrior:
         self._products: dict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray]] = {}
 
     def products(self, fitted: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
-        """(B W_p: query cells × fitted patterns, the prior's mass per fitted pattern)."""
+        """(B W_p: query cells × fitted patterns, float32; the prior's mass per fitted pattern)."""
         key = tuple(fitted)
         if key not in self._products:
             cache = self.support.cache
             B, _ = cache.joint_patterns(list(self.queries))
             W = cache.pattern_pairs(list(self.queries), list(fitted)).matrix(self.prior)
-            self._products[key] = ((B @ W).tocsr(), np.asarray(W.sum(axis=0)).ravel())
+            self._products[key] = ((B @ W).tocsr().astype(np.float32), np.asarray(W.sum(axis=0)).ravel())
         return self._products[key]
 
     def tilt(self, fitted: Sequence[Workload], q: np.ndarray) -> np.ndarray | None:
@@ -356,9 +359,9 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     # straight into the dense result, without the sparse product's symbolic pass
     At = A.T.toarray() if A.shape[0] * A.shape[1] <= DENSE_FITTED else A.T.tocsr()
     if shared is not None and (t := shared.tilt(fitted_ws, q)) is not None:  # B W_q = (B W_p) diag(t): t onto Aᵀ's rows
-        BW, mass = shared.products(fitted_ws)
-        qa, b = t * mass, BW @ t
-        At = At * t[:, None] if isinstance(At, np.ndarray) else sp.csr_matrix(At.multiply(t[:, None]))
+        BW, mass = shared.products(fitted_ws)  # float32 (SharedPrior): so the factors it multiplies
+        qa, b = t * mass, BW @ t.astype(np.float32)
+        At = (At * t[:, None]).astype(np.float32) if isinstance(At, np.ndarray) else sp.csr_matrix(At.multiply(t[:, None]), dtype=np.float32)
     else:
         # the fitted and the query workloads grouped separately (each grouping cached with the support,
         # the same for every PUMA of a state): B diag(q) Aᵀ = M_B W M_Aᵀ with W[v, u] the mass of the
@@ -372,7 +375,7 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     a = A @ qa
     J = centred_gram(A, qa) / alpha
     product = BW @ At
-    C = (product if isinstance(product, np.ndarray) else product.toarray()) - np.outer(b, a)
+    C = np.asarray(product if isinstance(product, np.ndarray) else product.toarray(), dtype=np.float64) - np.outer(b, a)
     C /= alpha
     J[np.diag_indices_from(J)] += s
     X = np.linalg.solve(J, C.T)  # (J + S)⁻¹ Cᵀ

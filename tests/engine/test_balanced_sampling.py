@@ -349,3 +349,63 @@ def test_cross_products_of_pool_rows_equal_the_sparse_product():
         got = _cross(R, a, b, scratch)
         np.testing.assert_array_equal(got, (R[a] @ R[b].T).toarray())
         assert got.shape == (a.size, b.size) and not scratch.any()
+
+
+def _reference_draw(bt: BalanceTargets, q: np.ndarray, n: int, rng: np.random.Generator, order: np.ndarray, max_rounds: int) -> tuple[np.ndarray, int]:
+    """The exchange search written plainly: ``R @ r`` and the gains taken afresh every round. Returns
+    (the draw, how many batch rounds found no better batch)."""
+    from engine.synthesis._balanced_sampling import _cross, _rows_sum, _top
+
+    k, cands = 2, 16
+    expected = n * bt.expected(q / q.sum())
+    pool = order[systematic_positions(q[order], k * n, float(rng.random()))]
+    chosen = np.zeros(k * n, dtype=bool)
+    chosen[int(rng.integers(k)) + k * np.arange(n)] = True
+    R = bt.take(pool)
+    r = R.T @ chosen.astype(np.float64) - expected
+    sq = np.asarray(R.multiply(R).sum(axis=1)).ravel()
+    loss, batch, failed = float(r @ r), max(1, n // 10), 0
+    for _ in range(max_rounds):
+        s = R @ r
+        gain_remove, gain_add = np.where(chosen, 2 * s - sq, -np.inf), np.where(chosen, -np.inf, -(2 * s + sq))
+        if batch > 1:
+            out, into = _top(gain_remove, batch), _top(gain_add, batch)
+            m = min(out.size, into.size)
+            out, into = out[:m], into[:m]
+            keep = gain_remove[out] + gain_add[into] > 0
+            out, into = out[keep], into[keep]
+            if out.size:
+                r_new = r + _rows_sum(R, into) - _rows_sum(R, out)
+                if float(r_new @ r_new) < loss:
+                    chosen[out], chosen[into] = False, True
+                    r, loss, batch = r_new, float(r_new @ r_new), min(2 * batch, max(1, n // 10))
+                    continue
+            batch //= 2
+            failed += 1
+            continue
+        out, into = _top(gain_remove, cands), _top(gain_add, cands)
+        delta = -gain_remove[out][:, None] - gain_add[into][None, :] - 2 * _cross(R, out, into, np.zeros((R.shape[1], cands)))
+        i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
+        if delta[i, j] >= -1e-9:
+            break
+        chosen[out[i]], chosen[into[j]] = False, True
+        r = r - _rows_sum(R, out[i : i + 1]) + _rows_sum(R, into[j : j + 1])
+        loss = float(r @ r)
+    return pool[chosen], failed
+
+
+def test_the_exchange_search_is_the_plain_search_that_recomputes_every_round():
+    """The search skips ``R @ r`` after a round that changed nothing (a batch that did not lower the
+    loss): the same households as the plain search that recomputes it every round, on draws whose
+    batches fail, whether the search ends by its round bound or where no swap helps."""
+    data = random_data(DOMAIN, 300, seed=31)
+    bt = BalanceTargets.for_data(data)
+    order = household_order(data)
+    failures = 0
+    for seed, (n, rounds) in itertools.product(range(4), ((60, 100), (120, 12), (35, 1000))):
+        q = np.random.default_rng(100 + seed).dirichlet(np.ones(data.n_households) * 0.7)
+        want, failed = _reference_draw(bt, q, n, np.random.default_rng(seed), order, rounds)
+        got = balanced_draw(bt, q, n, np.random.default_rng(seed), order, max_rounds=rounds)
+        np.testing.assert_array_equal(got, want)
+        failures += failed
+    assert failures > 0
