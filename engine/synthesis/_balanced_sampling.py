@@ -282,21 +282,23 @@ def _rows_sum(R: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
 
 def _cross(R: sp.csr_matrix, a: np.ndarray, b: np.ndarray, scratch: np.ndarray) -> np.ndarray:
     """``R[a] @ R[b].T`` dense: the rows ``b`` spread into ``scratch`` (zeros, columns × at least
-    len(b); left zero), gathered at each row of ``a``'s entries and summed per row. The entries
-    are counts, so every product and sum is an integer held exactly, in any order: the sparse
-    product's values, without its per-call conversions (the exact swaps take one per round)."""
+    len(b), C-ordered; left zero), and the rows ``a`` multiplied with it by scipy's kernel of a
+    sparse matrix times dense columns, called on ``a``'s entries in place (no sparse matrix built
+    for a product of a few rows). The entries are counts, so every product and sum is an integer
+    held exactly, in any order: the sparse product's values, without its per-call conversions (the
+    exact swaps take one per round)."""
+    width = scratch.shape[1]
+    spread = scratch.reshape(-1)  # a view: the spread is written through to scratch and cleared there
     pb, lb = _entries(R, b)
-    which, cells = np.repeat(np.arange(b.size), lb), R.indices[pb]
+    slots = R.indices[pb].astype(np.int64) * width + np.repeat(np.arange(b.size), lb)
     pa, la = _entries(R, a)
-    if a.size == 0 or b.size == 0 or not np.all(la > 0):  # reduceat needs every row non-empty
-        sparse: np.ndarray = (R[a] @ R[b].T).toarray()
-        return sparse
-    scratch[cells, which] = R.data[pb]
-    products = np.take(scratch, R.indices[pa], axis=0)  # whole rows: faster than a fancy index with a slice
-    products *= R.data[pa][:, None]
-    scratch[cells, which] = 0.0
-    cross: np.ndarray = np.add.reduceat(products, np.concatenate(([0], np.cumsum(la)[:-1])), axis=0)[:, : b.size]
-    return cross
+    spread[slots] = R.data[pb]
+    out = np.zeros((a.size, width))
+    indptr = np.zeros(a.size + 1, dtype=R.indices.dtype)
+    np.cumsum(la, out=indptr[1:])
+    _sparsetools.csr_matvecs(a.size, R.shape[1], width, indptr, R.indices[pa], np.asarray(R.data[pa], dtype=np.float64), spread, out.reshape(-1))
+    spread[slots] = 0.0
+    return out[:, : b.size]
 
 
 def _top(score: np.ndarray, k: int) -> np.ndarray:
@@ -431,6 +433,10 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
         if delta[i, j] >= -1e-9:
             break
         chosen[out[i]], chosen[into[j]] = False, True
-        r = r - _rows_sum(R, out[i : i + 1]) + _rows_sum(R, into[j : j + 1])
+        # r − a_i + a_j on the two rows' own cells (a row holds each cell once); the other cells
+        # are unchanged, as the dense sums' zeros leave them
+        gone, came = slice(R.indptr[out[i]], R.indptr[out[i] + 1]), slice(R.indptr[into[j]], R.indptr[into[j] + 1])
+        r[R.indices[gone]] -= R.data[gone]
+        r[R.indices[came]] += R.data[came]
         loss, changed = float(r @ r), True
     return pool[chosen], r - shift

@@ -336,8 +336,8 @@ def test_extended_targets_share_the_first_block_and_equal_the_stacked_build():
 
 def test_cross_products_of_pool_rows_equal_the_sparse_product():
     """The exact swaps' cross terms (``_cross``) are ``R[a] @ R[b].T`` value for value on count
-    rows, for fewer candidates than the scratch holds, with repeated rows, and through the sparse
-    product where a row has no entry; the scratch is left zero for the next round."""
+    rows, for fewer candidates than the scratch holds, with repeated rows and with rows that have
+    no entry; the scratch is left zero for the next round."""
     from engine.synthesis._balanced_sampling import _cross
 
     rng = np.random.default_rng(21)
