@@ -359,7 +359,7 @@ def response_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[Wo
     # straight into the dense result, without the sparse product's symbolic pass
     At = A.T.toarray() if A.shape[0] * A.shape[1] <= DENSE_FITTED else A.T.tocsr()
     if shared is not None and (t := shared.tilt(fitted_ws, q)) is not None:  # B W_q = (B W_p) diag(t): t onto Aᵀ's rows
-        BW, mass = shared.products(fitted_ws)  # float32 (SharedPrior): so the factors it multiplies
+        BW, mass = shared.products(fitted_ws)  # float32 (SharedPrior), and so are the factors it multiplies
         qa, b = t * mass, BW @ t.astype(np.float32)
         At = (At * t[:, None]).astype(np.float32) if isinstance(At, np.ndarray) else sp.csr_matrix(At.multiply(t[:, None]), dtype=np.float32)
     else:

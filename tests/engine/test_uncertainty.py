@@ -359,12 +359,13 @@ def test_response_sd_is_the_same_with_the_fitted_incidence_dense_or_sparse(monke
     assert any(np.any(d > 0) for d in dense)
 
 
-def test_response_sd_from_a_shared_prior_equals_the_direct_products():
+def test_response_sd_from_a_shared_prior_equals_the_direct_products(monkeypatch):
     """Fits that share a prior (a state's PUMAs) take the response's sparse product of the prior
     once (:class:`SharedPrior`): for MAP fits from that prior, tilts of it per fitted pattern, the
-    estimates equal the direct products' to single precision (the shared products are float32); a
-    posterior that is not such a tilt takes the direct products, with the same result as without
-    the shared products."""
+    estimates equal the direct products' to single precision (the shared products are float32),
+    with the fitted incidence dense or sparse; a posterior that is not such a tilt takes the direct
+    products, with the same result as without the shared products."""
+    import engine.synthesis._uncertainty as uncertainty
     public = random_data(DOMAIN, 60, seed=45)
     private = random_data(DOMAIN, 90, seed=46)
     support = Support.from_data(public)
@@ -383,6 +384,10 @@ def test_response_sd_from_a_shared_prior_equals_the_direct_products():
         for d, v in zip(direct, via, strict=True):
             np.testing.assert_allclose(v, d, rtol=1e-6, atol=1e-9)
             assert v.dtype == np.float64
+        with monkeypatch.context() as m:  # the fitted incidence kept sparse (a large fit's)
+            m.setattr(uncertainty, "DENSE_FITTED", 0)
+            for d, v in zip(direct, response_count_sd(support, q, fitted, G, alpha, queries, shared), strict=True):
+                np.testing.assert_allclose(v, d, rtol=1e-6, atol=1e-9)
         assert any(np.any(d > 0) for d in direct)
         other = rng.random(public.n_households)
         other /= other.sum()  # not a tilt of the prior per fitted pattern
