@@ -352,8 +352,8 @@ def test_cross_products_of_pool_rows_equal_the_sparse_product():
 
 
 def _reference_draw(bt: BalanceTargets, q: np.ndarray, n: int, rng: np.random.Generator, order: np.ndarray, max_rounds: int) -> tuple[np.ndarray, int]:
-    """The exchange search written plainly: ``R @ r`` and the gains taken afresh every round. Returns
-    (the draw, how many batch rounds found no better batch)."""
+    """The exchange search written plainly: ``R @ r`` and the gains taken afresh every round, r moved
+    by the swapped rows' dense sums. Returns (the draw, how many batch rounds found no better batch)."""
     from engine.synthesis._balanced_sampling import _cross, _rows_sum, _top
 
     k, cands = 2, 16
@@ -396,7 +396,8 @@ def _reference_draw(bt: BalanceTargets, q: np.ndarray, n: int, rng: np.random.Ge
 
 def test_the_exchange_search_is_the_plain_search_that_recomputes_every_round():
     """The search skips ``R @ r`` after a round that changed nothing (a batch that did not lower the
-    loss): the same households as the plain search that recomputes it every round, on draws whose
+    loss) and moves r by an exact swap on its two rows' cells: the same households as the plain
+    search that recomputes the product every round and adds the rows' dense sums, on draws whose
     batches fail, whether the search ends by its round bound or where no swap helps."""
     data = random_data(DOMAIN, 300, seed=31)
     bt = BalanceTargets.for_data(data)
