@@ -194,20 +194,20 @@ class DomainSpec(_Strict):
         return tuple(flips)
 
     def flippable(self, domain: Domain) -> tuple[Flip, ...]:
-        """Every binary person attribute of ``domain`` that :meth:`prior_flips` can flip (no kept
+        """Every person attribute of ``domain`` that :meth:`prior_flips` can relabel (no kept
         household attribute derives from it other than by its householder's value, and those that
         do are coded like it; not the relationship, which marks the householder and the household's
         structure), in the domain's order: the prior mixture's default, whatever the domain. A
-        multi-valued attribute's code swaps are named in ``advanced.synthesis.prior_flips``: they
-        helped a population shifted in that attribute and cost a little on the unshifted states
-        (``benchmarks/results/HISTORY.md``)."""
+        binary one is a flip; a multi-valued one a template whose two codes each state chooses from
+        its own measurements, and only where a household's persons mostly share the attribute
+        (:func:`engine.synthesis._prior_mixture.choose_swaps`)."""
         derived = self.derived(domain)
         blocked = {h.attribute for h in derived["any_person"].values()}
         blocked |= {n for n, a in self.person_attributes.items() if a.source == self.relationship_column}
         out = []
         for a in domain.person:
             by_householder = [n for n, h in derived["householder"].items() if h.attribute == a.name]
-            if a.size == 2 and a.name not in blocked and all(domain.group_attribute(n).codes == a.codes for n in by_householder):
+            if a.name not in blocked and all(domain.group_attribute(n).codes == a.codes for n in by_householder):
                 out.append(a.name)
         return self.prior_flips(out, domain)
 

@@ -8,9 +8,10 @@ few public households with the private state's common value stand in for all of 
 need not be typical of that value in the private state (New Mexico's Hispanic households against
 the other shared states': ``benchmarks/results/HISTORY.md``).
 
-:func:`widen` adds, for each listed binary person attribute, a copy of every public household with
-that attribute flipped for every person and for the household attributes derived from its
-householder — households whose other attributes and structure are public, with the other value.
+:func:`widen` adds, for each listed relabelling (:class:`Flip`: a binary person attribute flipped, or
+two codes of a multi-valued one swapped), a copy of every public household with the attribute
+relabelled for every person and for the household attributes derived from its householder —
+households whose other attributes and structure are public, with the other value.
 The node's prior is the mixture
 
     p_λ = (1 − Σ_k λ_k) · p_public + Σ_k λ_k · p_copies(k)
@@ -34,12 +35,11 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from engine.data import Domain, HierarchicalData
-from engine.queries import IncidenceCache, Measurement, Support
+from engine.queries import IncidenceCache, Measurement, Support, Workload
 from engine.synthesis._prior_strength import MIN_GAIN
 
-__all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "choose_swaps", "flipped", "named_flips", "node_prior", "resolve_flips", "shared_within_households",
-           "used_flips",
-           "value_residuals", "widen"]
+__all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "choose_swaps", "flipped", "named_flips", "node_prior",
+           "relabelled_cells", "resolve_flips", "shared_within_households", "used_flips", "value_residuals", "widen"]
 
 
 
@@ -110,6 +110,28 @@ def flipped(data: HierarchicalData, flip: Flip) -> HierarchicalData:
         k = d.group_index(name)
         group[:, k] = swap(group[:, k])
     return HierarchicalData.from_arrays(d, data.geo, group, person, data.person_offsets)
+
+
+def relabelled_cells(workload: Workload, domain: Domain, flip: Flip) -> np.ndarray:
+    """For each cell of ``workload``, the cell from which ``flip`` moves households into it: the
+    answer of the relabelled households (:func:`flipped`) under any weights is the public answer
+    under the same weights taken at these cells. A relabelling changes only which cells a
+    household's persons and householder attributes fall in, never the household's contribution
+    (its counts, its "contains" ones, its first persons, its normalised rescaling follow its cells),
+    and a flip exchanges its two codes, so the map is a permutation along the axes of the attribute
+    and its householder attributes (the identity on a workload that reads neither)."""
+    codes = flip.codes(domain)
+    if codes is None:
+        raise ValueError(f"the flip of multi-valued {flip.attribute} needs the two values to swap")
+    shape = workload.shape(domain)
+    index = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    axes = [i for i, n in enumerate(workload.group_attrs) if n in flip.householder_attributes]
+    axes += [len(workload.group_attrs) + i for i, n in enumerate(workload.person_attrs) if n == flip.attribute]
+    for axis in axes:
+        order = np.arange(shape[axis])
+        order[list(codes)] = order[list(codes[::-1])]
+        index = np.take(index, order, axis=axis)
+    return index.ravel()
 
 
 SWAP_Z = 3.0  # a code's one-way residual, in standard errors, beyond which the prior is taken to under- or over-represent it
@@ -263,25 +285,26 @@ class MixtureChoice:
                 "fitted": [round(w, 6) for w in self.fitted], "rss": [round(r, 3) for r in self.rss], "widened": self.widened}
 
 
-def choose_mixture(widened: WidenedSupport, public_prior: np.ndarray, measurements: Sequence[Measurement], total: float,
+def choose_mixture(public: Support, flips: Sequence[Flip], measurements: Sequence[Measurement], total: float,
                    min_gain: float = MIN_GAIN) -> MixtureChoice:
-    """λ (module docstring) from the noisy answers of ``measurements`` at the node's household
-    ``total`` G: minimise Σ_cells ((y − G·A p_λ) / σ)² over λ ≥ 0, Σ λ ≤ 1."""
+    """λ (module docstring; the public prior: ``public``'s weights) for ``flips`` from the noisy answers of ``measurements`` at the node's
+    household ``total`` G: minimise Σ_cells ((y − G·A p_λ) / σ)² over λ ≥ 0, Σ λ ≤ 1. Each flipped
+    copy's expected answers are the public prior's with their cells relabelled
+    (:func:`relabelled_cells`), so the choice needs no widened support: only the flips it weighs in
+    are built (:func:`node_prior`)."""
     ms = [m for m in measurements if m.noisy_answer.size]
-    names = tuple(f.name for f in widened.flips)
-    k = len(widened.flips)
+    names = tuple(f.name for f in flips)
+    if len(set(names)) != len(names):
+        raise ValueError(f"prior flips name a relabelling twice: {list(names)}")
+    k = len(flips)
     if not ms:
         return MixtureChoice(names, (0.0,) * k, (0.0,) * k, (0.0, 0.0))
     if any(m.sigma <= 0 for m in ms):
         raise ValueError("the mixture fit needs measurements with positive noise")
     G = max(float(total), 1.0)
-    # each component's expected answers, workload by workload: the mixture is fitted once per node
-    # on its initial measurements, so grouping the widened support's households by their joint
-    # pattern of these workloads (what the node's fits multiply by) would cost far more than the
-    # products it saves, and on a node that keeps the public support it would be thrown away
-    comps = [widened.prior(public_prior, np.eye(k)[i - 1] if i else np.zeros(k)) for i in range(k + 1)]
-    comps = [c / c.sum() for c in comps]  # each a distribution, normalised once for all its workloads
-    answers = [np.concatenate([widened.support.answer(m.workload, c) for m in ms]) for c in comps]
+    d = public.data.domain
+    base = [public.answer(m.workload, public.weights / public.weights.sum()) for m in ms]
+    answers = [np.concatenate(base)] + [np.concatenate([b[relabelled_cells(m.workload, d, f)] for m, b in zip(ms, base)]) for f in flips]
     y = np.concatenate([m.noisy_answer for m in ms])
     inv_sd = np.concatenate([np.full(m.noisy_answer.size, 1.0 / m.sigma) for m in ms])
     r = inv_sd * (y - G * answers[0])
@@ -318,21 +341,20 @@ def _rss(D: np.ndarray, r: np.ndarray, lam: np.ndarray) -> float:
     return float(np.sum((r - D @ lam) ** 2))
 
 
-def node_prior(public: Support, widened: WidenedSupport | None, measurements: Sequence[Measurement], total: float,
-               narrow: Callable[[tuple[Flip, ...]], WidenedSupport] | None = None) -> tuple[Support, np.ndarray, MixtureChoice | None]:
+def node_prior(public: Support, flips: Sequence[Flip], measurements: Sequence[Measurement], total: float,
+               widen_by: Callable[[tuple[Flip, ...]], WidenedSupport] | None = None) -> tuple[Support, np.ndarray, MixtureChoice | None]:
     """A state's support and prior: the public support and its weights, or — where
     :func:`choose_mixture` takes flipped copies in — the public households and the copies of the
     flips it weighs in (those of weight 0 left out: they would only widen every later fit), with the
-    mixture prior; the choice (None without ``widened``). ``narrow``: builds the widened support of
-    fewer flips (a cache's; :func:`widen` on the public support by default)."""
-    if widened is None:
+    mixture prior; the choice (None without ``flips``). ``widen_by``: builds the widened support of
+    the flips weighed in (a cache's; :func:`widen` on the public support by default)."""
+    if not flips:
         return public, public.weights, None
-    choice = choose_mixture(widened, public.weights, measurements, total)
+    choice = choose_mixture(public, flips, measurements, total)
     if not choice.widened:
         return public, public.weights, choice
-    used = tuple(f for f, w in zip(widened.flips, choice.weights) if w > 0)
-    if len(used) < len(widened.flips):
-        widened = (narrow or (lambda flips: widen(public.data, flips, public_cache=public.cache)))(used)
+    used = tuple(f for f, w in zip(flips, choice.weights) if w > 0)
+    widened = (widen_by or (lambda fl: widen(public.data, fl, public_cache=public.cache)))(used)
     return widened.support, widened.prior(public.weights, [w for w in choice.weights if w > 0]), choice
 
 

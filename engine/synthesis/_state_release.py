@@ -182,8 +182,8 @@ def fit_state(session: PrivateSession, state: int, support: Support, widen_by: C
               selection: WorkloadSelection, count: NodeCount, settings: SynthesisSettings, *, pumas: Sequence[Node],
               strength_floor: float) -> StateFit:
     """The state posterior (module docstring, step 2). ``support``: the public support (uniform
-    weights); ``widen_by``: it widened by the given flips (``settings.prior_flips``, then those the
-    prior mixture weighs in: a cache's, or :func:`engine.synthesis._prior_mixture.widen`); ``pumas``:
+    weights); ``widen_by``: it widened by the given flips (those the prior mixture weighs in: a
+    cache's, or :func:`engine.synthesis._prior_mixture.widen`); ``pumas``:
     every PUMA of the state, whose measurements (made here, read back by :func:`release_pumas`) it
     takes in as their sums; ``strength_floor``: the public simulation's floor of the prior strength."""
     plan = session.ledger.plan
@@ -197,8 +197,7 @@ def fit_state(session: PrivateSession, state: int, support: Support, widen_by: C
     # below reads the stored answers back)
     initial = initial_measurements(selection.state, rho_state, measure, adaptive) if settings.prior_flips else []
     flips = resolve_flips(settings.prior_flips, support, [*extra, *initial], count.households) if settings.prior_flips else ()
-    node_support, prior, mixture = node_prior(support, widen_by(flips) if flips else None, [*extra, *initial], count.households,
-                                              narrow=widen_by)
+    node_support, prior, mixture = node_prior(support, flips, [*extra, *initial], count.households, widen_by)
     res = synthesize_node(node_support, prior, selection.state, rho_state, measure, total=count.households,
                           prior_strength=settings.prior_strength, extra=extra, total_sd=count.sd, adaptive=adaptive,
                           select=session_select(session, "state_synthesis", "state", node), unit=session.unit,

@@ -93,7 +93,7 @@ def test_the_mixture_weight_recovers_the_share_of_flipped_households_that_made_t
     G = 2000
     private = w.support.data.take(np.where(rng.random(G) < 0.3, rng.integers(0, 3000, G) + 3000, rng.integers(0, 3000, G)))
     ms = measure(private, 5.0, rng)
-    choice = choose_mixture(w, w.support.weights[:3000], ms, G)
+    choice = choose_mixture(Support.from_data(public), [FLIP], ms, G)
     assert choice.widened and abs(choice.weights[0] - 0.3) < 0.05
     # brute force: the objective on a grid of λ
     A = [w.support.answer(m.workload, w.prior(w.support.weights[:3000], [0.0])) for m in ms]
@@ -104,13 +104,38 @@ def test_the_mixture_weight_recovers_the_share_of_flipped_households_that_made_t
     assert np.isclose(choice.rss[0], rss[0], rtol=1e-9) and choice.rss[1] <= min(rss) + 1e-6
 
 
+@pytest.mark.parametrize("flip", [FLIP, Flip("RAC", (), (0, 2)), Flip("AGE", (), (1, 3))])
+def test_the_relabelled_households_answers_are_the_public_answers_at_the_relabelled_cells(flip):
+    """Every workload kind (group partitions, "contains", person counts, the first persons,
+    normalised), under random weights: the answer of the flipped households equals the public
+    answer taken at :func:`relabelled_cells` exactly — what lets the mixture be chosen without the
+    widened support."""
+    from engine.synthesis._prior_mixture import relabelled_cells
+
+    public = with_householder_sex(random_data(BASE, 400, seed=31), male_share=0.3, seed=31)
+    copies = Support.from_data(flipped(public, flip))
+    support = Support.from_data(public)
+    x = np.random.default_rng(32).random(400)
+    kinds = [w for w in all_workloads(DOMAIN, 2)]
+    kinds += [Workload("person", w.group_attrs, w.person_attrs, first=2) for w in kinds if w.level == "person"]
+    kinds += [Workload(w.level, w.group_attrs, w.person_attrs, w.first, True) for w in kinds if not w.is_partition()]
+    moved = 0
+    for w in kinds:
+        cells = relabelled_cells(w, DOMAIN, flip)
+        assert np.array_equal(np.sort(cells), np.arange(w.n_cells(DOMAIN)))  # a permutation
+        moved += int(np.any(cells != np.arange(cells.size)))
+        assert np.allclose(copies.answer(w, x), support.answer(w, x)[cells], rtol=1e-12, atol=1e-12), w.id
+    assert moved > len(kinds) // 4  # the attribute's workloads moved cells, the others kept theirs
+    with pytest.raises(ValueError, match="two values"):
+        relabelled_cells(kinds[0], DOMAIN, Flip("RAC"))
+
+
 def test_measurements_that_agree_with_the_public_prior_keep_the_public_support():
     rng = np.random.default_rng(5)
     public = with_householder_sex(random_data(BASE, 3000, seed=20), male_share=0.1, seed=5)
-    w = widen(public, [FLIP])
     G = 2000
     private = public.take(rng.integers(0, 3000, G))
-    choice = choose_mixture(w, w.support.weights[:3000], measure(private, 5.0, rng), G)
+    choice = choose_mixture(Support.from_data(public), [FLIP], measure(private, 5.0, rng), G)
     assert not choice.widened and choice.weights == (0.0,)
     assert choice.to_dict()["widened"] is False
 
@@ -194,7 +219,7 @@ def test_the_node_support_holds_only_the_copies_the_mixture_weighs_in():
     truth = full.prior(support.weights, [0.4, 0.0])  # the measurements' expectation: SEX copies at 0.4, no B copy
     ms = [Measurement(w, G * full.support.answer(w, truth) + rng.normal(0, 5.0, w.n_cells(domain)), 5.0)
           for w in [*WORKLOADS, Workload("person", (), ("B",))]]
-    node_support, prior, choice = node_prior(support, full, ms, G)
+    node_support, prior, choice = node_prior(support, flips, ms, G)
     assert choice is not None and choice.weights[0] > 0.2 and choice.weights[1] == 0.0
     assert used_flips(flips, choice) == (FLIP,)
     assert node_support.n_support == 2 * 3000 and node_support.data.equals(widen(public, [FLIP]).support.data)
@@ -294,5 +319,5 @@ def test_the_mixture_weight_of_a_swap_recovers_the_share_of_relabelled_household
     from engine.queries._queries import answer
 
     ms = [Measurement(wl, answer(private, wl) + rng.normal(0, 4.0, wl.n_cells(BASE)), 4.0) for wl in RACE_WORKLOADS]
-    choice = choose_mixture(w, w.support.weights[:3000], ms, G)
+    choice = choose_mixture(Support.from_data(public), [swap], ms, G)
     assert choice.attributes == ("RAC:0:2",) and abs(choice.weights[0] - 0.4) < 0.05
