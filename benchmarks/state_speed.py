@@ -15,9 +15,9 @@ compare commits in one sitting, alternating runs.
 
 With ``--stages`` it runs the state's steps as the pipeline's tasks do (``tasks.synthesize``: the state fit
 and its error estimates, then every PUMA's fit, the balanced draws and their error estimates, the
-response's products shared across the PUMAs) and gives each step's CPU seconds; the strength floor
-is simulated once per work directory and the support's balance targets are built before the timing
-(a Dask worker builds both once per run). ``--private-data`` and ``--geography`` take a state of
+response's products shared across the PUMAs) and gives each step's CPU seconds and the relabelled
+copies the state's prior mixture weighed in; the strength floor is simulated once per work directory
+and the support's balance targets are built before the timing (a Dask worker builds both once per run). ``--private-data`` and ``--geography`` take a state of
 another input, e.g. a copy of ``benchmarks/national_input.py``'s national input with its PUMA list.
 
     python benchmarks/state_speed.py --work /tmp/state_speed [--data ../shared/data/acs2018_1yr] [--private nm] [--public id,nd,nh,ri,sd,wy] [--repeats 3]
@@ -160,7 +160,8 @@ def run_stages(private: HierarchicalData, public: HierarchicalData, support: Sup
             "release": digest(r.group, r.person, r.geo, r.person_offsets),
             "diagnostics": hashlib.sha256(json.dumps([st.result.diagnostics, *(f.result.diagnostics for f in rel.fits)], sort_keys=True,
                                                      default=str).encode()).hexdigest()[:16],
-            "intervals": hashlib.sha256(json.dumps([state_sd, puma_sd], sort_keys=True).encode()).hexdigest()[:16]}
+            "intervals": hashlib.sha256(json.dumps([state_sd, puma_sd], sort_keys=True).encode()).hexdigest()[:16],
+            "mixture": st.mixture.to_dict() if st.mixture else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         steps = "".join(f"  {k} {v:.2f}" for k, v in r.get("steps", {}).items())
         print(f"cpu {r['cpu_s']:.2f} s  wall {r['wall_s']:.2f} s{steps}  households {r['households']}  release {r['release']}  "
               f"diagnostics {r['diagnostics']}" + (f"  intervals {r['intervals']}" if "intervals" in r else ""))
+    if runs[0].get("mixture"):  # the relabellings the state weighed in (the same in every run: the measurements are read back)
+        m = runs[0]["mixture"]
+        print("prior mixture: " + (", ".join(f"{a} {w:.3f}" for a, w in zip(m["attributes"], m["weights"]) if w > 0) or "the public support")
+              + f" (candidates {', '.join(m['attributes'])})")
     print(f"median cpu {statistics.median(r['cpu_s'] for r in runs):.2f} s, wall {statistics.median(r['wall_s'] for r in runs):.2f} s")
     if len({(r["release"], r["diagnostics"], r.get("intervals")) for r in runs}) != 1:
         print("the runs released different households: the measurements were not all read back", file=sys.stderr)

@@ -307,7 +307,7 @@ def test_one_allocation_default_per_synthesizer_and_an_override_says_so(tmp_path
     assert cfg.allocation.synthesis_split == "public_simulation"
 
 
-def test_the_prior_flips_default_is_every_attribute_the_domain_can_relabel(tmp_path):
+def test_the_prior_flips_default_is_every_binary_attribute_the_domain_can_flip(tmp_path):
     from engine.synthesis._prior_mixture import Flip
 
     spec = load_domain()
@@ -316,18 +316,12 @@ def test_the_prior_flips_default_is_every_attribute_the_domain_can_relabel(tmp_p
     flips = cfg.synthesis_settings(domain).prior_flips
     assert flips == spec.flippable(domain)
     names = {f.attribute for f in flips}
-    # every person attribute but the relationship and the one a household attribute derives from
-    # other than by the householder's value (R18: whether any member is a child, from AGEP_BAND)
-    blocked = {"RELP_GROUP", "AGEP_BAND"}
-    assert names == {a.name for a in domain.person} - blocked
-    assert {"SEX", "HISP_ORIGIN", "RAC1P", "CIT"} <= names
+    # the binary person attributes, each with its householder attribute (acs_pums: none is derived otherwise)
+    assert names == {a.name for a in domain.person if a.size == 2} == {"SEX", "HISP_ORIGIN"}
     assert next(f for f in flips if f.attribute == "SEX").householder_attributes == ("HHLDR_SEX",)
-    # a multi-valued attribute is a template: its two codes are chosen per state, none given here
-    race = next(f for f in flips if f.attribute == "RAC1P")
-    assert race == Flip("RAC1P", ("HHLDR_RAC1P",)) and race.codes(domain) is None
-    assert all((f.codes(domain) is None) == (domain.person_attribute(f.attribute).size > 2) for f in flips)
-    named = load_config(write(tmp_path, lambda r: advanced(r, "synthesis").update(prior_flips=["RAC1P"])))
-    assert named.synthesis_settings(domain).prior_flips == (race,)
+    # a multi-valued attribute is named to have its codes swapped
+    race = load_config(write(tmp_path, lambda r: advanced(r, "synthesis").update(prior_flips=["RAC1P"])))
+    assert race.synthesis_settings(domain).prior_flips == (Flip("RAC1P", ("HHLDR_RAC1P",)),)
     # the negative control: a household attribute derived from SEX other than by the householder's value
     other = spec.model_copy(update={"household_attributes": {
         **spec.household_attributes, "R18": spec.household_attributes["R18"].model_copy(update={"attribute": "SEX"})}})
