@@ -200,8 +200,8 @@ class DomainSpec(_Strict):
         structure), in the domain's order: the prior mixture's default, whatever the domain. A
         multi-valued attribute's code swaps are named in ``advanced.synthesis.prior_flips``: on by
         default they helped the states and shifted inputs whose race or citizenship the public data
-        lack, but each state that weighs a swap in fits and draws on a support of its own, and the
-        national release took 1.6 times as long (``docs/benchmarks.md``)."""
+        lack, but each state that weighs a swap in fits and draws on a support of its own, which
+        broke the national release's time and memory targets (``docs/benchmarks.md``)."""
         derived = self.derived(domain)
         blocked = {h.attribute for h in derived["any_person"].values()}
         blocked |= {n for n, a in self.person_attributes.items() if a.source == self.relationship_column}
