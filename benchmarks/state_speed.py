@@ -17,8 +17,9 @@ With ``--stages`` it runs the state's steps as the pipeline's tasks do (``tasks.
 and its error estimates, then every PUMA's fit, the balanced draws and their error estimates, the
 response's products shared across the PUMAs) and gives each step's CPU seconds and the relabelled
 copies the state's prior mixture weighed in; the strength floor is simulated once per work directory
-and the support's balance targets are built before the timing (a Dask worker builds both once per run). ``--private-data`` and ``--geography`` take a state of
-another input, e.g. a copy of ``benchmarks/national_input.py``'s national input with its PUMA list.
+and the support's balance targets are built before the timing (a Dask worker builds both once per
+run). ``--private-data`` and ``--geography`` take a state of another input, e.g. a copy of
+``benchmarks/national_input.py``'s national input with its PUMA list.
 
     python benchmarks/state_speed.py --work /tmp/state_speed [--data ../shared/data/acs2018_1yr] [--private nm] [--public id,nd,nh,ri,sd,wy] [--repeats 3]
     python benchmarks/state_speed.py --work /tmp/state_speed --stages --private ak --private-data /tmp/national \

@@ -111,7 +111,7 @@ def test_a_public_prior_far_from_the_state_takes_the_relabelled_households_in_an
                                                                                                          relabel):
     """New Hampshire's households relabelled as the public data — their Hispanic origin flipped
     (about 98 % Hispanic against Vermont's 2 %), or their race's two commonest codes swapped (about
-    93 % of persons in the second against Vermont's 1 %): the state task's mixture takes the
+    94 % of persons in the second against Vermont's 1 %): the state task's mixture takes the
     relabelled copies in and records it, the state posterior and the PUMAs live on the widened
     support, and the drawn persons' shares follow Vermont's measurements, not the public prior.
     The attribute is named in ``advanced.synthesis.prior_flips`` (the support is then the public

@@ -251,9 +251,7 @@ def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndar
     household's there), so that they are built once for both supports."""
     if not flips:
         raise ValueError("widen needs at least one flip")
-    names = [f.name for f in flips]
-    if len(set(names)) != len(names):
-        raise ValueError(f"prior flips name a relabelling twice: {names}")
+    _distinct_names(flips)
     if public_cache is not None and public_cache.data is not public:
         raise ValueError("public_cache belongs to other households than the public ones")
     data = HierarchicalData.concat([public, *(flipped(public, f) for f in flips)])
@@ -262,6 +260,14 @@ def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndar
     varied = frozenset(name for f in flips for name in (f.attribute, *f.householder_attributes))
     cache = IncidenceCache(data, (IncidenceCache(public) if public_cache is None else public_cache, varied))
     return WidenedSupport(Support(data, weights, cache), tuple(flips))
+
+
+def _distinct_names(flips: Sequence[Flip]) -> tuple[str, ...]:
+    """The flips' names (:attr:`Flip.name`), refused when one relabelling is named twice."""
+    names = tuple(f.name for f in flips)
+    if len(set(names)) != len(names):
+        raise ValueError(f"prior flips name a relabelling twice: {list(names)}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -287,15 +293,13 @@ class MixtureChoice:
 
 def choose_mixture(public: Support, flips: Sequence[Flip], measurements: Sequence[Measurement], total: float,
                    min_gain: float = MIN_GAIN) -> MixtureChoice:
-    """λ (module docstring; the public prior: ``public``'s weights) for ``flips`` from the noisy answers of ``measurements`` at the node's
-    household ``total`` G: minimise Σ_cells ((y − G·A p_λ) / σ)² over λ ≥ 0, Σ λ ≤ 1. Each flipped
-    copy's expected answers are the public prior's with their cells relabelled
-    (:func:`relabelled_cells`), so the choice needs no widened support: only the flips it weighs in
-    are built (:func:`node_prior`)."""
+    """λ (module docstring; the public prior: ``public``'s weights) for ``flips`` from the noisy
+    answers of ``measurements`` at the node's household ``total`` G: minimise
+    Σ_cells ((y − G·A p_λ) / σ)² over λ ≥ 0, Σ λ ≤ 1. Each flipped copy's expected answers are the
+    public prior's with their cells relabelled (:func:`relabelled_cells`), so the choice needs no
+    widened support: only the flips it weighs in are built (:func:`node_prior`)."""
     ms = [m for m in measurements if m.noisy_answer.size]
-    names = tuple(f.name for f in flips)
-    if len(set(names)) != len(names):
-        raise ValueError(f"prior flips name a relabelling twice: {list(names)}")
+    names = _distinct_names(flips)
     k = len(flips)
     if not ms:
         return MixtureChoice(names, (0.0,) * k, (0.0,) * k, (0.0, 0.0))

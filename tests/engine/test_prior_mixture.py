@@ -80,6 +80,8 @@ def test_the_widened_support_holds_the_public_prior_and_the_mixture_lays_it_on_t
         w.prior(base, [1.2])
     with pytest.raises(ValueError, match="twice"):
         widen(public, [FLIP, FLIP])
+    with pytest.raises(ValueError, match="twice"):
+        choose_mixture(Support.from_data(public), [FLIP, FLIP], [], 10)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -116,7 +118,7 @@ def test_the_relabelled_households_answers_are_the_public_answers_at_the_relabel
     copies = Support.from_data(flipped(public, flip))
     support = Support.from_data(public)
     x = np.random.default_rng(32).random(400)
-    kinds = [w for w in all_workloads(DOMAIN, 2)]
+    kinds = list(all_workloads(DOMAIN, 2))
     kinds += [Workload("person", w.group_attrs, w.person_attrs, first=2) for w in kinds if w.level == "person"]
     kinds += [Workload(w.level, w.group_attrs, w.person_attrs, w.first, True) for w in kinds if not w.is_partition()]
     moved = 0
