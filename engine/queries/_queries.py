@@ -581,6 +581,11 @@ class IncidenceCache:
     # adaptive round needs only the list it extends, and a node's chain of rounds passes through a
     # cache of three as through one of four
     JOINT_CACHE = 3
+    # lists every node on the support groups (:meth:`keep`): a state's measured workloads without
+    # and with the pair completion, which the final fit extends by its rounds' choices. They come
+    # back once per state, after the rounds' lists have pushed them out of the three above, and
+    # each is a few hundred thousand households grouped again; two are kept apart from those
+    KEPT_CACHE = 2
     LIVE_CACHE = 2  # restrictions kept (live_incidence): each is a copy of a joint incidence, and the fits that reuse one come one after another
 
     def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str]] | None = None):
@@ -595,6 +600,8 @@ class IncidenceCache:
         self._patterns: dict[Workload, Patterns] = {}
         self._cells: dict[Workload, np.ndarray] = {}
         self._joint: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray]] = OrderedDict()
+        self._kept: OrderedDict[tuple[Workload, ...], tuple[sp.csr_matrix, np.ndarray]] = OrderedDict()
+        self._recurring: set[tuple[Workload, ...]] = set()
         self._pairs: OrderedDict[tuple[tuple[Workload, ...], tuple[Workload, ...]], PatternPairs] = OrderedDict()
         self._live: OrderedDict[tuple[Workload, ...], tuple[np.ndarray, sp.csr_matrix]] = OrderedDict()
 
@@ -644,11 +651,12 @@ class IncidenceCache:
     def _by_pattern(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
         """:meth:`joint_patterns` kept pattern-major: ``(U × Σ cells CSR, pattern_of)``."""
         key = tuple(workloads)
-        got = self._joint.get(key)
+        store, limit = (self._kept, self.KEPT_CACHE) if key in self._recurring else (self._joint, self.JOINT_CACHE)
+        got = self._kept.get(key) or self._joint.get(key)
         if got is None:
             # extend the longest cached prefix (the adaptive rounds add one workload at a time)
-            n = next((k for k in range(len(key) - 1, 0, -1) if key[:k] in self._joint), 0)
-            prefix, prefix_of = self._joint[key[:n]] if n else (None, None)
+            n = next((k for k in range(len(key) - 1, 0, -1) if key[:k] in self._joint or key[:k] in self._kept), 0)
+            prefix, prefix_of = (self._kept.get(key[:n]) or self._joint[key[:n]]) if n else (None, None)
             gid, first = group_rows([self.patterns(w).pattern_of for w in key[n:]], self.data.n_households, prefix_of)
             # one row per pattern: the prefix's row of its pattern, then each new workload's
             blocks = [] if prefix is None or prefix_of is None else [prefix[prefix_of[first]]]
@@ -659,11 +667,26 @@ class IncidenceCache:
             # M q scatters into it (the CSC view) — where the cell-major orientation gathered from
             # and scattered into a vector of patterns, at twice the time. Either orientation adds a
             # cell's patterns, and a pattern's cells, in ascending order: the same sums, bit for bit
-            got = self._joint[key] = (by_pattern, gid)
-        self._joint.move_to_end(key)
-        while len(self._joint) > self.JOINT_CACHE:
-            self._joint.popitem(last=False)
+            got = store[key] = (by_pattern, gid)
+        if key in store:
+            store.move_to_end(key)
+            while len(store) > limit:
+                store.popitem(last=False)
         return got
+
+    @_locked
+    def keep(self, workloads: Sequence[Workload]) -> None:
+        """Mark ``workloads`` as a list every node on this support groups (:data:`KEPT_CACHE`):
+        its joint patterns, once built, are kept apart from the last-used lists, the last
+        ``KEPT_CACHE`` lists so marked, until :meth:`forget_joints`."""
+        key = tuple(workloads)
+        self._recurring.add(key)
+        if key in self._joint:
+            self._kept[key] = self._joint.pop(key)
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            while len(self._kept) > self.KEPT_CACHE:
+                self._kept.popitem(last=False)
 
     @_locked
     def joint_incidence(self, workloads: Sequence[Workload]) -> tuple[sp.csc_matrix, sp.csr_matrix, np.ndarray]:
@@ -696,6 +719,8 @@ class IncidenceCache:
         incidences and patterns stay): for a caller that knows the workload lists it grouped will
         not come again."""
         self._joint.clear()
+        self._kept.clear()
+        self._recurring.clear()
         self._live.clear()
         self._pairs.clear()
 

@@ -234,6 +234,10 @@ def adaptive_measure(
     # the final fit starts from the last round's dual
     left_out = set(completion)
     fitted = [m for m in measured if m.workload not in left_out]
+    # the rounds' first list and the final fit's prefix are every node's on this support (the given
+    # workloads are chosen on public data): grouped once for all of them
+    support.cache.keep([m.workload for m in [*extra, *fitted]])
+    support.cache.keep([m.workload for m in [*extra, *measured]])
     res = update_node(support, prior, [*extra, *fitted], G, rule, prior_strength, tol=ROUND_FIT_TOL)
     new: list[Measurement] = []
     chosen: list[str] = []

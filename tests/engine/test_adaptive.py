@@ -277,7 +277,9 @@ def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeyp
     list of the round before by its one new workload, and the final fits use every measurement.
     With a ``completion`` (here the node's second workload) the rounds' fits leave it out — it is
     measured first all the same, at the same ρ, and the final fits take it in, their list extending
-    ``[*extra, *measured]``, grouped once (on a worker, the same for every state)."""
+    ``[*extra, *measured]``, grouped once (on a worker, the same for every state). Both lists are
+    kept for the next node on the support (``IncidenceCache.keep``): its rounds and final fits
+    extend them without grouping them again, however many lists the node before it grouped."""
     from engine.queries._queries import IncidenceCache
 
     d, private, support, rho, workloads = normalised_node()
@@ -288,7 +290,7 @@ def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeyp
 
     def spy(self, ws):
         key = tuple(ws)
-        built.append((key, next((k for k in range(len(key), 0, -1) if key[:k] in self._joint), 0)))
+        built.append((key, next((k for k in range(len(key), 0, -1) if key[:k] in self._joint or key[:k] in self._kept), 0)))
         return real(self, ws)
 
     monkeypatch.setattr(IncidenceCache, "_by_pattern", spy)
@@ -310,6 +312,18 @@ def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeyp
     assert all(done == len(final) for _, done in finals[1:])  # later final fits find it
     stored = {m.workload_id for m in MeasurementStore(tmp_path / "m").all()}
     assert {w.id for w in workloads} <= stored
+    # the next node on the support (another state of the run): its first list and, with the
+    # completion, the final fits' prefix are found whole, after the first node's rounds and final
+    # lists outnumbered the cache of last-used lists
+    assert len({key for key, _ in built}) > IncidenceCache.JOINT_CACHE
+    built.clear()
+    s2 = session(tmp_path / "next", private, rho=5)
+    synthesize_node(support, support.weights, workloads, rho, session_measure(s2, "s", "state", (11,)), 400.0, total_sd=5.0, extra=extra,
+                    adaptive=AdaptiveRounds(3, Fraction(1, 2)), select=session_select(s2, "s", "state", (11,)), unit="household",
+                    completion=workloads[1:] if completion else ())
+    assert built[0] == (tuple(base), n)
+    if completion:
+        assert ((size, *workloads), len(workloads) + 1) in built
 
 
 @pytest.mark.parametrize("select_first", [SELECT_FIRST, 3])

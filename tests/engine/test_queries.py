@@ -192,6 +192,28 @@ def test_joint_patterns_extended_from_a_cached_prefix_equal_a_fresh_build():
     assert len(small._joint) == 2
 
 
+def test_kept_lists_outlive_the_last_used_ones_until_forgotten():
+    """A list marked with ``keep`` (before or after it is grouped) stays, the same arrays, while
+    more lists than the cache of last-used ones holds are grouped; the last ``KEPT_CACHE`` marked
+    lists are kept; ``forget_joints`` drops them. Negative control: an unmarked list is pushed out."""
+    ws = [w for w in WORKLOADS if len(w.attrs) <= 2][:5]
+    cache = IncidenceCache(DATA)
+    cache.JOINT_CACHE, cache.KEPT_CACHE = 1, 2
+    early, plain = cache._by_pattern(ws[:1]), cache._by_pattern(ws[:2])
+    cache.keep(ws[:2])  # marked after grouping: moved to the kept lists
+    cache.keep(ws[:3])  # marked before
+    late = cache._by_pattern(ws[:3])
+    for k in range(4, len(ws) + 1):
+        cache.joint_patterns(ws[:k])
+    assert cache._by_pattern(ws[:2]) is plain and cache._by_pattern(ws[:3]) is late
+    assert cache._by_pattern(ws[:1]) is not early  # pushed out, grouped again
+    cache.keep(ws[:4])
+    cache.joint_patterns(ws[:4])
+    assert list(cache._kept) == [tuple(ws[:3]), tuple(ws[:4])]  # the last two marked
+    cache.forget_joints()
+    assert not cache._kept and not cache._joint and cache._by_pattern(ws[:3]) is not late
+
+
 @pytest.mark.parametrize("high", [3, 70_000, 2**31])
 def test_group_rows_numbers_the_groups_in_lexicographic_order(high):
     """Exact grouping, groups numbered by the rows' lexicographic order after ``start``, however
