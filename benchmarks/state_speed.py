@@ -18,11 +18,16 @@ and its error estimates, then every PUMA's fit, the balanced draws and their err
 response's products shared across the PUMAs) and gives each step's CPU seconds and the relabelled
 copies the state's prior mixture weighed in; the strength floor is simulated once per work directory
 and the support's balance targets are built before the timing (a Dask worker builds both once per
-run). ``--private-data`` and ``--geography`` take a state of another input, e.g. a copy of
+run). ``--private`` may name several states (with ``--stages``): they run one after the other, on one support
+whose widened copies are built once per set of flips, as the states of one Dask worker (a state after the first
+finds the lists every state groups, ``IncidenceCache.keep``); each repeat runs them all again.
+``--private-data`` and ``--geography`` take a state of another input, e.g. a copy of
 ``benchmarks/national_input.py``'s national input with its PUMA list.
 
     python benchmarks/state_speed.py --work /tmp/state_speed [--data ../shared/data/acs2018_1yr] [--private nm] [--public id,nd,nh,ri,sd,wy] [--repeats 3]
     python benchmarks/state_speed.py --work /tmp/state_speed --stages --private ak --private-data /tmp/national \
+        --geography /tmp/national/pumas.yaml --public de,id,me,mt,nd,ne,nh,nm,ri,sd,vt,wy --repeats 2
+    python benchmarks/state_speed.py --work /tmp/state_speed --stages --private ak,al --private-data /tmp/national \
         --geography /tmp/national/pumas.yaml --public de,id,me,mt,nd,ne,nh,nm,ri,sd,vt,wy --repeats 2
 """
 
@@ -51,7 +56,9 @@ from engine.data import HierarchicalData  # noqa: E402
 from engine.queries import Support, Workload  # noqa: E402
 from engine.synthesis import (  # noqa: E402
     BalanceTargets,
+    Flip,
     SharedPrior,
+    WidenedSupport,
     choose_puma_workloads,
     choose_workloads,
     fit_state,
@@ -123,9 +130,25 @@ class StageClock:
         self._last = now
 
 
+class WorkerSupports:
+    """The public support widened by each set of flips, built once (``tasks.synthesize.cached_widened``): the
+    states run after the first on a support find its per-workload incidences and the lists every state groups, as on
+    a Dask worker."""
+
+    def __init__(self, public: HierarchicalData, support: Support) -> None:
+        self.public, self.support = public, support
+        self._widened: dict[tuple[Flip, ...], WidenedSupport] = {}
+
+    def __call__(self, flips: tuple[Flip, ...]) -> WidenedSupport:
+        if flips not in self._widened:
+            self._widened[flips] = widen(self.public, flips, public_cache=self.support.cache)
+        return self._widened[flips]
+
+
 def run_stages(private: HierarchicalData, public: HierarchicalData, support: Support, balance: BalanceTargets, work: Path,
-               epsilon: float, seed: int, geography: Path | None = None) -> dict:
-    """One state's steps as ``tasks.synthesize``'s state and PUMA tasks run them, each step timed."""
+               epsilon: float, seed: int, geography: Path | None = None, supports: WorkerSupports | None = None) -> dict:
+    """One state's steps as ``tasks.synthesize``'s state and PUMA tasks run them, each step timed. ``supports``:
+    the widened supports kept across calls (a worker's); without it each call widens the support afresh."""
     session, state = open_session(private, work, epsilon, geography)
     settings = settings_for(public)
     plan = session.ledger.plan
@@ -140,7 +163,8 @@ def run_stages(private: HierarchicalData, public: HierarchicalData, support: Sup
             plan.allocation("state_synthesis", "state"), settings), settings.strength_candidates).floor))
     floor = float(json.loads(floor_file.read_text()))
     clock, wall = StageClock(), time.perf_counter()
-    st = fit_state(session, state, support, lambda flips: widen(public, flips, public_cache=support.cache), selection, counts[(state,)], settings,
+    widen_by = supports or WorkerSupports(public, support)
+    st = fit_state(session, state, support, widen_by, selection, counts[(state,)], settings,
                    pumas=pumas, strength_floor=floor)
     clock.lap("state fit")
     state_sd = answer_sd(st.support, st.result, st.prior, selection.state, st.record, settings.prior_strength, counts[(state,)], extra=st.sums)
@@ -178,32 +202,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--private-data", type=Path, default=None, help="the private state's file's folder (default: --data)")
     ap.add_argument("--geography", type=Path, default=None, help="the PUMA list of the private state's input (default: the shipped one)")
     args = ap.parse_args(argv)
+    privates = args.private.split(",")
+    if len(privates) > 1 and not args.stages:
+        ap.error("several --private states need --stages (they share one worker's supports)")
     private_data = args.private_data or args.data
     source = "" if private_data == args.data else f"{private_data.name}_"
-    work = args.work / f"{source}{args.private}_from_{args.public.replace(',', '_')}_eps{args.epsilon:g}{'_stages' if args.stages else ''}"
-    work.mkdir(parents=True, exist_ok=True)
-    private = load_state(args.private, args.work, private_data)
     public = HierarchicalData.concat([load_state(s, args.work, args.data) for s in args.public.split(",")])
+    states = {abbr: load_state(abbr, args.work, private_data) for abbr in privates}
+    works = {abbr: args.work / f"{source}{abbr}_from_{args.public.replace(',', '_')}_eps{args.epsilon:g}{'_stages' if args.stages else ''}"
+             for abbr in privates}
+    for work in works.values():
+        work.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {abbr: [] for abbr in privates}
     if args.stages:
         support = Support.from_data(public)
         balance = BalanceTargets.for_data(public)
-        runs = [run_stages(private, public, support, balance, work, args.epsilon, args.seed, args.geography) for _ in range(args.repeats)]
+        supports = WorkerSupports(public, support)  # one worker's: every state and repeat after the first finds its caches
+        for _ in range(args.repeats):
+            for abbr in privates:
+                runs[abbr].append(run_stages(states[abbr], public, support, balance, works[abbr], args.epsilon, args.seed, args.geography,
+                                             supports))
     else:
-        runs = [run_once(private, public, work, args.epsilon, args.seed, args.geography) for _ in range(args.repeats)]
-    for r in runs:
-        steps = "".join(f"  {k} {v:.2f}" for k, v in r.get("steps", {}).items())
-        print(f"cpu {r['cpu_s']:.2f} s  wall {r['wall_s']:.2f} s{steps}  households {r['households']}  release {r['release']}  "
-              f"diagnostics {r['diagnostics']}" + (f"  intervals {r['intervals']}" if "intervals" in r else ""))
-    if runs[0].get("mixture"):  # the relabellings the state weighed in (the same in every run: the measurements are read back)
-        m = runs[0]["mixture"]
-        print("prior mixture: " + (", ".join(f"{a} {w:.3f}" for a, w in zip(m["attributes"], m["weights"]) if w > 0) or "the public support")
-              + f" (candidates {', '.join(m['attributes'])})")
-    print(f"median cpu {statistics.median(r['cpu_s'] for r in runs):.2f} s, wall {statistics.median(r['wall_s'] for r in runs):.2f} s")
-    if len({(r["release"], r["diagnostics"], r.get("intervals")) for r in runs}) != 1:
-        print("the runs released different households: the measurements were not all read back", file=sys.stderr)
-        return 1
-    return 0
-
+        runs[privates[0]] = [run_once(states[privates[0]], public, works[privates[0]], args.epsilon, args.seed, args.geography)
+                             for _ in range(args.repeats)]
+    failed = False
+    for abbr, state_runs in runs.items():
+        label = f"{abbr}: " if len(privates) > 1 else ""
+        for r in state_runs:
+            steps = "".join(f"  {k} {v:.2f}" for k, v in r.get("steps", {}).items())
+            print(f"{label}cpu {r['cpu_s']:.2f} s  wall {r['wall_s']:.2f} s{steps}  households {r['households']}  release {r['release']}  "
+                  f"diagnostics {r['diagnostics']}" + (f"  intervals {r['intervals']}" if "intervals" in r else ""))
+        if state_runs[0].get("mixture"):  # the relabellings the state weighed in (the same in every run: the measurements are read back)
+            m = state_runs[0]["mixture"]
+            print(f"{label}prior mixture: " + (", ".join(f"{a} {w:.3f}" for a, w in zip(m["attributes"], m["weights"]) if w > 0)
+                                              or "the public support") + f" (candidates {', '.join(m['attributes'])})")
+        print(f"{label}median cpu {statistics.median(r['cpu_s'] for r in state_runs):.2f} s, "
+              f"wall {statistics.median(r['wall_s'] for r in state_runs):.2f} s")
+        if len({(r["release"], r["diagnostics"], r.get("intervals")) for r in state_runs}) != 1:
+            print(f"{label}the runs released different households: the measurements were not all read back", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 if __name__ == "__main__":
     raise SystemExit(main())
