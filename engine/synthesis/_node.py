@@ -81,7 +81,6 @@ class NodeResult:
 
 
 TOTAL_ROUNDS = 4  # alternations of q | G and G | q (with the extrapolation G settles in two or three)
-MAX_SLOPE = 0.9  # the largest slope of F(G) the alternation extrapolates along (Aitken)
 
 
 def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn) -> list[Measurement]:
@@ -344,10 +343,7 @@ def synthesize_node(
         G_next = F
         if previous is not None:  # Aitken: F is close to linear, F(G) ≈ G* + c (G − G*) with 0 ≤ c < 1
             c = (F - previous[1]) / (G - previous[0]) if G != previous[0] else -1.0
-            # a step at most ten times F's own (G stays in the count's trust region): a state's
-            # person and normalised workloads tie F closely to G (slopes near 0.7), where plain steps
-            # leave the alternation short of its fixed point after TOTAL_ROUNDS
-            if 0.0 <= c <= MAX_SLOPE:
+            if 0.0 <= c <= 2.0 / 3.0:  # a step at most three times F's own
                 G_next = max((F - c * G) / (1.0 - c), 0.0)
         previous, G = (G, F), float(np.clip(G_next, *bounds))
     res.diagnostics["total"] = {"given": float(total), "given_sd": float(total_sd), "fitted": G, "trace": trace}
