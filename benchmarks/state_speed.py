@@ -163,7 +163,7 @@ def run_stages(private: HierarchicalData, public: HierarchicalData, support: Sup
             plan.allocation("state_synthesis", "state"), settings), settings.strength_candidates).floor))
     floor = float(json.loads(floor_file.read_text()))
     clock, wall = StageClock(), time.perf_counter()
-    widen_by = supports or WorkerSupports(public, support)
+    widen_by = WorkerSupports(public, support) if supports is None else supports
     st = fit_state(session, state, support, widen_by, selection, counts[(state,)], settings,
                    pumas=pumas, strength_floor=floor)
     clock.lap("state fit")
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}the runs released different households: the measurements were not all read back", file=sys.stderr)
             failed = True
     return 1 if failed else 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -651,12 +651,14 @@ class IncidenceCache:
     def _by_pattern(self, workloads: Sequence[Workload]) -> tuple[sp.csr_matrix, np.ndarray]:
         """:meth:`joint_patterns` kept pattern-major: ``(U × Σ cells CSR, pattern_of)``."""
         key = tuple(workloads)
+        # a marked list lives in the kept lists only (keep moves it there), any other in the last-used
         store, limit = (self._kept, self.KEPT_CACHE) if key in self._recurring else (self._joint, self.JOINT_CACHE)
-        got = self._kept.get(key) or self._joint.get(key)
+        got = store.get(key)
         if got is None:
             # extend the longest cached prefix (the adaptive rounds add one workload at a time)
-            n = next((k for k in range(len(key) - 1, 0, -1) if key[:k] in self._joint or key[:k] in self._kept), 0)
-            prefix, prefix_of = (self._kept.get(key[:n]) or self._joint[key[:n]]) if n else (None, None)
+            n = next((k for k in range(len(key) - 1, 0, -1) if self._cached(key[:k]) is not None), 0)
+            found = self._cached(key[:n]) if n else None
+            prefix, prefix_of = found if found is not None else (None, None)
             gid, first = group_rows([self.patterns(w).pattern_of for w in key[n:]], self.data.n_households, prefix_of)
             # one row per pattern: the prefix's row of its pattern, then each new workload's
             blocks = [] if prefix is None or prefix_of is None else [prefix[prefix_of[first]]]
@@ -668,11 +670,14 @@ class IncidenceCache:
             # and scattered into a vector of patterns, at twice the time. Either orientation adds a
             # cell's patterns, and a pattern's cells, in ascending order: the same sums, bit for bit
             got = store[key] = (by_pattern, gid)
-        if key in store:
-            store.move_to_end(key)
-            while len(store) > limit:
-                store.popitem(last=False)
+        store.move_to_end(key)
+        while len(store) > limit:
+            store.popitem(last=False)
         return got
+
+    def _cached(self, key: tuple[Workload, ...]) -> tuple[sp.csr_matrix, np.ndarray] | None:
+        """The kept or last-used grouping of ``key``, None when neither holds it."""
+        return self._kept.get(key, self._joint.get(key))
 
     @_locked
     def keep(self, workloads: Sequence[Workload]) -> None:
