@@ -193,6 +193,11 @@ def size_measurement(domain: Domain, histogram: Sequence[float], sd: float) -> M
 # fit's (engine.synthesis._map_update.FIT_TOL) moves a candidate's model count by far less than that
 # noise and needs fewer solver iterations (benchmarks/results/HISTORY.md).
 ROUND_FIT_TOL = 1e-7
+# The rounds' candidates are picked this many at a time on one fit, a later pick scored on the same
+# model without the cells of those picked before it. The rounds' fits are a large part of a state's
+# fit, and refitting after every pick chose no better in the peer benchmark than after every second
+# (benchmarks/results/HISTORY.md): half the fits for the same measurements and charges.
+PICKS_PER_FIT = 2
 
 
 def adaptive_measure(
@@ -210,11 +215,12 @@ def adaptive_measure(
     prior_strength: float = 0.1,
     completion: Sequence[Workload] = (),
 ) -> tuple[list[Measurement], list[str], NodeResult]:
-    """The adaptive rounds of one node (:mod:`engine.synthesis._adaptive`): ``plan.rounds`` times, fit the
-    posterior to everything measured so far at the household total ``total`` (a DP value), choose
-    the candidate workload it answers worst (``select``: the private session's exponential
-    mechanism) and measure it (``measure``; in the form of the node's workloads,
-    :func:`engine.synthesis._adaptive.measured_form`). ``rho``: the node's whole ρ (split by
+    """The adaptive rounds of one node (:mod:`engine.synthesis._adaptive`): ``plan.rounds`` times, choose
+    the candidate workload the posterior fitted to everything measured before answers worst
+    (``select``: the private session's exponential mechanism) and measure it (``measure``; in the
+    form of the node's workloads, :func:`engine.synthesis._adaptive.measured_form`); the posterior is
+    fitted at the household total ``total`` (a DP value) after every :data:`PICKS_PER_FIT` rounds,
+    the picks between two fits scored on the same one. ``rho``: the node's whole ρ (split by
     :func:`engine.synthesis._adaptive.round_budget`). ``completion``: workloads of ``measured`` the rounds'
     fits leave out (:func:`synthesize_node`). Returns the new measurements, the chosen ids and the
     last fit (at ``total``), its dual laid out for the final fit's ``[*extra, *measured, *new]``
@@ -241,18 +247,27 @@ def adaptive_measure(
     res = update_node(support, prior, [*extra, *fitted], G, rule, prior_strength, tol=ROUND_FIT_TOL)
     new: list[Measurement] = []
     chosen: list[str] = []
+    unfitted = 0  # cells measured since the last fit
     for r in range(plan.rounds):
-        # the model's expected counts of every candidate (answers of the weighted support, no incidences)
-        model = G * model_answers.answers(candidates, res.weights)
+        if r % PICKS_PER_FIT == 0:
+            # the model's expected counts of every candidate (answers of the weighted support, no incidences)
+            model = G * model_answers.answers(candidates, res.weights)
+            bounds = np.cumsum([0] + [c.n_cells(domain) for c in candidates])
         i = select(candidates, model, penalty, budget.epsilon0, f"round-{r}")
+        lo, hi = int(bounds[i]), int(bounds[i + 1])  # the chosen candidate's cells leave the model
+        model, bounds = np.delete(model, slice(lo, hi)), np.concatenate([bounds[: i + 1], bounds[i + 2 :] - (hi - lo)])
         w = measured_form(candidates.pop(i), given)
         penalty = np.delete(penalty, i)
         noisy, sigma = measure(w, budget.measure)
         m = Measurement(w, np.asarray(noisy, dtype=np.float64), float(sigma), budget.measure)
         new.append(m)
         chosen.append(w.id)
-        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(m.noisy_answer.size)])
+        unfitted += m.noisy_answer.size
+        if (r + 1) % PICKS_PER_FIT and r + 1 < plan.rounds:
+            continue  # the next pick is scored on the same fit
+        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(unfitted)])
         res = update_node(support, prior, [*extra, *fitted, *new], G, rule, prior_strength, dual0=dual0, tol=ROUND_FIT_TOL)
+        unfitted = 0
     if len(fitted) < len(measured):
         # the final fit's list extends [*extra, *measured] by the rounds' workloads: grouped once on a
         # support (the same list for every state of a run), each final fit's grouping adds the rounds' only

@@ -30,7 +30,7 @@ from engine.synthesis._adaptive import (
     round_budget,
     selection_first,
 )
-from engine.synthesis._node import synthesize_node
+from engine.synthesis._node import PICKS_PER_FIT, ROUND_FIT_TOL, synthesize_node
 from engine.synthesis._state_release import session_measure, session_select
 from tests.engine._support_testdata import random_data, small_domain
 from tests.privacy.test_workload_sensitivity import DATA, DOMAIN, rederive
@@ -270,11 +270,15 @@ def test_a_normalised_node_measures_its_rounds_normalised(tmp_path):
     np.testing.assert_array_equal(again.weights, first.weights)
 
 
+ROUNDS = 5  # rounds enough for the first node's lists to outnumber the cache of last-used ones
+
+
 @pytest.mark.parametrize("completion", [False, True])
 def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeypatch, completion):
-    """The rounds fit ``[*extra, *measured, *new]``, one workload longer each time: the households'
-    joint patterns are grouped from nothing once per node, every later round extends the cached
-    list of the round before by its one new workload, and the final fits use every measurement.
+    """The rounds fit ``[*extra, *measured, *new]``, longer by the workloads picked since the last
+    fit (:data:`PICKS_PER_FIT`, the last fit after the last pick): the households' joint patterns are
+    grouped from nothing once per node, every later fit extends the cached list of the fit before
+    by its new workloads, and the final fits use every measurement.
     With a ``completion`` (here the node's second workload) the rounds' fits leave it out — it is
     measured first all the same, at the same ρ, and the final fits take it in, their list extending
     ``[*extra, *measured]``, grouped once (on a worker, the same for every state). Both lists are
@@ -296,15 +300,17 @@ def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeyp
     monkeypatch.setattr(IncidenceCache, "_by_pattern", spy)
     s = session(tmp_path, private, rho=5)
     res = synthesize_node(support, support.weights, workloads, rho, session_measure(s, "s", "state", (10,)), 400.0, total_sd=5.0, extra=extra,
-                          adaptive=AdaptiveRounds(3, Fraction(1, 2)), select=session_select(s, "s", "state", (10,)), unit="household",
+                          adaptive=AdaptiveRounds(ROUNDS, Fraction(1, 2)), select=session_select(s, "s", "state", (10,)), unit="household",
                           completion=workloads[1:] if completion else ())
     chosen = [Workload.from_id(w) for w in res.diagnostics["adaptive"]]
-    assert len(chosen) == 3 and workloads[1] not in chosen
+    assert len(chosen) == ROUNDS and workloads[1] not in chosen
     base = [size, *workloads[:1]] if completion else [size, *workloads]
     n = len(base)
-    assert built[:4] == [(tuple(base), 0), (tuple(base + chosen[:1]), n), (tuple(base + chosen[:2]), n + 1), (tuple(base + chosen), n + 2)]
+    fitted_after = [0, *range(PICKS_PER_FIT, ROUNDS, PICKS_PER_FIT), ROUNDS]  # the picks each of the rounds' fits takes in
+    rounds_lists = [(tuple(base + chosen[:k]), 0 if j == 0 else n + fitted_after[j - 1]) for j, k in enumerate(fitted_after)]
+    assert PICKS_PER_FIT < ROUNDS and built[:len(rounds_lists)] == rounds_lists
     final = (size, *workloads, *chosen)
-    finals = built[4:]
+    finals = built[len(rounds_lists):]
     if completion:  # [*extra, *measured] grouped on its own (the same for every state), which the final list extends
         assert finals[0][0] == (size, *workloads) and finals[1] == (final, 3)
         finals = finals[1:]
@@ -319,11 +325,57 @@ def test_each_round_extends_the_previous_rounds_joint_patterns(tmp_path, monkeyp
     built.clear()
     s2 = session(tmp_path / "next", private, rho=5)
     synthesize_node(support, support.weights, workloads, rho, session_measure(s2, "s", "state", (11,)), 400.0, total_sd=5.0, extra=extra,
-                    adaptive=AdaptiveRounds(3, Fraction(1, 2)), select=session_select(s2, "s", "state", (11,)), unit="household",
+                    adaptive=AdaptiveRounds(ROUNDS, Fraction(1, 2)), select=session_select(s2, "s", "state", (11,)), unit="household",
                     completion=workloads[1:] if completion else ())
     assert built[0] == (tuple(base), n)
     if completion:
         assert ((size, *workloads), len(workloads) + 1) in built
+
+
+@pytest.mark.parametrize("rounds", [4, 5])
+def test_the_rounds_pick_on_one_fit_then_refit(tmp_path, monkeypatch, rounds):
+    """The rounds pick :data:`PICKS_PER_FIT` candidates on one fit: a later pick is scored on the same
+    model, the earlier pick's cells removed and the rest of it unchanged; the first pick after a fit
+    sees a new model. The rounds fit once before the first pick and once after every
+    :data:`PICKS_PER_FIT` picks and after the last; every pick is measured and charged as before."""
+    import engine.synthesis._node as node
+
+    d, private, support, rho, workloads = normalised_node()
+    fits: list[int] = []  # measurements each of the rounds' fits takes in
+    real_update = node.update_node
+
+    def counted(*args, **kwargs):
+        if kwargs.get("tol") == ROUND_FIT_TOL:
+            fits.append(len(args[2]))
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(node, "update_node", counted)
+    s = session(tmp_path, private, rho=5)
+    real_select = session_select(s, "s", "state", (10,))
+    calls = []
+
+    def select(candidates, model, penalty, epsilon, tag):
+        i = real_select(candidates, model, penalty, epsilon, tag)
+        calls.append((list(candidates), np.array(model), i))
+        return i
+
+    res = synthesize_node(support, support.weights, workloads, rho, session_measure(s, "s", "state", (10,)), 400.0, total_sd=5.0,
+                          adaptive=AdaptiveRounds(rounds, Fraction(1, 2)), select=select, unit="household")
+    assert len(calls) == rounds == len(res.diagnostics["adaptive"])
+    assert fits == [len(workloads) + k for k in [0, *range(PICKS_PER_FIT, rounds, PICKS_PER_FIT), rounds]]
+    for r in range(1, rounds):
+        before, model_before, i = calls[r - 1]
+        candidates, model, _ = calls[r]
+        assert candidates == before[:i] + before[i + 1:]
+        cells = np.cumsum([0] + [w.n_cells(d) for w in before])
+        rest = np.delete(model_before, slice(cells[i], cells[i + 1]))
+        assert model.shape == rest.shape
+        if r % PICKS_PER_FIT:
+            np.testing.assert_array_equal(model, rest)
+        else:
+            assert not np.allclose(model, rest)  # refitted on the picks' measurements
+    keys = [c.key for c in PrivacyLedger(tmp_path / "ledger.jsonl", BudgetPlan(5, PLAN["stages"], PLAN["levels"])).charges()]
+    assert sum(k.endswith("/select") for k in keys) == rounds
 
 
 @pytest.mark.parametrize("select_first", [SELECT_FIRST, 3])
