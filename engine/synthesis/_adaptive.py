@@ -4,7 +4,10 @@ After a node's public-chosen workloads are measured and fitted, ``rounds`` more 
 chosen one at a time from a candidate set — the one whose answers the current posterior gets most
 wrong on the private data — measured, and fitted (AIM, McKenna et al. 2022, Algorithm 1: select by
 the exponential mechanism, measure by the Gaussian mechanism, re-estimate; PMW-Pub, Liu et al.
-2021, does the same over the public support). Each round costs
+2021, does the same over the public support). The prior update re-estimates after every second
+pick (``engine.synthesis._node.PICKS_PER_FIT``): a pick scored on the model of the measurements
+before the last one is post-processing of them all the same, so the accounting is unchanged.
+Each round costs
 
     ρ_select = ε₀²/8       (exponential mechanism, bounded range: Cesar & Rogers 2021, Lemma 3.2;
                             ``engine.privacy._accountant.exponential_mechanism_rho``)
