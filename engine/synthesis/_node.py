@@ -247,27 +247,25 @@ def adaptive_measure(
     res = update_node(support, prior, [*extra, *fitted], G, rule, prior_strength, tol=ROUND_FIT_TOL)
     new: list[Measurement] = []
     chosen: list[str] = []
-    unfitted = 0  # cells measured since the last fit
     for r in range(plan.rounds):
         if r % PICKS_PER_FIT == 0:
             # the model's expected counts of every candidate (answers of the weighted support, no incidences)
             model = G * model_answers.answers(candidates, res.weights)
-            bounds = np.cumsum([0] + [c.n_cells(domain) for c in candidates])
         i = select(candidates, model, penalty, budget.epsilon0, f"round-{r}")
-        lo, hi = int(bounds[i]), int(bounds[i + 1])  # the chosen candidate's cells leave the model
-        model, bounds = np.delete(model, slice(lo, hi)), np.concatenate([bounds[: i + 1], bounds[i + 2 :] - (hi - lo)])
+        lo = sum(c.n_cells(domain) for c in candidates[:i])  # the chosen candidate's cells leave the model
+        model = np.delete(model, slice(lo, lo + candidates[i].n_cells(domain)))
         w = measured_form(candidates.pop(i), given)
         penalty = np.delete(penalty, i)
         noisy, sigma = measure(w, budget.measure)
         m = Measurement(w, np.asarray(noisy, dtype=np.float64), float(sigma), budget.measure)
         new.append(m)
         chosen.append(w.id)
-        unfitted += m.noisy_answer.size
         if (r + 1) % PICKS_PER_FIT and r + 1 < plan.rounds:
             continue  # the next pick is scored on the same fit
-        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(unfitted)])
-        res = update_node(support, prior, [*extra, *fitted, *new], G, rule, prior_strength, dual0=dual0, tol=ROUND_FIT_TOL)
-        unfitted = 0
+        listed = [*extra, *fitted, *new]
+        # the last fit's dual, zero on the cells measured since (the dual has one entry per fitted cell)
+        dual0 = None if res.dual is None else np.concatenate([res.dual, np.zeros(sum(x.noisy_answer.size for x in listed) - res.dual.size)])
+        res = update_node(support, prior, listed, G, rule, prior_strength, dual0=dual0, tol=ROUND_FIT_TOL)
     if len(fitted) < len(measured):
         # the final fit's list extends [*extra, *measured] by the rounds' workloads: grouped once on a
         # support (the same list for every state of a run), each final fit's grouping adds the rounds' only
