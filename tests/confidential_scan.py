@@ -114,16 +114,24 @@ def _parse_json(text: str):
         return None
 
 
+_TAG = re.compile(r"<[^>]*>")
+
+
 def number_groups(text: str) -> Iterator[list[int]]:
     """Groups of integers that belong together: JSON containers (a whole JSON text, or a JSON
-    line) or lines of plain text."""
+    line) or lines of plain text. An HTML page is read between its tags: one element's text, or
+    the JSON a script element embeds, is a group; a line of it is not (``report.html`` holds its
+    sections and its embedded tables on one line, thousands of numbers among which any few small
+    counts turn up by chance)."""
     doc = _parse_json(text)
     if doc is not None:
         yield from _json_groups(doc)
         return
+    html = text.lstrip()[:15].lower().startswith(("<!doctype html", "<html"))
     for line in text.splitlines():
-        doc = _parse_json(line)
-        yield from (_json_groups(doc) if doc is not None else [integers(line)])
+        for part in _TAG.split(line) if html else [line]:
+            doc = _parse_json(part)
+            yield from (_json_groups(doc) if doc is not None else [integers(part)])
 
 
 def _holds(group: list[int], counts: Counter) -> bool:

@@ -89,6 +89,23 @@ def test_numbers_that_only_look_like_the_confidential_ones_are_not_leaks(tmp_pat
     assert findings("binary", b"\xff\xfe 2714 640 756 627 691", NEEDLES) == []  # not text: hash only
 
 
+def test_an_html_page_is_searched_per_element_and_per_embedded_json(tmp_path):
+    """A page on one line (as report.html writes its sections and embedded tables) whose elements
+    hold the counts apart is no leak; an element's text, or the JSON a script embeds, holding
+    them together is."""
+    counts = list(PUMAS.values())
+    cells = "".join(f"<td>{n}</td>" for n in counts)
+    page = tmp_path / "report.html"
+    page.write_text(f"<!DOCTYPE html><html><body><table><tr>{cells}</tr></table></body></html>")
+    assert scan_files([page], NEEDLES) == []
+    leaks = {"text.html": f"<!DOCTYPE html><html><p>households {', '.join(map(str, counts))}</p></html>",
+             "json.html": "<!DOCTYPE html><html><script type=\"application/json\">"
+                          + json.dumps({"nodes": [{"households": n} for n in counts]}) + "</script></html>"}
+    for name, text in leaks.items():
+        (tmp_path / name).write_text(text)
+        assert scan_files([tmp_path / name], NEEDLES) == [f"{tmp_path / name}: the exact per-PUMA household counts of the private input"]
+
+
 def test_counts_the_release_publishes_are_left_out_of_the_search(tmp_path, data_root):
     """A per-PUMA count or a total equal to the noisy one the release publishes is no needle:
     the published number cannot be told from the confidential one."""
