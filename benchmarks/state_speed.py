@@ -170,7 +170,8 @@ def run_stages(private: HierarchicalData, public: HierarchicalData, support: Sup
     state_sd = answer_sd(st.support, st.result, st.prior, selection.state, st.record, settings.prior_strength, counts[(state,)], extra=st.sums)
     clock.lap("state intervals")
     # the widened support's balance targets extend the public ones (tasks.synthesize.cached_balance)
-    targets = balance if st.support is support else balance.with_copies(support.data, st.support.data.take(np.arange(support.n_support, st.support.n_support)))
+    targets = balance if st.support is support else balance.with_copies(support.data, st.support.data.take(np.arange(support.n_support, st.support.n_support)),
+                                                                        widen_by(st.flips).copies)
     clock.lap("balance targets of the widened support")
     rel = release_pumas(session, st.support, st.result.weights, selection.puma, [(n, counts[n]) for n in pumas], settings, seed,
                         targets=st.targets(), balance=targets)

@@ -194,21 +194,20 @@ class DomainSpec(_Strict):
         return tuple(flips)
 
     def flippable(self, domain: Domain) -> tuple[Flip, ...]:
-        """Every binary person attribute of ``domain`` that :meth:`prior_flips` can flip (no kept
+        """Every person attribute of ``domain`` that :meth:`prior_flips` can relabel (no kept
         household attribute derives from it other than by its householder's value, and those that
         do are coded like it; not the relationship, which marks the householder and the household's
         structure), in the domain's order: the prior mixture's default, whatever the domain. A
-        multi-valued attribute's code swaps are named in ``advanced.synthesis.prior_flips``: on by
-        default they helped the states and shifted inputs whose race or citizenship the public data
-        lack, but each state that weighs a swap in fits and draws on a support of its own, which
-        broke the national release's time and memory targets (``docs/benchmarks.md``)."""
+        binary attribute is flipped; a multi-valued one is a template whose two codes each state's
+        measurements choose (``engine.synthesis._prior_mixture.choose_swaps``, which also leaves out
+        the attributes a household's persons do not mostly share)."""
         derived = self.derived(domain)
         blocked = {h.attribute for h in derived["any_person"].values()}
         blocked |= {n for n, a in self.person_attributes.items() if a.source == self.relationship_column}
         out = []
         for a in domain.person:
             by_householder = [n for n, h in derived["householder"].items() if h.attribute == a.name]
-            if a.size == 2 and a.name not in blocked and all(domain.group_attribute(n).codes == a.codes for n in by_householder):
+            if a.name not in blocked and all(domain.group_attribute(n).codes == a.codes for n in by_householder):
                 out.append(a.name)
         return self.prior_flips(out, domain)
 

@@ -102,8 +102,9 @@ def _cached_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
     if not flips:
         return BalanceTargets.for_data(public)
     # the widened households are the public ones, then their copies: the public targets' block is shared
-    widened = _cached_widened(key, flips).support.data
-    return _cached_balance(key, ()).with_copies(public, widened.take(np.arange(public.n_households, widened.n_households)))
+    widened = _cached_widened(key, flips)
+    data = widened.support.data
+    return _cached_balance(key, ()).with_copies(public, data.take(np.arange(public.n_households, data.n_households)), widened.copies)
 
 
 def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTargets:

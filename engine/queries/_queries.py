@@ -566,12 +566,14 @@ class IncidenceCache:
     single sparse matrix–vector product. The joint patterns of the last ``JOINT_CACHE`` workload
     lists are kept (least recently used dropped): a worker's support serves every state.
 
-    ``copies_of`` (a cache of other households and a set of attribute names): ``data`` is those
-    households repeated, the repeats differing from them only in the named attributes (the prior
-    mixture's widened support, ``engine.synthesis._prior_mixture.widen``). A workload that reads none of them
-    has the same column for every repeat of a household, so its incidence is the other cache's
-    repeated and its patterns are the other cache's, each household's repeated — taken from there,
-    exactly, instead of grouping all the repeats again.
+    ``copies_of`` (a cache of other households, a set of attribute names, and each household's
+    row among those households): ``data`` is copies of those households, differing from them only
+    in the named attributes — all of them first, in order, then runs of copies of some of them (the
+    prior mixture's widened support, ``engine.synthesis._prior_mixture.widen``). A workload that
+    reads none of the named attributes has the same column for a copy as for its original, so its
+    incidence is the other cache's with its columns taken in the copies' order and its patterns are
+    the other cache's, each household's repeated — taken from there, exactly, instead of grouping
+    all the copies again.
     """
 
     # a node's fits reuse few lists at a time (an adaptive round extends the last one; a PUMA's
@@ -588,14 +590,22 @@ class IncidenceCache:
     KEPT_CACHE = 2
     LIVE_CACHE = 2  # restrictions kept (live_incidence): each is a copy of a joint incidence, and the fits that reuse one come one after another
 
-    def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str]] | None = None):
+    def __init__(self, data: HierarchicalData, copies_of: tuple[IncidenceCache, frozenset[str], np.ndarray] | None = None):
         self.data: HierarchicalData = data
         self._copies_of = copies_of
         self._lock = threading.RLock()
+        self._runs: list[tuple[int, int, np.ndarray | None]] = []  # each run of copies: its rows, its originals (None: all, in order)
         if copies_of is not None:
-            n = copies_of[0].data.n_households
-            if n == 0 or data.n_households % n:
-                raise ValueError("the households are not whole repeats of the copied cache's")
+            n, origin = copies_of[0].data.n_households, np.asarray(copies_of[2], dtype=np.int64)
+            if n == 0 or origin.shape != (data.n_households,) or not np.array_equal(origin[:n], np.arange(n)) \
+                    or origin.min() < 0 or origin.max() >= n:
+                raise ValueError(f"copies_of: each of the {data.n_households} households' row among the copied cache's {n}, "
+                                 f"those first in order, expected")
+            starts = [0] + [i for i in range(n, origin.size) if origin[i] <= origin[i - 1]] + [origin.size]
+            for lo, hi in zip(starts[:-1], starts[1:]):
+                rows = origin[lo:hi]
+                self._runs.append((lo, hi, None if hi - lo == n else rows))
+            self._copies_of = (copies_of[0], copies_of[1], origin)
         self._A: dict[Workload, sp.csr_matrix] = {}
         self._patterns: dict[Workload, Patterns] = {}
         self._cells: dict[Workload, np.ndarray] = {}
@@ -605,12 +615,11 @@ class IncidenceCache:
         self._pairs: OrderedDict[tuple[tuple[Workload, ...], tuple[Workload, ...]], PatternPairs] = OrderedDict()
         self._live: OrderedDict[tuple[Workload, ...], tuple[np.ndarray, sp.csr_matrix]] = OrderedDict()
 
-    def _copied(self, w: Workload) -> tuple[IncidenceCache, int] | None:
-        """The copied cache and the number of repeats when ``w`` reads no attribute the repeats vary in."""
+    def _copied(self, w: Workload) -> tuple[IncidenceCache, np.ndarray] | None:
+        """The copied cache and each household's row in it when ``w`` reads no attribute the copies vary in."""
         if self._copies_of is None or self._copies_of[1].intersection(w.attrs):
             return None
-        base = self._copies_of[0]
-        return base, self.data.n_households // base.data.n_households
+        return self._copies_of[0], self._copies_of[2]
 
     @_locked
     def matrix(self, w: Workload) -> sp.csr_matrix:
@@ -620,7 +629,8 @@ class IncidenceCache:
             if copied is None:
                 A = incidence_matrix(self.data, w)
             else:
-                A = sp.hstack([copied[0].matrix(w)] * copied[1], format="csr")
+                base = copied[0].matrix(w)
+                A = sp.hstack([base if rows is None else base[:, rows] for _, _, rows in self._runs], format="csr")
             A = self._A[w] = A
         return A
 
@@ -633,7 +643,7 @@ class IncidenceCache:
                 P = incidence_patterns(self.data, w, self.matrix(w))
             else:  # the same distinct columns, first met among the copied households: the same numbering
                 base = copied[0].patterns(w)
-                P = Patterns(base.matrix, np.tile(base.pattern_of, copied[1]))
+                P = Patterns(base.matrix, base.pattern_of[copied[1]])
             self._patterns[w] = P
         return P
 
@@ -762,26 +772,26 @@ class IncidenceCache:
     def answer(self, w: Workload, weights: np.ndarray) -> np.ndarray:
         """Σ_h weights_h · A[:, h] (counts if weights are counts, proportions if a distribution).
 
-        On repeats (``copies_of``) of a workload that reads no varied attribute, the copied cache's
-        incidence is applied to each repeat's weights in turn, accumulating into one output: the
-        additions of ``matrix(w) @ weights`` in their order (each row of the repeated matrix holds
-        the repeats' entries one after the other), without building that matrix — on a widened
-        support the repeated incidences were most of its cache."""
+        On copies (``copies_of``) of a workload that reads no varied attribute, the copied cache's
+        incidence is applied to each run's weights in turn (a run of some households' copies: its
+        weights added onto their rows first), accumulating into one output: for runs of all the
+        households, the additions of ``matrix(w) @ weights`` in their order (each row of the copied
+        matrix holds the runs' entries one after the other), without building that matrix — on a
+        widened support the copied incidences were most of its cache."""
         x = np.asarray(weights, dtype=np.float64)
         copied = None if w in self._A else self._copied(w)
         if copied is None:
             out: np.ndarray = self.matrix(w) @ x
             return out
-        base, repeats = copied
-        A = base.matrix(w)
+        A = copied[0].matrix(w)
         n = A.shape[1]
-        if x.shape != (n * repeats,):
-            raise ValueError(f"{w.id}: weights of shape {x.shape}, expected ({n * repeats},)")
+        if x.shape != (self.data.n_households,):
+            raise ValueError(f"{w.id}: weights of shape {x.shape}, expected ({self.data.n_households},)")
         y = np.zeros(A.shape[0])
-        for k in range(repeats):  # csr_matvec adds onto y[i], row entry after row entry
-            block = np.ascontiguousarray(x[k * n : (k + 1) * n])
-            # a repeat without weight adds only zeros (a copy outside the mixture, or a mixture
-            # component on one repeat): skipping it leaves every sum as it was
+        for lo, hi, rows in self._runs:  # csr_matvec adds onto y[i], row entry after row entry
+            block = np.ascontiguousarray(x[lo:hi]) if rows is None else np.bincount(rows, weights=x[lo:hi], minlength=n)
+            # a run without weight adds only zeros (a copy outside the mixture, or a mixture
+            # component on one run): skipping it leaves every sum as it was
             if block.any():
                 _sparsetools.csr_matvec(A.shape[0], n, A.indptr, A.indices, A.data, block, y)
         return y

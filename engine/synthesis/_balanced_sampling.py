@@ -92,17 +92,21 @@ class BalanceTargets:
             raise ValueError("balanced sampling needs at least one balance workload")
         return cls(ws, (household_rows(data, ws),))
 
-    def extended(self, more: HierarchicalData, originals: HierarchicalData | None = None) -> BalanceTargets:
+    def extended(self, more: HierarchicalData, originals: HierarchicalData | None = None, rows: np.ndarray | None = None) -> BalanceTargets:
         """These households followed by ``more``: the blocks kept, one block added. ``originals``:
         the first block's households, of which ``more`` holds edited copies row for row (a widened
-        support's flipped copies); the cells of every workload that reads only attributes on which
-        each copy equals its original are then taken from the original's row, not built again, and
-        the block is the same, entry for entry."""
+        support's flipped copies) — of all of them, or of those at ``rows``; the cells of every
+        workload that reads only attributes on which each copy equals its original are then taken
+        from the original's row, not built again, and the block is the same, entry for entry."""
         if originals is None:
             return BalanceTargets(self.workloads, (*self.blocks, household_rows(more, self.workloads)))
-        if not originals.n_households == more.n_households == self.blocks[0].shape[0]:
-            raise ValueError(f"originals: {originals.n_households} households for {more.n_households} copies and a first block of "
-                             f"{self.blocks[0].shape[0]}")
+        if originals.n_households != self.blocks[0].shape[0]:
+            raise ValueError(f"originals: {originals.n_households} households for a first block of {self.blocks[0].shape[0]}")
+        first = self.blocks[0]
+        if rows is not None:
+            originals, first = originals.take(rows), first[rows]
+        if originals.n_households != more.n_households:
+            raise ValueError(f"originals: {originals.n_households} households for {more.n_households} copies")
         same = unchanged_attributes(originals, more)
         reread = [w for w in self.workloads if not set(w.group_attrs) | set(w.person_attrs) <= same]
         sizes = [w.n_cells(more.domain) for w in self.workloads]
@@ -110,7 +114,7 @@ class BalanceTargets:
         new_cells = np.concatenate([np.arange(e - n, e) for w, n, e in zip(self.workloads, sizes, ends) if w in reread] or [np.zeros(0, np.int64)])
         kept = np.ones(self.n_cells, dtype=bool)
         kept[new_cells] = False
-        block = copied_rows(self.blocks[0], kept)
+        block = copied_rows(first, kept)
         if reread:
             fresh = household_rows(more, reread)
             fresh.indices = new_cells[fresh.indices].astype(fresh.indices.dtype)  # each workload's cells to their place: orders kept
@@ -119,17 +123,19 @@ class BalanceTargets:
         block.has_sorted_indices = True
         return BalanceTargets(self.workloads, (*self.blocks, block))
 
-    def with_copies(self, originals: HierarchicalData, copies: HierarchicalData) -> BalanceTargets:
+    def with_copies(self, originals: HierarchicalData, copies: HierarchicalData, runs: Sequence[np.ndarray]) -> BalanceTargets:
         """These targets (of ``originals``, their first block) followed by ``copies``: runs of
-        edited copies of ``originals``, one copy of each household per run, in order (a widened
-        support's flipped copies, a run per flip). One block per run (:meth:`extended`): each run
-        rebuilds only the cells of the attributes its own edit changed."""
-        n = originals.n_households
-        if n == 0 or copies.n_households % n:
-            raise ValueError(f"copies: runs of {n} copies of the originals, got {copies.n_households} households")
-        targets = self
-        for lo in range(0, copies.n_households, n):
-            targets = targets.extended(copies.take(np.arange(lo, lo + n)), originals)
+        edited copies of ``originals``, one copy of each household at ``runs[k]`` in run k, in order
+        (a widened support's flipped copies, a run per flip: ``WidenedSupport.copies``). One block
+        per run (:meth:`extended`): each run rebuilds only the cells of the attributes its own edit
+        changed."""
+        if copies.n_households != sum(len(r) for r in runs):
+            raise ValueError(f"copies: {copies.n_households} households for runs of {[len(r) for r in runs]}")
+        targets, lo = self, 0
+        for rows in runs:
+            rows = np.asarray(rows, dtype=np.int64)
+            targets = targets.extended(copies.take(np.arange(lo, lo + rows.size)), originals, rows)
+            lo += rows.size
         return targets
 
     @property

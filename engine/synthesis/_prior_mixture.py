@@ -27,8 +27,9 @@ they move it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,8 @@ from engine.data import Domain, HierarchicalData
 from engine.queries import IncidenceCache, Measurement, Support, Workload
 from engine.synthesis._prior_strength import MIN_GAIN
 
-__all__ = ["Flip", "MixtureChoice", "WidenedSupport", "choose_mixture", "choose_swaps", "flipped", "named_flips", "node_prior",
-           "relabelled_cells", "resolve_flips", "shared_within_households", "used_flips", "value_residuals", "widen"]
+__all__ = ["COPY_DENSITY", "Flip", "MixtureChoice", "WidenedSupport", "changed", "choose_mixture", "choose_swaps", "copied", "copy_share",
+           "flipped", "named_flips", "node_prior", "relabelled_cells", "resolve_flips", "shared_within_households", "used_flips", "value_residuals", "widen"]
 
 
 
@@ -55,15 +56,25 @@ class Flip:
     attribute: str
     householder_attributes: tuple[str, ...] = ()
     values: tuple[int, int] | None = None
+    share: float = 1.0  # of the households the flip changes, the share whose copies a widened support holds (:func:`copied`)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError(f"flip {self.attribute}: share must lie in (0, 1], got {self.share}")
 
     @property
     def name(self) -> str:
         """The attribute (a binary attribute's flip, or a template) or ``attribute:a:b`` (a swap of
-        two named codes, whatever the attribute's size)."""
-        return self.attribute if self.values is None else f"{self.attribute}:{self.values[0]}:{self.values[1]}"
+        two named codes, whatever the attribute's size), followed by ``@share`` where only a share
+        of the changed households is copied."""
+        base = self.attribute if self.values is None else f"{self.attribute}:{self.values[0]}:{self.values[1]}"
+        return base if self.share == 1.0 else f"{base}@{self.share!r}"
 
     def swapping(self, a: int, b: int) -> Flip:
         return Flip(self.attribute, self.householder_attributes, (min(a, b), max(a, b)))
+
+    def sharing(self, share: float) -> Flip:
+        return replace(self, share=share)
 
     def codes(self, domain: Domain) -> tuple[int, int] | None:
         """The two codes swapped: ``values``, (0, 1) for a binary attribute, None for a template."""
@@ -110,6 +121,53 @@ def flipped(data: HierarchicalData, flip: Flip) -> HierarchicalData:
         k = d.group_index(name)
         group[:, k] = swap(group[:, k])
     return HierarchicalData.from_arrays(d, data.geo, group, person, data.person_offsets)
+
+
+def changed(data: HierarchicalData, flip: Flip) -> np.ndarray:
+    """Per household of ``data``: whether ``flip`` changes it (a person, or a householder
+    attribute, holds one of its two codes). The copy of any other household is the household."""
+    d = data.domain
+    codes = flip.codes(d)
+    if codes is None:
+        raise ValueError(f"the flip of multi-valued {flip.attribute} needs the two values to swap")
+    hit = np.isin(data.person[:, d.person_index(flip.attribute)], codes)
+    starts = data.person_offsets[:-1]
+    out = np.zeros(data.n_households, dtype=bool)
+    has = np.diff(data.person_offsets) > 0
+    out[has] = np.logical_or.reduceat(hit, starts[has]) if hit.size else False
+    for name in flip.householder_attributes:
+        out |= np.isin(data.group[:, d.group_index(name)], codes)
+    return out
+
+
+def copied(data: HierarchicalData, flip: Flip) -> np.ndarray:
+    """The households of ``data`` whose relabelled copies a widened support holds for ``flip``
+    (ascending): those it changes (:func:`changed`), each kept where a uniform number drawn for it
+    lies below the flip's share. The numbers come from a generator seeded by the flip's name
+    without its share, so the choice is a function of the public households and the flip alone,
+    and a smaller share's copies are among a larger one's."""
+    hit = changed(data, flip)
+    if flip.share < 1.0:
+        seed = int.from_bytes(hashlib.sha256(replace(flip, share=1.0).name.encode()).digest()[:8], "little")
+        hit &= np.random.default_rng(seed).random(data.n_households) < flip.share
+    return np.flatnonzero(hit)
+
+
+# a copy's prior weight at most 1 / COPY_DENSITY of a public household's: a flip weighed in at λ copies
+# (a share of) its changed households in proportion to λ, a few percent of them where λ is a few percent
+COPY_DENSITY = 2.0
+SHARE_STEP = 64  # shares are multiples of 1 / SHARE_STEP, so that nearby weights name one support
+
+
+def copy_share(weight: float, weights: Sequence[float]) -> float:
+    """The share of a flip's changed households copied (:attr:`Flip.share`) at mixture weight
+    ``weight`` among ``weights`` (all the node's): enough that a copy's prior weight is at most
+    1 / :data:`COPY_DENSITY` of a public household's, ``weight`` / (1 − Σ weights) per copied share
+    against 1 on the public block, rounded up to a multiple of 1 / :data:`SHARE_STEP`."""
+    rest = 1.0 - float(np.sum(weights))
+    if weight <= 0 or rest <= 0:
+        return 1.0
+    return min(1.0, float(np.ceil(COPY_DENSITY * weight / rest * SHARE_STEP)) / SHARE_STEP)
 
 
 def relabelled_cells(workload: Workload, domain: Domain, flip: Flip) -> np.ndarray:
@@ -200,11 +258,13 @@ def named_flips(names: Sequence[str], templates: Sequence[Flip]) -> tuple[Flip, 
     by_attribute = {t.attribute: t for t in templates}
     out = []
     for name in names:
-        attribute, *codes = name.split(":")
+        base, _, share = name.partition("@")
+        attribute, *codes = base.split(":")
         if attribute not in by_attribute:
             raise ValueError(f"flip {name!r}: {attribute} is not among the run's prior flips {sorted(by_attribute)}")
         t = by_attribute[attribute]
-        out.append(t.swapping(int(codes[0]), int(codes[1])) if codes else t)
+        f = t.swapping(int(codes[0]), int(codes[1])) if codes else t
+        out.append(f.sharing(float(share)) if share else f)
     return tuple(out)
 
 
@@ -218,48 +278,67 @@ def resolve_flips(templates: Sequence[Flip], support: Support, measurements: Seq
 
 @dataclass(frozen=True, eq=False)
 class WidenedSupport:
-    """The public households followed by one flipped copy of them per :class:`Flip`, in that
-    order: ``support`` (its weights: the public prior on the public households, 0 on the copies)
-    and ``flips``."""
+    """The ``n_public`` public households followed by one run of flipped copies per :class:`Flip`,
+    in that order: ``support`` (its weights: the public prior on the public households, 0 on the
+    copies), ``flips``, and per flip the public households it changes (``changed``, a mask) and
+    those whose copies the run holds (``copies``, ascending: :func:`copied`)."""
 
     support: Support
     flips: tuple[Flip, ...]
+    n_public: int
+    changed: tuple[np.ndarray, ...]
+    copies: tuple[np.ndarray, ...]
 
     @property
-    def n_public(self) -> int:
-        """The number of public households (each block's size)."""
-        return self.support.n_support // (len(self.flips) + 1)
+    def origins(self) -> np.ndarray:
+        """Each household's public household (its own index on the public block)."""
+        return np.concatenate([np.arange(self.n_public), *self.copies]).astype(np.int64)
 
     def prior(self, public_prior: np.ndarray, weights: Sequence[float] | np.ndarray) -> np.ndarray:
         """The mixture p_λ (module docstring) of ``public_prior`` (over the public households)
-        with mixture ``weights`` λ_k, one per flip; sums to ``public_prior``'s total."""
+        with mixture ``weights`` λ_k, one per flip; sums to ``public_prior``'s total. A household
+        the flip leaves unchanged keeps its copy's weight (the copy is the household); the weight
+        of the changed ones, λ_k times their prior, is spread over the copies held in proportion
+        to their prior."""
         lam = np.asarray(weights, dtype=np.float64)
         if lam.shape != (len(self.flips),) or np.any(lam < 0) or lam.sum() > 1 + 1e-12:
             raise ValueError(f"mixture weights must be {len(self.flips)} non-negative numbers summing to at most 1, got {list(weights)}")
         base = np.asarray(public_prior, dtype=np.float64)
         if base.shape != (self.n_public,):
             raise ValueError(f"the public prior must have {self.n_public} entries, got {base.shape}")
-        return np.concatenate([(1.0 - lam.sum()) * base, *(l * base for l in lam)])
+        moved, runs = np.zeros(self.n_public), []
+        for l, hit, rows in zip(lam, self.changed, self.copies):
+            held, mass = float(base[rows].sum()), float(base[hit].sum())
+            if held <= 0:  # no copy to carry the changed households' weight: it stays on them
+                runs.append(np.zeros(rows.size))
+                continue
+            moved = moved + l * hit
+            runs.append(l * base[rows] * (mass / held))
+        return np.concatenate([(1.0 - moved) * base, *runs])
 
 
 def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndarray | None = None,
           public_cache: IncidenceCache | None = None) -> WidenedSupport:
-    """The public households and one flipped copy of them per flip (:class:`WidenedSupport`);
-    ``public_prior``: the public households' prior weights (uniform when None); ``public_cache``:
-    the public support's incidence cache, from which the widened support takes the incidences and
-    patterns of every workload that reads no flipped attribute (a copy's column equals its public
-    household's there), so that they are built once for both supports."""
+    """The public households and, per flip, the flipped copies of those it changes and copies
+    (:func:`copied`; :class:`WidenedSupport`); ``public_prior``: the public households' prior
+    weights (uniform when None); ``public_cache``: the public support's incidence cache, from which
+    the widened support takes the incidences and patterns of every workload that reads no flipped
+    attribute (a copy's column equals its public household's there), so that they are built once
+    for both supports."""
     if not flips:
         raise ValueError("widen needs at least one flip")
     _distinct_names(flips)
     if public_cache is not None and public_cache.data is not public:
         raise ValueError("public_cache belongs to other households than the public ones")
-    data = HierarchicalData.concat([public, *(flipped(public, f) for f in flips)])
+    hits = tuple(changed(public, f) for f in flips)
+    rows = tuple(copied(public, f) for f in flips)
+    data = HierarchicalData.concat([public, *(flipped(public.take(r), f) for f, r in zip(flips, rows))])
     base = Support.from_data(public, public_prior).weights
-    weights = np.concatenate([base, np.zeros(public.n_households * len(flips))])
+    weights = np.concatenate([base, np.zeros(data.n_households - public.n_households)])
     varied = frozenset(name for f in flips for name in (f.attribute, *f.householder_attributes))
-    cache = IncidenceCache(data, (IncidenceCache(public) if public_cache is None else public_cache, varied))
-    return WidenedSupport(Support(data, weights, cache), tuple(flips))
+    origins = np.concatenate([np.arange(public.n_households), *rows]).astype(np.int64)
+    cache = IncidenceCache(data, (IncidenceCache(public) if public_cache is None else public_cache, varied, origins))
+    return WidenedSupport(Support(data, weights, cache), tuple(flips), public.n_households, hits, rows)
 
 
 def _distinct_names(flips: Sequence[Flip]) -> tuple[str, ...]:
@@ -357,14 +436,15 @@ def node_prior(public: Support, flips: Sequence[Flip], measurements: Sequence[Me
     choice = choose_mixture(public, flips, measurements, total)
     if not choice.widened:
         return public, public.weights, choice
-    used = tuple(f for f, w in zip(flips, choice.weights) if w > 0)
+    used = used_flips(flips, choice)
     widened = (widen_by or (lambda fl: widen(public.data, fl, public_cache=public.cache)))(used)
     return widened.support, widened.prior(public.weights, [w for w in choice.weights if w > 0]), choice
 
 
 def used_flips(flips: Sequence[Flip], choice: MixtureChoice | None) -> tuple[Flip, ...]:
-    """The flips whose copies a node's support holds after :func:`node_prior`'s ``choice``."""
+    """The flips whose copies a node's support holds after :func:`node_prior`'s ``choice``, each
+    with the share of its changed households copied (:func:`copy_share` of its weight)."""
     if choice is None or not choice.widened:
         return ()
     weight = dict(zip(choice.attributes, choice.weights))
-    return tuple(f for f in flips if weight.get(f.name, 0.0) > 0)
+    return tuple(f.sharing(copy_share(weight[f.name], choice.weights)) for f in flips if weight.get(f.name, 0.0) > 0)

@@ -287,18 +287,21 @@ def test_targets_with_edited_copies_equal_the_stacked_build():
     group[:, ten] = (group[:, ten] + 1) % 3
     person[:, rac] = np.choose(person[:, rac], [2, 1, 0])
     second = HierarchicalData(DOMAIN, public.geo, group, person, public.person_offsets)
+    # the second run copies only some households (a widened support's copies of the households a flip changes)
+    some = np.sort(np.random.default_rng(3).choice(700, 260, replace=False))
+    second = second.take(some)
     plain = BalanceTargets.for_data(public)
-    widened = plain.with_copies(public, HierarchicalData.concat([first, second]))
+    widened = plain.with_copies(public, HierarchicalData.concat([first, second]), [np.arange(700), some])
     full = BalanceTargets.for_data(HierarchicalData.concat([public, first, second]))
     assert len(widened.blocks) == 3 and widened.blocks[0] is plain.blocks[0]
     for a, b in ((widened.rows.indptr, full.rows.indptr), (widened.rows.indices, full.rows.indices), (widened.rows.data, full.rows.data)):
         np.testing.assert_array_equal(a, b)
-    for block in widened.blocks[1:]:
-        assert (block != plain.blocks[0]).nnz > 0
+    for block, originals in zip(widened.blocks[1:], (plain.blocks[0], plain.blocks[0][some])):
+        assert (block != originals).nnz > 0
     untouched = _columns(plain, Workload("person", ("NP",), ("AGE", "RAC")))
     np.testing.assert_array_equal(widened.blocks[1][:, untouched].toarray(), plain.blocks[0][:, untouched].toarray())
-    with pytest.raises(ValueError, match="runs of 700 copies"):
-        plain.with_copies(public, first.take(np.arange(699)))
+    with pytest.raises(ValueError, match="699 households for runs of"):
+        plain.with_copies(public, first.take(np.arange(699)), [np.arange(700)])
 
 
 def _columns(targets: BalanceTargets, workload: Workload) -> np.ndarray:

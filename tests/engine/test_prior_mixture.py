@@ -315,9 +315,9 @@ def test_the_mixture_weight_of_a_swap_recovers_the_share_of_relabelled_household
     rng = np.random.default_rng(seed)
     public = race_public(3000, seed=10 + seed)
     swap = Flip("RAC", (), (0, 2))
-    w = widen(public, [swap])
+    both = HierarchicalData.concat([public, flipped(public, swap)])
     G = 2000
-    private = w.support.data.take(np.where(rng.random(G) < 0.4, rng.integers(0, 3000, G) + 3000, rng.integers(0, 3000, G)))
+    private = both.take(np.where(rng.random(G) < 0.4, rng.integers(0, 3000, G) + 3000, rng.integers(0, 3000, G)))
     from engine.queries._queries import answer
 
     ms = [Measurement(wl, answer(private, wl) + rng.normal(0, 4.0, wl.n_cells(BASE)), 4.0) for wl in RACE_WORKLOADS]
