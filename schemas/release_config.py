@@ -203,8 +203,8 @@ class SynthesisSpec(_Strict):
     (also H-GEM's relative-entropy prior); ``adaptive``: the state level's adaptive rounds;
     ``prior_flips``: the person attributes whose relabelled public households may widen the state
     prior (``engine.synthesis``: a binary one flipped, a multi-valued one's two codes swapped
-    where the state's measurements ask; post-processing, no privacy cost) — absent: every binary
-    person attribute the domain spec can flip (:meth:`schemas.domain_spec.DomainSpec.flippable`), ``[]``: none."""
+    where the state's measurements ask; post-processing, no privacy cost) — absent: every person
+    attribute the domain spec can relabel (:meth:`schemas.domain_spec.DomainSpec.flippable`), ``[]``: none."""
 
     prior_strength: float = Field(default=_SYNTHESIS.prior_strength, gt=0)
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)

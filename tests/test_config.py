@@ -307,7 +307,7 @@ def test_one_allocation_default_per_synthesizer_and_an_override_says_so(tmp_path
     assert cfg.allocation.synthesis_split == "public_simulation"
 
 
-def test_the_prior_flips_default_is_every_binary_attribute_the_domain_can_flip(tmp_path):
+def test_the_prior_flips_default_is_every_attribute_the_domain_can_relabel(tmp_path):
     from engine.synthesis._prior_mixture import Flip
 
     spec = load_domain()
@@ -316,10 +316,12 @@ def test_the_prior_flips_default_is_every_binary_attribute_the_domain_can_flip(t
     flips = cfg.synthesis_settings(domain).prior_flips
     assert flips == spec.flippable(domain)
     names = {f.attribute for f in flips}
-    # the binary person attributes, each with its householder attribute (acs_pums: none is derived otherwise)
-    assert names == {a.name for a in domain.person if a.size == 2} == {"SEX", "HISP_ORIGIN"}
+    # every person attribute but the relationship (it marks the householder) and the age (household
+    # attributes derive from any person's), each with its householder attribute
+    assert names == {a.name for a in domain.person} - {"RELP_GROUP", "AGEP_BAND"}
     assert next(f for f in flips if f.attribute == "SEX").householder_attributes == ("HHLDR_SEX",)
-    # a multi-valued attribute is named to have its codes swapped
+    assert next(f for f in flips if f.attribute == "RAC1P").householder_attributes == ("HHLDR_RAC1P",)
+    # an override names the attributes relabelled
     race = load_config(write(tmp_path, lambda r: advanced(r, "synthesis").update(prior_flips=["RAC1P"])))
     assert race.synthesis_settings(domain).prior_flips == (Flip("RAC1P", ("HHLDR_RAC1P",)),)
     # the negative control: a household attribute derived from SEX other than by the householder's value

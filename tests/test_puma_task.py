@@ -118,7 +118,7 @@ def test_a_public_prior_far_from_the_state_takes_the_relabelled_households_in_an
     The attribute is named in ``advanced.synthesis.prior_flips`` (the support is then the public
     data and its one relabelling); the race swap's two codes are chosen from the state's
     measurements."""
-    from engine.synthesis._prior_mixture import Flip, flipped
+    from engine.synthesis._prior_mixture import Flip, copied, flipped, named_flips
 
     public = HierarchicalData.from_npz(inputs["public"])
     j = public.domain.person_index(attribute)
@@ -133,8 +133,12 @@ def test_a_public_prior_far_from_the_state_takes_the_relabelled_households_in_an
         assert mixture["attributes"][mine] == f"{attribute}:{min(codes)}:{max(codes)}"
     assert mixture["widened"] and mixture["weights"][mine] == max(mixture["weights"]) > 0.5 and mixture["rss"][1] < mixture["rss"][0]
     used = [a for a, w in zip(mixture["attributes"], mixture["weights"]) if w > 0]
-    with np.load(posterior) as z:  # the public households and one relabelled copy per flip the mixture weighs in
-        assert z["flips"].tolist() == used and z["weights"].size == (1 + len(used)) * wrong.n_households
+    with np.load(posterior) as z:  # the public households and the relabelled copies of each flip the mixture weighs in
+        held = named_flips(z["flips"].tolist(), ctx.settings.prior_flips)
+        assert [f.name.split("@")[0] for f in held] == used
+        assert z["weights"].size == wrong.n_households + sum(copied(wrong, f).size for f in held)
+        # a race swap leaves the households without either code as they are: they are not copied
+        assert (z["weights"].size < 2 * wrong.n_households) == (attribute == "RAC1P")
     # the mixture read the state's initial measurements, which its fit read back: each charged once
     state_keys = [c.key for c in ctx.ledger.charges() if c.stage == "state_synthesis"]
     assert len(state_keys) == len(set(state_keys)) and set(state_ids) <= {k.split("/")[-1] for k in state_keys}
@@ -159,13 +163,15 @@ def test_a_prior_flip_the_domain_cannot_take_is_refused_by_name(tmp_path, inputs
         ctx.settings  # noqa: B018 (built on first use, checked against the domain)
 
 
-def test_the_default_flips_the_binary_person_attributes_and_a_named_one_is_relabelled(tmp_path, inputs):
+def test_the_default_relabels_every_attribute_it_can_and_a_named_one_alone(tmp_path, inputs):
     from engine.synthesis._prior_mixture import Flip
     from tasks.context import RunContext
     from tasks.run_context import prepare
 
     ctx = RunContext(make_config(), prepare(tmp_path / "work", tmp_path / "rel"), inputs["private"], inputs["public"])
-    assert ctx.settings.prior_flips == (Flip("SEX", ("HHLDR_SEX",)), Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",)))
+    flips = {f.attribute: f for f in ctx.settings.prior_flips}
+    assert flips["SEX"] == Flip("SEX", ("HHLDR_SEX",)) and flips["HISP_ORIGIN"] == Flip("HISP_ORIGIN", ("HHLDR_HISP_ORIGIN",))
+    assert flips["RAC1P"] == Flip("RAC1P", ("HHLDR_RAC1P",)) and "CIT" in flips and "RELP_GROUP" not in flips
     # a multi-valued attribute named: its swap is chosen from the measurements
     race = RunContext(make_config(prior_flips=["RAC1P"]), ctx.paths, inputs["private"], inputs["public"])
     assert race.settings.prior_flips == (Flip("RAC1P", ("HHLDR_RAC1P",)),)

@@ -9,14 +9,20 @@ need not be typical of that value in the private state (New Mexico's Hispanic ho
 the other shared states': ``benchmarks/results/HISTORY.md``).
 
 :func:`widen` adds, for each listed relabelling (:class:`Flip`: a binary person attribute flipped, or
-two codes of a multi-valued one swapped), a copy of every public household with the attribute
-relabelled for every person and for the household attributes derived from its householder —
-households whose other attributes and structure are public, with the other value.
+two codes of a multi-valued one swapped), copies of the public households it changes with the
+attribute relabelled for every person and for the household attributes derived from its
+householder — households whose other attributes and structure are public, with the other value.
 The node's prior is the mixture
 
     p_λ = (1 − Σ_k λ_k) · p_public + Σ_k λ_k · p_copies(k)
 
-(each component the public prior laid on its households). :func:`choose_mixture` takes λ as the
+(each component the public prior laid on its households). A household the relabelling leaves as
+it is (neither swapped code among its persons) is its own copy, so its copy's weight stays on it
+and the copy is not held: the same mixture on fewer households. Of the changed households, a
+share in proportion to λ_k is copied (:func:`copy_share`, :func:`copied`: a copy's prior weight at
+most half a public household's), and their copies carry the component's weight in proportion to
+the prior: a swap weighed in at a few percent adds a few percent of the households, not all of
+them again. :func:`choose_mixture` takes λ as the
 least-squares fit of the prior's expected answers G·A p_λ to the node's noisy answers, each
 weighted by its precision (method of moments on answers already charged and stored: post-processing,
 no privacy cost), within [0, 1]; it keeps λ = 0 (the public support alone, the release as before)

@@ -43,8 +43,8 @@ class SynthesisSettings:
     them (:mod:`engine.synthesis._puma_attributes`); ``prior_flips``: the person attributes whose relabelled
     public households may widen the state prior — a binary attribute flipped, a multi-valued one's
     two codes swapped where the state's measurements contradict the prior
-    (:mod:`engine.synthesis._prior_mixture`; the release config's default is every binary person attribute
-    its domain spec can flip, whatever the domain)."""
+    (:mod:`engine.synthesis._prior_mixture`; the release config's default is every person attribute
+    its domain spec can relabel, whatever the domain)."""
 
     prior_strength: float = 0.1
     strength_candidates: tuple[float, ...] = DEFAULT_CANDIDATES

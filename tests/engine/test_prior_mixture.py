@@ -323,3 +323,89 @@ def test_the_mixture_weight_of_a_swap_recovers_the_share_of_relabelled_household
     ms = [Measurement(wl, answer(private, wl) + rng.normal(0, 4.0, wl.n_cells(BASE)), 4.0) for wl in RACE_WORKLOADS]
     choice = choose_mixture(Support.from_data(public), [swap], ms, G)
     assert choice.attributes == ("RAC:0:2",) and abs(choice.weights[0] - 0.4) < 0.05
+
+
+def _full_mixture(public: HierarchicalData, flip: Flip, base: np.ndarray, lam: float) -> tuple[IncidenceCache, np.ndarray]:
+    """The mixture on a copy of every public household (the reference the widened support folds)."""
+    full = HierarchicalData.concat([public, flipped(public, Flip(flip.attribute, flip.householder_attributes, flip.values))])
+    return IncidenceCache(full), np.concatenate([(1 - lam) * base, lam * base])
+
+
+def test_a_swap_copies_only_the_households_it_changes_and_answers_as_the_full_copy():
+    """A swap of two rare codes copies only the households holding one of them; every workload's
+    expected answers under the mixture equal those of the mixture on a copy of every public
+    household (an unchanged household's copy is the household: its weight stays on it), and the
+    widened cache's incidences and patterns equal a fresh build on its households. Negative
+    control: the public prior alone answers differently, so the comparison is not vacuous."""
+    from engine.synthesis._prior_mixture import changed
+
+    public = race_public(600, seed=3)
+    swap = Flip("RAC", (), (1, 2))
+    w = widen(public, [swap], public_cache=Support.from_data(public).cache)
+    rac = public.person[:, 2]
+    holds = np.array([np.isin(rac[a:b], (1, 2)).any() for a, b in zip(public.person_offsets[:-1], public.person_offsets[1:])])
+    np.testing.assert_array_equal(changed(public, swap), holds)
+    np.testing.assert_array_equal(w.copies[0], np.flatnonzero(holds))
+    assert 0 < w.copies[0].size < 600 and w.support.n_support == 600 + w.copies[0].size
+    base = np.random.default_rng(1).dirichlet(np.ones(600))
+    p = w.prior(base, [0.35])
+    assert np.isclose(p.sum(), 1.0)
+    cache, q = _full_mixture(public, swap, base, 0.35)
+    fresh = IncidenceCache(w.support.data)
+    differs = False
+    for wl in [*all_workloads(BASE), *RACE_WORKLOADS]:
+        np.testing.assert_allclose(w.support.answer(wl, p), cache.matrix(wl) @ q, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(w.support.cache.answer(wl, p), fresh.matrix(wl) @ p, rtol=1e-12, atol=1e-15)
+        got, want = w.support.cache.matrix(wl), fresh.matrix(wl)
+        for part in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(got, part), getattr(want, part))
+        np.testing.assert_array_equal(w.support.cache.patterns(wl).pattern_of, fresh.patterns(wl).pattern_of)
+        differs |= not np.allclose(cache.matrix(wl) @ q, cache.matrix(wl) @ np.concatenate([base, 0 * base]))
+    assert differs
+
+
+def test_a_share_copies_a_nested_subset_of_the_changed_households_and_keeps_their_weight():
+    """A flip copied at a share holds about that share of the households it changes (binomial, 4
+    sd), the same ones on every call, each smaller share's among a larger one's; the mixture keeps
+    the prior's total, leaves the unchanged households' weight on them, and gives the copies
+    λ times the changed households' prior weight, spread in proportion to the prior."""
+    from engine.synthesis._prior_mixture import changed, copied, named_flips
+
+    public = race_public(4000, seed=4)
+    swap = Flip("RAC", (), (0, 1))
+    hit = changed(public, swap)
+    before = None
+    for share in (1 / 8, 1 / 4, 1 / 2, 1.0):
+        rows = copied(public, swap.sharing(share))
+        np.testing.assert_array_equal(rows, copied(public, swap.sharing(share)))
+        assert hit[rows].all() and np.all(np.diff(rows) > 0)
+        n = int(hit.sum())
+        assert abs(rows.size - share * n) <= 4 * np.sqrt(n * share * (1 - share)) + 1e-9
+        assert before is None or np.isin(before, rows).all()
+        before = rows
+    flip = swap.sharing(0.25)
+    assert flip.name == "RAC:0:1@0.25" and named_flips([flip.name], (Flip("RAC"),)) == (flip,)
+    w = widen(public, [flip])
+    base = np.random.default_rng(2).dirichlet(np.ones(4000))
+    p = w.prior(base, [0.3])
+    copies = p[4000:]
+    assert np.isclose(p.sum(), 1.0) and np.isclose(copies.sum(), 0.3 * base[hit].sum())
+    np.testing.assert_allclose(copies / base[w.copies[0]], copies[0] / base[w.copies[0][0]])
+    np.testing.assert_array_equal(p[:4000][~hit], base[~hit])
+    np.testing.assert_allclose(p[:4000][hit], 0.7 * base[hit])
+    with pytest.raises(ValueError, match="share"):
+        Flip("RAC", (), (0, 1), share=0.0)
+
+
+def test_the_copied_share_follows_the_mixture_weight():
+    """At most 1 / COPY_DENSITY of a public household's prior weight per copy, rounded up to the
+    share grid: growing with the weight, all of the changed households once the weight is large."""
+    from engine.synthesis._prior_mixture import COPY_DENSITY, SHARE_STEP, copy_share
+
+    grid = np.linspace(0.001, 0.6, 200)
+    shares = [copy_share(x, [x, 0.1]) for x in grid]
+    assert all(a <= b for a, b in zip(shares, shares[1:])) and shares[-1] == 1.0
+    for x, s in zip(grid, shares):
+        assert s >= min(1.0, COPY_DENSITY * x / (0.9 - x)) and (s == 1.0 or s - 1 / SHARE_STEP < COPY_DENSITY * x / (0.9 - x))
+        assert float(s * SHARE_STEP).is_integer()
+    assert copy_share(0.0, [0.0]) == 1.0 and copy_share(0.5, [0.5, 0.5]) == 1.0
