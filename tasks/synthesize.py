@@ -82,7 +82,13 @@ def cached_support(public_npz: str) -> Support:
     return built_once(_cached_support, file_key(public_npz))
 
 
-@lru_cache(maxsize=4)
+# a support widened by a state's flips (their codes, and the share of the households copied, follow its
+# own measurements) seldom serves another state: a worker keeps those of the states its two threads
+# have in hand, not a history of them
+WIDENED_KEPT = 2
+
+
+@lru_cache(maxsize=WIDENED_KEPT)
 def _cached_widened(key: FileKey, flips: tuple[Flip, ...]) -> WidenedSupport:
     public = _cached_support(key)
     widened = widen(public.data, flips, public_cache=public.cache)
@@ -97,26 +103,31 @@ def cached_widened(public_npz: str, flips: tuple[Flip, ...]) -> WidenedSupport:
 
 
 @lru_cache(maxsize=4)
-def _cached_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
+def _cached_public_balance(key: FileKey) -> BalanceTargets:
+    return BalanceTargets.for_data(_cached_support(key).data)
+
+
+@lru_cache(maxsize=WIDENED_KEPT)
+def _cached_widened_balance(key: FileKey, flips: tuple[Flip, ...]) -> BalanceTargets:
     public = _cached_support(key).data
-    if not flips:
-        return BalanceTargets.for_data(public)
     # the widened households are the public ones, then their copies: the public targets' block is shared
     widened = _cached_widened(key, flips)
     data = widened.support.data
-    return _cached_balance(key, ()).with_copies(public, data.take(np.arange(public.n_households, data.n_households)), widened.copies)
+    return _cached_public_balance(key).with_copies(public, data.take(np.arange(public.n_households, data.n_households)), widened.copies)
 
 
 def cached_balance(public_npz: str, flips: tuple[Flip, ...] = ()) -> BalanceTargets:
     """The support's balance marginals (``engine.synthesis``; ``flips``: of the widened
     support), built once per worker process and file."""
-    return built_once(_cached_balance, file_key(public_npz), flips)
+    if not flips:
+        return built_once(_cached_public_balance, file_key(public_npz))
+    return built_once(_cached_widened_balance, file_key(public_npz), flips)
 
 
 def worker_caches() -> tuple:
     """The caches a worker fills for the synthesis (the supports, widened supports and balance
     targets above), for :func:`clear_caches` and the tests that look at them."""
-    return (_cached_balance, _cached_widened, _cached_support)
+    return (_cached_public_balance, _cached_widened_balance, _cached_widened, _cached_support)
 
 
 def clear_caches() -> None:
@@ -270,6 +281,10 @@ def state_update_task(ctx: RunContext, state: int, households: int, workload_ids
     write_json_atomic(out.with_suffix(".json"), {"node": node_key(node), "diagnostics": res.diagnostics, "sigmas": fit.record.sigmas,
                                                  **answer_sd(fit.support, res, fit.prior, selection.state, fit.record, s.prior_strength,
                                                              count, extra=fit.sums)})
+    if fit.widened:
+        # a support widened by this state's flips (their codes and shares follow its own measurements)
+        # seldom serves another state: its grouped workload lists would stay beside the next states' own
+        fit.support.cache.forget_joints()
     return str(out)
 
 
