@@ -37,7 +37,7 @@ import pyarrow as pa
 from prefect import task
 
 from engine.count_of_counts import Hierarchy, fit_histograms, fit_household_counts, geography_hierarchy, size_histograms
-from engine.data import LEVELS, HierarchicalData, parse_node_key
+from engine.data import LEVELS, HierarchicalData, parse_node_key, read_npz
 from engine.errors import PrivacyInvariantError
 from engine.privacy import PrivateSession
 from tasks.context import RunContext
@@ -141,27 +141,26 @@ def household_counts_task(ctx: RunContext) -> str:
 
 def load_result(path: str) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(node keys, levels, histograms) of a count-of-counts result."""
-    with np.load(path, allow_pickle=False) as z:
-        return [str(k) for k in z["keys"]], z["level"], z["histograms"]
+    z = read_npz(path, ("keys", "level", "histograms"))
+    return [str(k) for k in z["keys"]], z["level"], z["histograms"]
 
 
 def node_households(path: str) -> dict[str, int]:
     """{node key: household count} of a count-of-counts or household-counts result (DP, or exact
     only under the declared invariant)."""
-    with np.load(path, allow_pickle=False) as z:
-        return {str(k): int(g) for k, g in zip(z["keys"], z["households"])}
+    z = read_npz(path, ("keys", "households"))
+    return {str(k): int(g) for k, g in zip(z["keys"], z["households"])}
 
 
 def node_household_sd(path: str) -> dict[str, float]:
     """{node key: noise standard deviation of its household count} (0 under the invariant; inf
     where no measurement covers the node's own level)."""
-    with np.load(path, allow_pickle=False) as z:
-        return {str(k): float(s) for k, s in zip(z["keys"], z["households_sd"])}
+    z = read_npz(path, ("keys", "households_sd"))
+    return {str(k): float(s) for k, s in zip(z["keys"], z["households_sd"])}
 
 
 def has_histograms(path: str) -> bool:
-    with np.load(path, allow_pickle=False) as z:
-        return "histograms" in z.files
+    return "histograms" in read_npz(path)
 
 
 def size_measurements(path: str, level: str) -> dict[tuple[int, ...], tuple[list[float], float]]:
@@ -170,8 +169,8 @@ def size_measurements(path: str, level: str) -> dict[tuple[int, ...], tuple[list
     at-least counts, their differences, whose sd is √2 σ), which synthesis fits with its own
     measurements."""
     lv_index = LEVELS.index(level)
-    with np.load(path, allow_pickle=False) as z:
-        keys, lv, raw, sd = z["keys"], z["level"], z["raw_histograms"], z["histogram_sd"]
+    z = read_npz(path, ("keys", "level", "raw_histograms", "histogram_sd"))
+    keys, lv, raw, sd = z["keys"], z["level"], z["raw_histograms"], z["histogram_sd"]
     return {parse_node_key(str(k)): (row.astype(np.float64).tolist(), float(s)) for k, l, row, s in zip(keys, lv, raw, sd) if l == lv_index}
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from prefect import task
 
-from engine.data import Domain, node_key
+from engine.data import Domain, node_key, read_npz
 from engine.hgem.mixture import default_device
 from engine.hgem.sampling import HouseholdStructure
 from engine.hgem.state import run_state, session_oracles
@@ -125,8 +125,7 @@ def uniform_prior(paths: RunPaths, state: int, support_npz: str) -> str:
     (post-processing only; written once, reused on resume)."""
     out = paths.node_path("hgem_prior", node_key((int(state),)))
     if not out.exists():
-        with np.load(support_npz, allow_pickle=False) as z:
-            n = int(z["group"].shape[0])
+        n = int(read_npz(support_npz, ("group",))["group"].shape[0])
         save_npz_atomic(out, lambda f: np.savez(f, weights=np.full(n, 1.0 / max(n, 1))))
     return str(out)
 

@@ -9,7 +9,7 @@ from functools import partial
 
 import numpy as np
 
-from engine.data import Domain, HierarchicalData
+from engine.data import Domain, HierarchicalData, read_npz
 from tasks.run_context import state_of_node_file
 
 # households per part at most (a larger state is a part of its own): bounds the memory of
@@ -70,8 +70,7 @@ def _packed(counts: list[int], limit: int) -> list[list[int]]:
 
 
 def _households(node_file: str) -> int:
-    with np.load(node_file, allow_pickle=False) as z:  # reads the geography array only
-        return int(z["geo"].shape[0])
+    return int(read_npz(node_file, ("geo",))["geo"].shape[0])
 
 
 def _load(files: list[str]) -> HierarchicalData:

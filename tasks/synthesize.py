@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from engine.data import HierarchicalData, node_key, unique_rows
+from engine.data import HierarchicalData, node_key, read_npz, unique_rows
 from engine.queries import IncidenceCache, Measurement, Support, Workload
 from engine.synthesis import (
     BalanceTargets,
@@ -332,10 +332,10 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     prior: np.ndarray | None = None
     flips: tuple[Flip, ...] = ()
     if state_posterior is not None:
-        with np.load(state_posterior) as z:
-            prior = z["weights"]
-            # the state's prior took these copies in: its PUMAs live on the same support
-            flips = named_flips(z["flips"].tolist(), s.prior_flips) if "flips" in z.files else ()
+        z = read_npz(state_posterior)
+        prior = z["weights"]
+        # the state's prior took these copies in: its PUMAs live on the same support
+        flips = named_flips(z["flips"].tolist(), s.prior_flips) if "flips" in z else ()
     support = cached_widened(ctx.public_npz, flips).support if flips else cached_support(support_npz or ctx.public_npz)
     baseline = prior is None
     released = release_pumas(None if baseline else ctx.session(), support, prior, [Workload.from_id(w) for w in workload_ids],

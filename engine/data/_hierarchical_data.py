@@ -22,6 +22,7 @@ from numpy.typing import ArrayLike
 
 from engine.data._arrays import repeat_runs, unique_rows
 from engine.data._domain import Domain
+from engine.data._npz import read_npz
 
 
 def _code_dtype(sizes: Iterable[int]) -> np.dtype[np.unsignedinteger]:
@@ -175,9 +176,9 @@ class HierarchicalData:
     def from_npz(cls, path: str | os.PathLike[str]) -> HierarchicalData:
         import json
 
-        with np.load(path, allow_pickle=False) as z:
-            domain = Domain.from_dict(json.loads(z["domain"].tobytes().decode()))
-            return cls.from_arrays(domain, z["geo"], z["group"], z["person"], z["person_offsets"])
+        z = read_npz(path, ("domain", "geo", "group", "person", "person_offsets"))
+        domain = Domain.from_dict(json.loads(z["domain"].tobytes().decode()))
+        return cls.from_arrays(domain, z["geo"], z["group"], z["person"], z["person_offsets"])
 
     def equals(self, other: HierarchicalData) -> bool:
         return (

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from engine.data import Node, node_key
+from engine.data import Node, node_key, read_npz
 from engine.errors import EXIT_INTEGRITY, DPReleaseError, PrivacyInvariantError
 from engine.privacy import _mechanisms as mechanisms
 from engine.privacy._accountant import Number, as_fraction, epsilon_for_pure_rho, exponential_mechanism_rho, pure_dp_rho
@@ -149,9 +149,8 @@ class MeasurementStore:
 
     @staticmethod
     def _read(path: Path) -> tuple[dict[str, Any], np.ndarray]:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(bytes(z["meta"]).decode())
-            return meta, z["noisy"].copy()
+        z = read_npz(path, ("meta", "noisy"))
+        return json.loads(bytes(z["meta"]).decode()), z["noisy"]
 
     def _load(self, key: str, path: Path | None = None) -> MeasurementRecord:
         path = path or self._paths(key)[0]

@@ -601,7 +601,8 @@ class IncidenceCache:
                     or origin.min() < 0 or origin.max() >= n:
                 raise ValueError(f"copies_of: each of the {data.n_households} households' row among the copied cache's {n}, "
                                  f"those first in order, expected")
-            starts = [0] + [i for i in range(n, origin.size) if origin[i] <= origin[i - 1]] + [origin.size]
+            # a run of copies holds its originals in ascending order: a new one starts where the order drops
+            starts = [0, *(n + np.flatnonzero(np.diff(origin[n - 1 :]) <= 0)).tolist(), origin.size]
             for lo, hi in zip(starts[:-1], starts[1:]):
                 rows = origin[lo:hi]
                 self._runs.append((lo, hi, None if hi - lo == n else rows))
