@@ -37,7 +37,7 @@ import pyarrow as pa
 from prefect import task
 
 from engine.count_of_counts import Hierarchy, fit_histograms, fit_household_counts, geography_hierarchy, size_histograms
-from engine.data import LEVELS, HierarchicalData, parse_node_key, read_npz
+from engine.data import LEVELS, HierarchicalData, npz_names, parse_node_key, read_npz
 from engine.errors import PrivacyInvariantError
 from engine.privacy import PrivateSession
 from tasks.context import RunContext
@@ -160,7 +160,7 @@ def node_household_sd(path: str) -> dict[str, float]:
 
 
 def has_histograms(path: str) -> bool:
-    return "histograms" in read_npz(path)
+    return "histograms" in npz_names(path)
 
 
 def size_measurements(path: str, level: str) -> dict[tuple[int, ...], tuple[list[float], float]]:

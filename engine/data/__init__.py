@@ -13,7 +13,7 @@ from engine.data._domain import Attribute, Domain
 from engine.data._encoding import bin_ranges, clip_sizes, householder_first_order, map_codes, multigenerational, segment_any
 from engine.data._geography import LEVELS, Geography, Node, node_households, node_key, node_level, parse_node_key
 from engine.data._hierarchical_data import HierarchicalData
-from engine.data._npz import read_npz
+from engine.data._npz import npz_names, read_npz
 
 __all__ = [
     "Attribute",
@@ -30,6 +30,7 @@ __all__ = [
     "node_households",
     "node_key",
     "node_level",
+    "npz_names",
     "parse_node_key",
     "read_npz",
     "repeat_runs",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["read_npz"]
+__all__ = ["npz_names", "read_npz"]
 
 _HEADERS = threading.Lock()
 
@@ -28,3 +28,10 @@ def read_npz(path: str | os.PathLike[str], names: Sequence[str] | None = None) -
         if missing:
             raise KeyError(f"{path}: no array {missing} (it holds {sorted(z.files)})")
         return {n: z[n] for n in (z.files if names is None else names)}
+
+
+def npz_names(path: str | os.PathLike[str]) -> list[str]:
+    """The names of the arrays in ``path``, from the archive's directory alone (no header is
+    parsed, so no lock is needed)."""
+    with np.load(path, allow_pickle=False) as z:
+        return list(z.files)

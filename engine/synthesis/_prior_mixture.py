@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from engine.data import Domain, HierarchicalData
+from engine.data import Domain, HierarchicalData, segment_any
 from engine.queries import IncidenceCache, Measurement, Support, Workload
 from engine.synthesis._prior_strength import MIN_GAIN
 
@@ -136,11 +136,7 @@ def changed(data: HierarchicalData, flip: Flip) -> np.ndarray:
     codes = flip.codes(d)
     if codes is None:
         raise ValueError(f"the flip of multi-valued {flip.attribute} needs the two values to swap")
-    hit = np.isin(data.person[:, d.person_index(flip.attribute)], codes)
-    starts = data.person_offsets[:-1]
-    out = np.zeros(data.n_households, dtype=bool)
-    has = np.diff(data.person_offsets) > 0
-    out[has] = np.logical_or.reduceat(hit, starts[has]) if hit.size else False
+    out = segment_any(np.isin(data.person[:, d.person_index(flip.attribute)], codes), data.person_offsets)
     for name in flip.householder_attributes:
         out |= np.isin(data.group[:, d.group_index(name)], codes)
     return out
@@ -152,10 +148,14 @@ def copied(data: HierarchicalData, flip: Flip) -> np.ndarray:
     lies below the flip's share. The numbers come from a generator seeded by the flip's name
     without its share, so the choice is a function of the public households and the flip alone,
     and a smaller share's copies are among a larger one's."""
-    hit = changed(data, flip)
+    return _held(changed(data, flip), flip)
+
+
+def _held(hit: np.ndarray, flip: Flip) -> np.ndarray:
+    """The households of mask ``hit`` (those ``flip`` changes) whose copies are held (:func:`copied`)."""
     if flip.share < 1.0:
         seed = int.from_bytes(hashlib.sha256(replace(flip, share=1.0).name.encode()).digest()[:8], "little")
-        hit &= np.random.default_rng(seed).random(data.n_households) < flip.share
+        hit = hit & (np.random.default_rng(seed).random(hit.size) < flip.share)
     return np.flatnonzero(hit)
 
 
@@ -295,11 +295,6 @@ class WidenedSupport:
     changed: tuple[np.ndarray, ...]
     copies: tuple[np.ndarray, ...]
 
-    @property
-    def origins(self) -> np.ndarray:
-        """Each household's public household (its own index on the public block)."""
-        return np.concatenate([np.arange(self.n_public), *self.copies]).astype(np.int64)
-
     def prior(self, public_prior: np.ndarray, weights: Sequence[float] | np.ndarray) -> np.ndarray:
         """The mixture p_λ (module docstring) of ``public_prior`` (over the public households)
         with mixture ``weights`` λ_k, one per flip; sums to ``public_prior``'s total. A household
@@ -337,7 +332,7 @@ def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndar
     if public_cache is not None and public_cache.data is not public:
         raise ValueError("public_cache belongs to other households than the public ones")
     hits = tuple(changed(public, f) for f in flips)
-    rows = tuple(copied(public, f) for f in flips)
+    rows = tuple(_held(h, f) for h, f in zip(hits, flips))
     data = HierarchicalData.concat([public, *(flipped(public.take(r), f) for f, r in zip(flips, rows))])
     base = Support.from_data(public, public_prior).weights
     weights = np.concatenate([base, np.zeros(data.n_households - public.n_households)])

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from engine.data import read_npz
+from engine.data import npz_names, read_npz
 
 
 def test_threads_reading_at_once_each_get_their_files_arrays_whole(tmp_path):
@@ -32,7 +32,7 @@ def test_threads_reading_at_once_each_get_their_files_arrays_whole(tmp_path):
 def test_named_arrays_only_and_a_missing_one_names_the_file(tmp_path):
     path = tmp_path / "x.npz"
     np.savez(path, a=np.arange(3), b=np.ones(2))
-    assert list(read_npz(path, ("b",))) == ["b"]
+    assert list(read_npz(path, ("b",))) == ["b"] and npz_names(path) == ["a", "b"]
     with pytest.raises(KeyError, match=r"x\.npz.*\['c'\].*\['a', 'b'\]"):
         read_npz(path, ("a", "c"))
     np.savez(path, a=np.array([object()], dtype=object))
