@@ -22,10 +22,13 @@ from fractions import Fraction
 from pathlib import Path
 
 import dask
+import pyarrow.parquet as pq
 from prefect import flow, get_run_logger, task
+from prefect.context import FlowRunContext
 from prefect_dask import DaskTaskRunner
 
 from engine.data import Geography, HierarchicalData, node_key
+from engine.privacy import write_atomic
 from engine.synthesis import NodeCount, SynthesisSettings, played_states
 from flows.plan import invariants_statement
 from flows.preflight import preflight, uses_strength_floor, weight_totals
@@ -48,11 +51,11 @@ from tasks.count_of_counts import (
 )
 from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, release_geography, validation_record, write_validation
-from tasks.intervals import count_of_counts_intervals, intervals_table, marginal_intervals
+from tasks.intervals import bootstrap_measurements, count_of_counts_intervals, intervals_table, marginal_intervals
 from tasks.intervals import manifest_entry as intervals_entry
 from tasks.measurements_table import manifest_entry as measurements_entry
 from tasks.measurements_table import measurements_table
-from tasks.publish import code_version, library_versions, manifest_inputs, sha256_file, write_release
+from tasks.publish import check_release, code_version, library_versions, manifest_inputs, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.release_parts import ReleaseParts
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
@@ -63,6 +66,7 @@ from tasks.synthesize import (
     choose_puma_attributes_task,
     choose_split_task,
     play_strength_floor_task,
+    posterior_flips,
     public_only_baseline,
     puma_batch_task,
     record_strength_floor,
@@ -382,13 +386,16 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
     by_state: dict[int, list[PumaJob]] = {}
     for node, c in node_counts(counts_path, "puma").items():
         by_state.setdefault(node[0], []).append(PumaJob((node[0], node[1]), c.households, c.sizes, c.sd))
-    # one task per state (its PUMAs are held together to the state posterior), the largest first
+    # one task per state (its PUMAs are held together to the state posterior); the states whose
+    # posteriors live on one support (the same flips) one after the other, so that a worker builds
+    # a widened support and its balance targets once for all of them, each group the largest first
+    flips = {st: posterior_flips(posteriors[st]) if posteriors is not None else () for st in by_state}
     futures = [
         puma_batch_task.submit(
             ctx, jobs, None if posteriors is None else posteriors[st], [] if workload is None else workload["puma"], seed,
             supports[st] if supports else None, None if workload is None else workload["state"],
         )
-        for st, jobs in sorted(by_state.items(), key=lambda kv: -len(kv[1]))
+        for st, jobs in sorted(by_state.items(), key=lambda kv: (flips[kv[0]], -len(kv[1])))
     ]
     label = "states' PUMAs (public-only baseline)" if posteriors is None else "states' PUMA posteriors and samples"
     return [path for batch in wait_all(futures, get_run_logger(), label) for path in batch]
@@ -404,15 +411,19 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     sync_charges(audit, ctx.ledger)
     summary = ctx.ledger.summary()
     stored = ctx.store.all()
-    measurements = measurements_table(stored, domain)
-    coc_released = release_histograms(coc_path, synth) if coc_path else None
-    counts = release_counts(synth)
-    state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
-    intervals = intervals_table(
-        *([] if coc_released is None else [count_of_counts_intervals(
-            *coc_released, stored, domain, cfg.advanced.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
-        marginal_intervals(state_files + sorted(node_files), synth, "map_eb"),
-    )
+    # the error estimates on a Dask worker while the release is checked here: both read only the
+    # finished node files (and the worker the few stored measurements the bootstrap reads)
+    intervals_job = release_intervals.submit(ctx, node_files, coc_path, [m.key for m in bootstrap_measurements(stored)], seed)
+    try:
+        measurements = measurements_table(stored, domain)
+        coc_released = release_histograms(coc_path, synth) if coc_path else None
+        counts = release_counts(synth)
+        coc_table = coc_as_table(*coc_released) if coc_released else None
+        checked = check_release(synth, coc_table, workload, release_gate(cfg, paths, counts_path, domain), weight_totals(cfg) is not None)
+    except BaseException:
+        intervals_job.wait()
+        raise
+    intervals = pq.read_table(intervals_job.result())
     manifest = {
         "release": cfg.name,
         "description": cfg.description,
@@ -452,16 +463,33 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "post_processing_sampling": "numpy PCG64 seeded from the run's sampling seed (kept in the internal work directory)",
         },
     }
-    coc_table = coc_as_table(*coc_released) if coc_released else None
-    gate = release_gate(cfg, paths, counts_path, domain)
     rules = cfg.household_rules
     dictionary = data_dictionary(load_domain_spec(cfg.domain_path()), domain, rules.oversize, rules.group_quarters)
-    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
-                             intervals=intervals, audit=audit, gate=gate, dictionary=dictionary, weight_totals=weight_totals(cfg))
+    manifest = write_release(paths.release_dir, checked, manifest, measurements=measurements, intervals=intervals, audit=audit,
+                             dictionary=dictionary, weight_totals=weight_totals(cfg))
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {counts['households']} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
+
+
+@task(name="release-intervals")
+def release_intervals(ctx: RunContext, node_files: list[str], coc_path: str | None, noise_keys: list[str], seed: int) -> str:
+    """The release's intervals table (``tasks.intervals``: the count-of-counts bootstrap and every
+    measured marginal's error estimate) written to the work directory; ``noise_keys``: the stored
+    measurements the bootstrap reads (``tasks.intervals.bootstrap_measurements``)."""
+    cfg, paths = ctx.cfg, ctx.paths
+    synth = ReleaseParts.from_node_files(node_files)
+    coc_released = release_histograms(coc_path, synth) if coc_path else None
+    state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
+    table = intervals_table(
+        *([] if coc_released is None else [count_of_counts_intervals(
+            *coc_released, [ctx.store.get(k) for k in noise_keys], synth.domain, cfg.advanced.count_of_counts.consistency,
+            "puma_household_counts" in cfg.invariants, seed)]),
+        marginal_intervals(state_files + sorted(node_files), synth, "map_eb"),
+    )
+    write_atomic(paths.intervals_path, lambda f: pq.write_table(table, f))
+    return str(paths.intervals_path)
 
 
 def release_counts(release: ReleaseParts) -> dict[str, int]:
@@ -635,12 +663,15 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
 @flow(name="publish-and-qa")
 def publish_and_qa(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None,
                    coc_path: str | None, counts_path: str, seed: int) -> tuple[str, str]:
-    """Publish on the client while the internal QA report runs on a Dask worker: both only read
-    the finished node files (the workers are otherwise idle during publish). A failed publish
-    still waits for the QA task, then raises."""
+    """Publish on the client (its intervals on a Dask worker) while the internal QA report runs on a
+    Dask worker: all of them only read the finished node files (the workers are otherwise idle
+    during publish). A failed publish still waits for the QA task, then raises."""
     qa = internal_qa.submit(ctx, node_files, seed, coc_path)
     try:
-        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
+        # publish's own task (the intervals) goes to the Dask workers too: a copy of this flow's runner,
+        # not the started runner itself, which the subflow's context would carry to the workers
+        release_dir = publish_stage.with_options(task_runner=FlowRunContext.get().task_runner.duplicate())(
+            ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
     finally:
         qa.wait()
     return release_dir, qa.result()
