@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from engine.data import Domain, HierarchicalData, unique_rows
-from engine.queries._queries import Level, Workload, counted_person_cells, household_cell_pairs
+from engine.queries._queries import Level, Workload, counted_person_cells, group_cells, household_cell_pairs
 
 
 def node_index(data: HierarchicalData, level: str, nodes: np.ndarray) -> np.ndarray:
@@ -49,17 +49,20 @@ def counts_by_node(data: HierarchicalData, w: Workload, level: str, nodes: np.nd
     return _node_counts(data, w, _cell_pairs(data, w), node_index(data, level, nodes), len(nodes))
 
 
-def _cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(household, cell, count) entries whose sums per node and cell are the workload's counts: a
     person-level workload's counted persons one by one (no need to merge them per household;
-    a normalised workload's entries are per household)."""
+    a normalised workload's entries are per household). Count None: every entry counts one (a
+    count is then not converted and multiplied per entry, on millions of persons at national size)."""
     if w.level == "person" and not w.normalised:
         hh, cells = counted_person_cells(data, w)
-        return hh, cells, np.ones(len(hh), dtype=np.int64)
+        return hh, cells, None
+    if w.level == "group" and not w.person_attrs:
+        return np.arange(data.n_households, dtype=np.int64), group_cells(data, w.group_attrs), None
     return household_cell_pairs(data, w)
 
 
-def _by_node(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], node: np.ndarray,
+def _by_node(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray | None], node: np.ndarray,
              n_nodes: int) -> np.ndarray:
     """:func:`answers_by_node` from the workload's (household, cell, count) ``pairs`` and every
     household's ``node`` index: the pairs serve every level."""
@@ -68,13 +71,17 @@ def _by_node(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.nd
     return shares
 
 
-def _node_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray], node: np.ndarray,
+def _node_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray | None], node: np.ndarray,
                  n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`counts_by_node` from the workload's ``pairs`` and every household's ``node`` index."""
     n_cells = w.n_cells(data.domain)
     h, c, k = pairs
-    ok = node[h] >= 0
-    counts = np.bincount(node[h][ok] * n_cells + c[ok], weights=k[ok].astype(np.float64), minlength=n_nodes * n_cells).reshape(n_nodes, n_cells)
+    at = node[h]
+    ok = at >= 0
+    if not ok.all():  # households outside every node of the level
+        at, c, k = at[ok], c[ok], None if k is None else k[ok]
+    tally = np.bincount(at * n_cells + c, weights=None if k is None else k.astype(np.float64), minlength=n_nodes * n_cells)
+    counts = tally.astype(np.float64, copy=False).reshape(n_nodes, n_cells)
     valid = node >= 0
     unit = np.ones(data.n_households) if w.level == "group" else data.sizes.astype(np.float64)
     return counts, np.bincount(node[valid], weights=unit[valid], minlength=n_nodes)
@@ -117,7 +124,7 @@ def _answers(counts: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.n
     return {lv: c / np.maximum(d, 1.0)[:, None] for lv, (c, d) in counts.items()}
 
 
-def _nested_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray],
+def _nested_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray | None],
                    node: dict[str, np.ndarray], nodes: dict[str, np.ndarray], levels: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """:func:`_node_counts` at every level (``levels`` coarse to fine): counted from the pairs at the
     finest level only, a coarser level summing its nodes' rows (the finest nodes are sorted, so each

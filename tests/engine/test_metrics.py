@@ -16,6 +16,18 @@ def test_answers_by_node_equal_per_node_answers():
             assert np.allclose(got[i], normalised_answer(sub, w))
 
 
+def test_answers_by_node_leave_out_the_households_of_unlisted_nodes():
+    data = random_data(np.random.default_rng(3), n=300)
+    nodes = np.unique(data.geo, axis=0)
+    listed = nodes[::2]  # every other node: the rest's households belong to no listed node
+    workloads = k_way_workloads(data.domain, 2, "group") + k_way_workloads(data.domain, 2, "person")
+    workloads += [Workload("group", ("NP",), ("SEX",)), Workload("person", ("NP",), ("SEX",), normalised=True)]
+    for w in workloads:
+        got = answers_by_node(data, w, "PUMA", listed)
+        for i, node in enumerate(listed):
+            assert np.allclose(got[i], normalised_answer(data.select(np.all(data.geo == node, axis=1)), w))
+
+
 def test_errors_zero_on_identical_data_and_positive_otherwise():
     rng = np.random.default_rng(1)
     a, b = random_data(rng, n=300), random_data(rng, n=300)
