@@ -66,7 +66,6 @@ from tasks.synthesize import (
     choose_puma_attributes_task,
     choose_split_task,
     play_strength_floor_task,
-    posterior_flips,
     public_only_baseline,
     puma_batch_task,
     record_strength_floor,
@@ -386,16 +385,13 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
     by_state: dict[int, list[PumaJob]] = {}
     for node, c in node_counts(counts_path, "puma").items():
         by_state.setdefault(node[0], []).append(PumaJob((node[0], node[1]), c.households, c.sizes, c.sd))
-    # one task per state (its PUMAs are held together to the state posterior); the states whose
-    # posteriors live on one support (the same flips) one after the other, so that a worker builds
-    # a widened support and its balance targets once for all of them, each group the largest first
-    flips = {st: posterior_flips(posteriors[st]) if posteriors is not None else () for st in by_state}
+    # one task per state (its PUMAs are held together to the state posterior), the largest first
     futures = [
         puma_batch_task.submit(
             ctx, jobs, None if posteriors is None else posteriors[st], [] if workload is None else workload["puma"], seed,
             supports[st] if supports else None, None if workload is None else workload["state"],
         )
-        for st, jobs in sorted(by_state.items(), key=lambda kv: (flips[kv[0]], -len(kv[1])))
+        for st, jobs in sorted(by_state.items(), key=lambda kv: -len(kv[1]))
     ]
     label = "states' PUMAs (public-only baseline)" if posteriors is None else "states' PUMA posteriors and samples"
     return [path for batch in wait_all(futures, get_run_logger(), label) for path in batch]

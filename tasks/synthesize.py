@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from engine.data import HierarchicalData, node_key, npz_names, read_npz, unique_rows
+from engine.data import HierarchicalData, node_key, read_npz, unique_rows
 from engine.queries import IncidenceCache, Measurement, Support, Workload
 from engine.synthesis import (
     BalanceTargets,
@@ -301,13 +301,6 @@ class PumaJob:
     @property
     def count(self) -> NodeCount:
         return NodeCount(self.n_households, self.households_sd, self.size_estimate)
-
-
-def posterior_flips(state_posterior: str) -> tuple[str, ...]:
-    """The names of the flips whose copies a state posterior's support holds (none: the public support)."""
-    if "flips" not in npz_names(state_posterior):
-        return ()
-    return tuple(read_npz(state_posterior, ("flips",))["flips"].tolist())
 
 
 def state_targets(state_posterior: str) -> list[tuple[Workload, float]]:
