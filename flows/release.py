@@ -24,7 +24,7 @@ from pathlib import Path
 import dask
 import pyarrow.parquet as pq
 from prefect import flow, get_run_logger, task
-from prefect.context import FlowRunContext
+from prefect.futures import PrefectFuture
 from prefect_dask import DaskTaskRunner
 
 from engine.data import Geography, HierarchicalData, node_key
@@ -398,27 +398,40 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
 
 
 @flow(name="publish")
-def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None, counts_path: str, seed: int) -> str:
+def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None,
+                  coc_path: str | None, counts_path: str, seed: int) -> tuple[str, str]:
+    """Publish the release, and the internal QA report beside it: (release directory, QA report).
+    The intervals and then the QA report run on a Dask worker, one after the other (two Python-bound
+    tasks in one worker's two threads would wait on each other's interpreter lock), while the
+    release is checked and written here; all of them only read the finished node files. A failed
+    publish still waits for the QA report, then raises."""
+    synth = ReleaseParts.from_node_files(node_files)  # read one state at a time: the release never is in memory whole
+    sync_charges(AuditLog(ctx.paths.audit_path), ctx.ledger)
+    stored = ctx.store.all()
+    # the bootstrap reads a few stored measurements (by key); the marginal rows only the node files
+    intervals_job = release_intervals.submit(ctx, node_files, coc_path, [m.key for m in bootstrap_measurements(stored)], seed)
+    qa = internal_qa.submit(ctx, node_files, seed, coc_path, wait_for=[intervals_job], return_state=False)
+    try:
+        release_dir = _publish(ctx, reports, synth, stored, intervals_job, stages, workload, coc_path, counts_path)
+    finally:
+        qa.wait()
+    return release_dir, qa.result()
+
+
+def _publish(ctx: RunContext, reports: list[dict], synth: ReleaseParts, stored: list, intervals_job: PrefectFuture[str], stages: list[str], workload: dict | None,
+             coc_path: str | None, counts_path: str) -> str:
+    """:func:`publish_stage`'s release: checked, then (the intervals read back from the worker's
+    ``intervals_job``) the manifest built and everything written."""
     logger = get_run_logger()
     cfg, paths = ctx.cfg, ctx.paths
-    synth = ReleaseParts.from_node_files(node_files)  # read one state at a time: the release never is in memory whole
     domain = synth.domain
     audit = AuditLog(paths.audit_path)
-    sync_charges(audit, ctx.ledger)
     summary = ctx.ledger.summary()
-    stored = ctx.store.all()
-    # the error estimates on a Dask worker while the release is checked here: both read only the
-    # finished node files (and the worker the few stored measurements the bootstrap reads)
-    intervals_job = release_intervals.submit(ctx, node_files, coc_path, [m.key for m in bootstrap_measurements(stored)], seed)
-    try:
-        measurements = measurements_table(stored, domain)
-        coc_released = release_histograms(coc_path, synth) if coc_path else None
-        counts = release_counts(synth)
-        coc_table = coc_as_table(*coc_released) if coc_released else None
-        checked = check_release(synth, coc_table, workload, release_gate(cfg, paths, counts_path, domain), weight_totals(cfg) is not None)
-    except BaseException:
-        intervals_job.wait()
-        raise
+    measurements = measurements_table(stored, domain)
+    coc_released = release_histograms(coc_path, synth) if coc_path else None
+    counts = release_counts(synth)
+    coc_table = coc_as_table(*coc_released) if coc_released else None
+    checked = check_release(synth, coc_table, workload, release_gate(cfg, paths, counts_path, domain), weight_totals(cfg) is not None)
     intervals = pq.read_table(intervals_job.result())
     manifest = {
         "release": cfg.name,
@@ -650,27 +663,10 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         node_files = stage("puma_synthesis", puma_stage, ctx, counts_path, workload, posteriors, seed, supports)
         drop_worker_caches(address)
         # DaskTaskRunner is a TaskRunner[PrefectDaskFuture]; with_options' annotation is invariant in the future type
-        release_dir, report = publish_and_qa.with_options(task_runner=runner)(  # type: ignore[arg-type]
+        release_dir, report = publish_stage.with_options(task_runner=runner)(  # type: ignore[arg-type]
             ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir
-
-
-@flow(name="publish-and-qa")
-def publish_and_qa(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None,
-                   coc_path: str | None, counts_path: str, seed: int) -> tuple[str, str]:
-    """Publish on the client (its intervals on a Dask worker) while the internal QA report runs on a
-    Dask worker: all of them only read the finished node files (the workers are otherwise idle
-    during publish). A failed publish still waits for the QA task, then raises."""
-    qa = internal_qa.submit(ctx, node_files, seed, coc_path)
-    try:
-        # publish's own task (the intervals) goes to the Dask workers too: a copy of this flow's runner,
-        # not the started runner itself, which the subflow's context would carry to the workers
-        release_dir = publish_stage.with_options(task_runner=FlowRunContext.get().task_runner.duplicate())(
-            ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
-    finally:
-        qa.wait()
-    return release_dir, qa.result()
 
 
 @task(name="internal-qa-report")

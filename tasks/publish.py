@@ -241,8 +241,6 @@ def write_release(
         raise ValueError("a checked release brings its count-of-counts table and gate result: give them to check_release")
     checked = data if isinstance(data, CheckedRelease) else \
         check_release(data, count_of_counts, manifest.get("workload"), gate, weight_totals is not None)
-    if weight_totals is not None and checked.weight_keys is None:
-        raise ValueError("a weighted release needs its weight keys: check it with weighted=True")
     parts, coc, gate_result = checked.parts, checked.count_of_counts, checked.gate_result
     domain = parts.domain
     release_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -258,6 +256,8 @@ def write_release(
         if weight_totals is None:
             manifest["weights"] = {"weighted": False, "statement": UNWEIGHTED}
         else:
+            if checked.weight_keys is None:
+                raise ValueError("a weighted release needs its weight keys: check it with weighted=True")
             st, puma, size = (np.concatenate(k) for k in zip(*checked.weight_keys))
             weights, entry = calibrate(st, puma, size, weight_totals)
             totals = {"role": "public", "use": "weight totals", "file": weight_totals.path.name, "path": str(weight_totals.path),
