@@ -23,7 +23,7 @@ from pathlib import Path
 
 import dask
 import pyarrow.parquet as pq
-from prefect import flow, get_run_logger, task
+from prefect import allow_failure, flow, get_run_logger, task
 from prefect.futures import PrefectFuture
 from prefect_dask import DaskTaskRunner
 
@@ -401,20 +401,24 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
 def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None,
                   coc_path: str | None, counts_path: str, seed: int) -> tuple[str, str]:
     """Publish the release, and the internal QA report beside it: (release directory, QA report).
-    The intervals and then the QA report run on a Dask worker, one after the other (two Python-bound
-    tasks in one worker's two threads would wait on each other's interpreter lock), while the
-    release is checked and written here; all of them only read the finished node files. A failed
-    publish still waits for the QA report, then raises."""
+    The QA report and then the intervals run on a Dask worker, one after the other (two
+    Python-bound tasks in one worker's two threads would wait on each other's interpreter lock;
+    the QA report first, as it needs nothing from here), while the release is checked here; the
+    release is written once the intervals are back. All of them only read the finished node
+    files. A failed publish still waits for the QA report, then raises."""
+    qa = internal_qa.submit(ctx, node_files, seed, coc_path)
     synth = ReleaseParts.from_node_files(node_files)  # read one state at a time: the release never is in memory whole
     sync_charges(AuditLog(ctx.paths.audit_path), ctx.ledger)
     stored = ctx.store.all()
-    # the bootstrap reads a few stored measurements (by key); the marginal rows only the node files
-    intervals_job = release_intervals.submit(ctx, node_files, coc_path, [m.key for m in bootstrap_measurements(stored)], seed)
-    qa = internal_qa.submit(ctx, node_files, seed, coc_path, wait_for=[intervals_job], return_state=False)
+    # the bootstrap reads a few stored measurements (by key); the marginal rows only the node files.
+    # After the QA report, whether or not it succeeded
+    intervals_job = release_intervals.submit(ctx, node_files, coc_path, [m.key for m in bootstrap_measurements(stored)], seed,
+                                             wait_for=[allow_failure(qa)], return_state=False)
     try:
         release_dir = _publish(ctx, reports, synth, stored, intervals_job, stages, workload, coc_path, counts_path)
     finally:
         qa.wait()
+        intervals_job.wait()
     return release_dir, qa.result()
 
 
