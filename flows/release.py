@@ -22,13 +22,10 @@ from fractions import Fraction
 from pathlib import Path
 
 import dask
-import pyarrow.parquet as pq
-from prefect import allow_failure, flow, get_run_logger, task
-from prefect.futures import PrefectFuture
+from prefect import flow, get_run_logger, task
 from prefect_dask import DaskTaskRunner
 
 from engine.data import Geography, HierarchicalData, node_key
-from engine.privacy import write_atomic
 from engine.synthesis import NodeCount, SynthesisSettings, played_states
 from flows.plan import invariants_statement
 from flows.preflight import preflight, uses_strength_floor, weight_totals
@@ -51,11 +48,11 @@ from tasks.count_of_counts import (
 )
 from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, release_geography, validation_record, write_validation
-from tasks.intervals import bootstrap_measurements, count_of_counts_intervals, intervals_table, marginal_intervals
+from tasks.intervals import count_of_counts_intervals, intervals_table, marginal_intervals
 from tasks.intervals import manifest_entry as intervals_entry
 from tasks.measurements_table import manifest_entry as measurements_entry
 from tasks.measurements_table import measurements_table
-from tasks.publish import check_release, code_version, library_versions, manifest_inputs, sha256_file, write_release
+from tasks.publish import code_version, library_versions, manifest_inputs, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.release_parts import ReleaseParts
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
@@ -398,45 +395,24 @@ def puma_stage(ctx: RunContext, counts_path: str, workload: dict | None, posteri
 
 
 @flow(name="publish")
-def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None,
-                  coc_path: str | None, counts_path: str, seed: int) -> tuple[str, str]:
-    """Publish the release, and the internal QA report beside it: (release directory, QA report).
-    The QA report and then the intervals run on a Dask worker, one after the other (two
-    Python-bound tasks in one worker's two threads would wait on each other's interpreter lock;
-    the QA report first, as it needs nothing from here), while the release is checked here; the
-    release is written once the intervals are back. All of them only read the finished node
-    files. A failed publish still waits for the QA report, then raises."""
-    qa = internal_qa.submit(ctx, node_files, seed, coc_path)
-    synth = ReleaseParts.from_node_files(node_files)  # read one state at a time: the release never is in memory whole
-    sync_charges(AuditLog(ctx.paths.audit_path), ctx.ledger)
-    stored = ctx.store.all()
-    # the bootstrap reads a few stored measurements (by key); the marginal rows only the node files.
-    # After the QA report, whether or not it succeeded
-    intervals_job = release_intervals.submit(ctx, node_files, coc_path, [m.key for m in bootstrap_measurements(stored)], seed,
-                                             wait_for=[allow_failure(qa)], return_state=False)
-    try:
-        release_dir = _publish(ctx, reports, synth, stored, intervals_job, stages, workload, coc_path, counts_path)
-    finally:
-        qa.wait()
-        intervals_job.wait()
-    return release_dir, qa.result()
-
-
-def _publish(ctx: RunContext, reports: list[dict], synth: ReleaseParts, stored: list, intervals_job: PrefectFuture[str], stages: list[str], workload: dict | None,
-             coc_path: str | None, counts_path: str) -> str:
-    """:func:`publish_stage`'s release: checked, then (the intervals read back from the worker's
-    ``intervals_job``) the manifest built and everything written."""
+def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None, coc_path: str | None, counts_path: str, seed: int) -> str:
     logger = get_run_logger()
     cfg, paths = ctx.cfg, ctx.paths
+    synth = ReleaseParts.from_node_files(node_files)  # read one state at a time: the release never is in memory whole
     domain = synth.domain
     audit = AuditLog(paths.audit_path)
+    sync_charges(audit, ctx.ledger)
     summary = ctx.ledger.summary()
+    stored = ctx.store.all()
     measurements = measurements_table(stored, domain)
     coc_released = release_histograms(coc_path, synth) if coc_path else None
     counts = release_counts(synth)
-    coc_table = coc_as_table(*coc_released) if coc_released else None
-    checked = check_release(synth, coc_table, workload, release_gate(cfg, paths, counts_path, domain), weight_totals(cfg) is not None)
-    intervals = pq.read_table(intervals_job.result())
+    state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
+    intervals = intervals_table(
+        *([] if coc_released is None else [count_of_counts_intervals(
+            *coc_released, stored, domain, cfg.advanced.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
+        marginal_intervals(state_files + sorted(node_files), synth, "map_eb"),
+    )
     manifest = {
         "release": cfg.name,
         "description": cfg.description,
@@ -476,33 +452,16 @@ def _publish(ctx: RunContext, reports: list[dict], synth: ReleaseParts, stored: 
             "post_processing_sampling": "numpy PCG64 seeded from the run's sampling seed (kept in the internal work directory)",
         },
     }
+    coc_table = coc_as_table(*coc_released) if coc_released else None
+    gate = release_gate(cfg, paths, counts_path, domain)
     rules = cfg.household_rules
     dictionary = data_dictionary(load_domain_spec(cfg.domain_path()), domain, rules.oversize, rules.group_quarters)
-    manifest = write_release(paths.release_dir, checked, manifest, measurements=measurements, intervals=intervals, audit=audit,
-                             dictionary=dictionary, weight_totals=weight_totals(cfg))
+    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
+                             intervals=intervals, audit=audit, gate=gate, dictionary=dictionary, weight_totals=weight_totals(cfg))
     publish_artifacts(cfg.name, summary, release_markdown(manifest))
     logger.info(f"published {counts['households']} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
-
-
-@task(name="release-intervals")
-def release_intervals(ctx: RunContext, node_files: list[str], coc_path: str | None, noise_keys: list[str], seed: int) -> str:
-    """The release's intervals table (``tasks.intervals``: the count-of-counts bootstrap and every
-    measured marginal's error estimate) written to the work directory; ``noise_keys``: the stored
-    measurements the bootstrap reads (``tasks.intervals.bootstrap_measurements``)."""
-    cfg, paths = ctx.cfg, ctx.paths
-    synth = ReleaseParts.from_node_files(node_files)
-    coc_released = release_histograms(coc_path, synth) if coc_path else None
-    state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
-    table = intervals_table(
-        *([] if coc_released is None else [count_of_counts_intervals(
-            *coc_released, [ctx.store.get(k) for k in noise_keys], synth.domain, cfg.advanced.count_of_counts.consistency,
-            "puma_household_counts" in cfg.invariants, seed)]),
-        marginal_intervals(state_files + sorted(node_files), synth, "map_eb"),
-    )
-    write_atomic(paths.intervals_path, lambda f: pq.write_table(table, f))
-    return str(paths.intervals_path)
 
 
 def release_counts(release: ReleaseParts) -> dict[str, int]:
@@ -667,10 +626,24 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
         node_files = stage("puma_synthesis", puma_stage, ctx, counts_path, workload, posteriors, seed, supports)
         drop_worker_caches(address)
         # DaskTaskRunner is a TaskRunner[PrefectDaskFuture]; with_options' annotation is invariant in the future type
-        release_dir, report = publish_stage.with_options(task_runner=runner)(  # type: ignore[arg-type]
+        release_dir, report = publish_and_qa.with_options(task_runner=runner)(  # type: ignore[arg-type]
             ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
         get_run_logger().info(f"internal QA report (confidential, not published): {report}")
         return release_dir
+
+
+@flow(name="publish-and-qa")
+def publish_and_qa(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None,
+                   coc_path: str | None, counts_path: str, seed: int) -> tuple[str, str]:
+    """Publish on the client while the internal QA report runs on a Dask worker: both only read
+    the finished node files (the workers are otherwise idle during publish). A failed publish
+    still waits for the QA task, then raises."""
+    qa = internal_qa.submit(ctx, node_files, seed, coc_path)
+    try:
+        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
+    finally:
+        qa.wait()
+    return release_dir, qa.result()
 
 
 @task(name="internal-qa-report")

@@ -70,16 +70,6 @@ def _rows(table: str, level: str, node: str, marginal: str, codes: pa.Array, rel
     }, schema=INTERVALS_SCHEMA)
 
 
-def bootstrap_measurements(measurements: Iterable[Measurement]) -> list[Measurement]:
-    """The measurements whose noise :func:`count_of_counts_intervals` reads: of each level, the first
-    size measurement and the first household count (every node of a level is measured alike)."""
-    first: dict[tuple[bool, str], Measurement] = {}
-    for m in measurements:
-        if (m.stage == STAGE and m.workload_id.startswith("size_")) or (m.stage == COUNTS_STAGE and m.workload_id == "households"):
-            first.setdefault((m.stage == STAGE, m.level), m)
-    return list(first.values())
-
-
 def count_of_counts_intervals(keys: list[str], level: np.ndarray, released: np.ndarray, measurements: Iterable[Measurement],
                               domain: Domain, consistency: str, exact_counts: bool, seed: int,
                               replicates: int = BOOTSTRAP_REPLICATES) -> pa.Table:
@@ -96,11 +86,11 @@ def count_of_counts_intervals(keys: list[str], level: np.ndarray, released: np.n
     K = H.shape[1]
     sizes: dict[int, SizeNoise] = {}
     counts: dict[int, CountNoise] = {}
-    for m in bootstrap_measurements(measurements):
-        if m.stage == STAGE:
-            sizes[LEVELS.index(m.level)] = SizeNoise(m.workload_id.removeprefix("size_"), m.mechanism, float(m.scale), m.variance)
-        else:
-            counts[LEVELS.index(m.level)] = CountNoise(m.mechanism, float(m.scale), m.variance)
+    for m in measurements:
+        if m.stage == STAGE and m.workload_id.startswith("size_"):
+            sizes.setdefault(LEVELS.index(m.level), SizeNoise(m.workload_id.removeprefix("size_"), m.mechanism, float(m.scale), m.variance))
+        elif m.stage == COUNTS_STAGE and m.workload_id == "households":
+            counts.setdefault(LEVELS.index(m.level), CountNoise(m.mechanism, float(m.scale), m.variance))
     if set(sizes) != set(range(h.n_levels)):
         raise ValueError("the count-of-counts bootstrap needs the size measurement of every level")
     # the noise variance the task passes per level (NoisySizes.count_variance: that of G's entry)

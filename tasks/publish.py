@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -161,46 +160,9 @@ def _write_dataset(table: pa.Table, base: Path) -> None:
     )
 
 
-@dataclass(frozen=True)
-class CheckedRelease:
-    """A release's microdata after the checking pass of :func:`check_release`: its ``parts``, the
-    count-of-counts table in the release schema, the report's counts of every part, the weight
-    keys of every part (when the release is weighted) and the release gate's JSON result."""
-
-    parts: ReleaseParts
-    count_of_counts: pa.Table | None
-    counts: tuple[dict, ...]
-    weight_keys: tuple[tuple[np.ndarray, ...], ...] | None
-    gate_result: bytes | None
-
-
-def check_release(data: HierarchicalData | ReleaseParts, count_of_counts: pa.Table | None = None, workload: dict | None = None,
-                  gate: ReleaseGate | None = None, weighted: bool = False) -> CheckedRelease:
-    """The checking pass of publishing, which writes nothing: every part (whole states, one at a
-    time) converted to the release tables and checked (the release contract, the ``gate`` with its
-    count-of-counts table at the end), the counts the report draws taken, and the weight keys
-    read when ``weighted``. Raises at the first refusal. :func:`write_release` runs it when it is
-    not given its result; the publish stage runs it itself, while a Dask worker estimates the
-    release's intervals."""
-    parts = data if isinstance(data, ReleaseParts) else ReleaseParts.of(data)
-    coc = None if count_of_counts is None else count_of_counts.cast(COUNT_OF_COUNTS_SCHEMA)
-    checking = None if gate is None else gate(coc is not None)
-    counts, keys = [], []
-    for part in parts:
-        households, persons = to_tables(part)
-        if checking is not None:
-            checking.check(households, persons)
-        validate_release_tables(households, persons, parts.domain)
-        counts.append(report_tables(parts.domain.to_dict(), workload or {}, households, persons))
-        if weighted:
-            keys.append(weight_keys(households, parts.domain.size_attribute))
-    gate_result = None if checking is None else checking.finish(coc)
-    return CheckedRelease(parts, coc, tuple(counts), tuple(keys) if weighted else None, gate_result)
-
-
 def write_release(
     release_dir: Path,
-    data: HierarchicalData | ReleaseParts | CheckedRelease,
+    data: HierarchicalData | ReleaseParts,
     manifest: dict,
     count_of_counts: pa.Table | None = None,
     measurements: pa.Table | None = None,
@@ -216,10 +178,9 @@ def write_release(
     Returns the manifest as written. Nothing half-written is left at ``release_dir``: on any
     failure the temporary directory is removed. The microdata (``data``, or its :class:`ReleaseParts`)
     are read one part (whole states) at a time, twice: first every part is converted and checked
-    (:func:`check_release`: the release contract, the gate, the counts the report draws and the
-    weights read; or ``data`` is that pass's :class:`CheckedRelease`, and ``count_of_counts`` and
-    ``gate`` were given to it), then, everything having passed, converted again and written; so the
-    memory of publishing does not grow with the number of states. With ``gate`` (the Great Expectations release gate,
+    (the release contract, the gate, the counts the report draws and the weights read), then,
+    everything having passed, converted again and written; so the memory of publishing does not
+    grow with the number of states. With ``gate`` (the Great Expectations release gate,
     ``schemas.release_expectations.ReleaseGateRun``), a failing part or count-of-counts table
     raises before anything is written, and the gate's JSON result ships as
     ``validation/gx_release.json`` (hashed in the manifest like every output). ``measurements``
@@ -237,11 +198,7 @@ def write_release(
     """
     if release_dir.exists():
         raise FileExistsError(f"release {release_dir} exists already; a finished release is never overwritten")
-    if isinstance(data, CheckedRelease) and (count_of_counts is not None or gate is not None):
-        raise ValueError("a checked release brings its count-of-counts table and gate result: give them to check_release")
-    checked = data if isinstance(data, CheckedRelease) else \
-        check_release(data, count_of_counts, manifest.get("workload"), gate, weight_totals is not None)
-    parts, coc, gate_result = checked.parts, checked.count_of_counts, checked.gate_result
+    parts = data if isinstance(data, ReleaseParts) else ReleaseParts.of(data)
     domain = parts.domain
     release_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in release_dir.parent.glob(f".{release_dir.name}.tmp-*"):
@@ -249,16 +206,26 @@ def write_release(
     tmp = release_dir.parent / f".{release_dir.name}.tmp-{os.getpid()}"
     tmp.mkdir()
     try:
+        coc = None if count_of_counts is None else count_of_counts.cast(COUNT_OF_COUNTS_SCHEMA)
         meas = None if measurements is None else measurements.cast(MEASUREMENTS_SCHEMA)
         ivs = None if intervals is None else intervals.cast(INTERVALS_SCHEMA)
         manifest = dict(manifest)
+        checking = None if gate is None else gate(coc is not None)
+        counts, keys = [], []
+        for part in parts:
+            households, persons = to_tables(part)
+            if checking is not None:
+                checking.check(households, persons)
+            validate_release_tables(households, persons, domain)
+            counts.append(report_tables(domain.to_dict(), manifest.get("workload") or {}, households, persons))
+            if weight_totals is not None:
+                keys.append(weight_keys(households, domain.size_attribute))
+        gate_result = None if checking is None else checking.finish(coc)
         weights = None
         if weight_totals is None:
             manifest["weights"] = {"weighted": False, "statement": UNWEIGHTED}
         else:
-            if checked.weight_keys is None:
-                raise ValueError("a weighted release needs its weight keys: check it with weighted=True")
-            st, puma, size = (np.concatenate(k) for k in zip(*checked.weight_keys))
+            st, puma, size = (np.concatenate(k) for k in zip(*keys))
             weights, entry = calibrate(st, puma, size, weight_totals)
             totals = {"role": "public", "use": "weight totals", "file": weight_totals.path.name, "path": str(weight_totals.path),
                       "sha256": sha256_file(weight_totals.path)}
@@ -287,7 +254,7 @@ def write_release(
         for name, blob in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(blob)
-        (tmp / REPORT).write_text(render_report(manifest, domain_json, combined_tables(list(checked.counts)), ivs,
+        (tmp / REPORT).write_text(render_report(manifest, domain_json, combined_tables(counts), ivs,
                                                 None if gate_result is None else json.loads(gate_result)), encoding="utf-8")
         manifest["published_at"] = datetime.now(UTC).isoformat()
         manifest["outputs"] = hash_tree(tmp)

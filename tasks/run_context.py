@@ -82,11 +82,6 @@ class RunPaths:
         return self.run_dir / "puma_attributes.json"
 
     @property
-    def intervals_path(self) -> Path:
-        """The release's intervals table as a Dask worker computes it during publish (``intervals.parquet`` ships a copy)."""
-        return self.run_dir / "intervals.parquet"
-
-    @property
     def lock_path(self) -> Path:
         return self.run_dir / "lock"
 
