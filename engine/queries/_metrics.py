@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from engine.data import Domain, HierarchicalData, unique_rows
-from engine.queries._queries import Level, Workload, counted_person_cells, group_cells, household_cell_pairs
+from engine.queries._queries import Level, Workload, counted_person_cells, household_cell_pairs
 
 
 def node_index(data: HierarchicalData, level: str, nodes: np.ndarray) -> np.ndarray:
@@ -52,13 +52,11 @@ def counts_by_node(data: HierarchicalData, w: Workload, level: str, nodes: np.nd
 def _cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(household, cell, count) entries whose sums per node and cell are the workload's counts: a
     person-level workload's counted persons one by one (no need to merge them per household;
-    a normalised workload's entries are per household). Count None: every entry counts one (a
-    count is then not converted and multiplied per entry, on millions of persons at national size)."""
+    a normalised workload's entries are per household). Count None: every entry counts one (no
+    count array converted and multiplied per entry, on millions of persons at national size)."""
     if w.level == "person" and not w.normalised:
         hh, cells = counted_person_cells(data, w)
         return hh, cells, None
-    if w.level == "group" and not w.person_attrs:
-        return np.arange(data.n_households, dtype=np.int64), group_cells(data, w.group_attrs), None
     return household_cell_pairs(data, w)
 
 
