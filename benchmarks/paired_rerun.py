@@ -124,7 +124,9 @@ def fmt(s: dict, digits: int = 3, signed: bool = False) -> str:
 def render(res: dict) -> str:
     st, sources = res["settings"], res["settings"]["sources"]
     names = list(sources)
-    lines = [f"Paired rerun: {st['private'].upper()} private, the other eleven public; every source releases from the same stored "
+    private = st["private"].upper() + (f" as {Path(st['private_file']).name}" if st.get("private_file") else "")
+    public = ", ".join(s.upper() for s in st["public"]) if st.get("public") else "the other eleven"
+    lines = [f"Paired rerun: {private} private, public {public}; every source releases from the same stored "
              f"measurements per seed (the first measures). δ = 1/n² = {st['delta']:.3g}. Mean L1 over the 165 marginals of the peer "
              "benchmark (lower is better); differences are per seed, against the first source.",
              "sources: " + "; ".join(f"{n} = {s['commit'][:10]}{' (dirty)' if s['dirty'] else ''} ({s['path']})" for n, s in sources.items()), ""]
@@ -151,6 +153,9 @@ def render(res: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--private", default="nh", help="private state (two-letter code of the shared 2018 files)")
+    ap.add_argument("--private-file", default=None, help="a person file of the --private state in place of its shared one "
+                    "(a shifted copy: benchmarks/shift_inputs.py)")
+    ap.add_argument("--public", default=None, help="comma-separated public states (default: the other eleven)")
     ap.add_argument("--epsilons", default="1")
     ap.add_argument("--seeds", type=int, default=3, help="measuring runs per ε (each one noise draw)")
     ap.add_argument("--source", action="append", default=[], metavar="NAME=PATH", help="checkouts, the first measures (at least two)")
@@ -165,15 +170,23 @@ def main(argv=None) -> int:
     epsilons = [float(e) for e in args.epsilons.split(",")]
     out = Path(args.out)
     json_path, txt_path = out / f"paired_rerun_{args.tag}.json", out / f"paired_rerun_{args.tag}.txt"
-    bench = pc.Bench(private, pc.household_max_size(yaml.safe_load((next(iter(sources.values())) / "deploy/releases/acs2018_default.yaml").read_text())))
-    delta = 1.0 / bench.n**2
-    public = [s for s in pc.STATES if s != private]
     first = next(iter(sources.values()))
     base_config = yaml.safe_load((first / "deploy" / "releases" / "acs2018_default.yaml").read_text())
+    private_file = Path(args.private_file).resolve() if args.private_file else None
+    bench = pc.Bench(private, pc.household_max_size(base_config), private_file)
+    if bench.st != pc.FIPS[private]:
+        ap.error(f"--private-file {private_file} holds state {bench.st}, not {private.upper()}: set --private")
+    delta = 1.0 / bench.n**2
+    public = [s.strip().lower() for s in args.public.split(",")] if args.public else [s for s in pc.STATES if s != private]
     records: list[dict] = []
     if args.resume and json_path.exists():
-        records = [r for r in json.loads(json_path.read_text())["records"] if "error" not in r]
-    settings = {"private": private, "delta": delta, "epsilons": epsilons, "seeds": args.seeds, "cpus": os.cpu_count(),
+        old = json.loads(json_path.read_text())
+        kept = {k: old["settings"].get(k) for k in ("private", "private_file", "public")}
+        if kept != {"private": private, "private_file": str(private_file) if private_file else None, "public": public} \
+                or list(old["settings"]["sources"]) != list(sources):
+            ap.error(f"{json_path} holds another set-up or other sources; use another --tag")
+        records = [r for r in old["records"] if "error" not in r]
+    settings = {"private": private, "private_file": str(private_file) if private_file else None, "public": public, "delta": delta, "epsilons": epsilons, "seeds": args.seeds, "cpus": os.cpu_count(),
                 "sources": {n: pc.source_info(p) for n, p in sources.items()}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     tmp_root = Path(tempfile.mkdtemp(prefix="paired-rerun-"))
     try:
