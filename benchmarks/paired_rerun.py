@@ -3,8 +3,8 @@ the same stored noisy measurements, so the comparison carries none of the DP noi
 
 The peer benchmark's ``dprelease@NAME`` runs (``peer_comparison.py --source``) measure afresh in each
 run: a change of a few per cent hides in the runs' spread (about ±2 % a run at New Hampshire ε = 1).
-A change that acts after measurement — the count-of-counts estimate, the fits, the rake, the draws, publish — can be compared on the
-*same* measurements instead. Per ε and seed this script:
+A change that acts after measurement — the count-of-counts estimate, the fits, the rake, the draws,
+publish — can be compared on the *same* measurements instead. Per ε and seed this script:
 
 1. runs the first ``--source`` checkout's pipeline once (its default release config with the peer
    benchmark's split, domain, budget and household rules: ``peer_comparison.pipeline_config``), which
@@ -186,7 +186,8 @@ def main(argv=None) -> int:
                 or list(old["settings"]["sources"]) != list(sources):
             ap.error(f"{json_path} holds another set-up or other sources; use another --tag")
         records = [r for r in old["records"] if "error" not in r]
-    settings = {"private": private, "private_file": str(private_file) if private_file else None, "public": public, "delta": delta, "epsilons": epsilons, "seeds": args.seeds, "cpus": os.cpu_count(),
+    settings = {"private": private, "private_file": str(private_file) if private_file else None, "public": public, "delta": delta,
+                "epsilons": epsilons, "seeds": args.seeds, "cpus": os.cpu_count(),
                 "sources": {n: pc.source_info(p) for n, p in sources.items()}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     tmp_root = Path(tempfile.mkdtemp(prefix="paired-rerun-"))
     try:
