@@ -77,11 +77,8 @@ def scored_digest(codes: np.ndarray, h: dict) -> str:
 
 def run_release(root: Path, cfg_path: Path, name: str, prefect_home: Path) -> float:
     """``dprelease run`` of the checkout ``root`` on ``cfg_path`` as run ``name``; its wall seconds."""
-    env = dict(os.environ, PYTHONPATH=str(root), DPRELEASE_DATA=str(pc.DATA), PREFECT_HOME=str(prefect_home), DO_NOT_TRACK="1",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
-               PREFECT_LOGGING_LEVEL="WARNING")
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(cfg_path), "--name", name], cwd=root, env=env,
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(cfg_path), "--name", name], cwd=root, env=pc.pipeline_env(root, prefect_home),
                           capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"dprelease run ({root}) exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
@@ -114,13 +111,6 @@ def paired_summary(records: list[dict], sources: list[str]) -> dict:
     return out
 
 
-def fmt(s: dict, digits: int = 3, signed: bool = False) -> str:
-    if s["mean"] is None:
-        return "—"
-    sign = "+" if signed else ""
-    return f"{s['mean']:{sign}.{digits}f}" + (f" ± {s['se']:.{digits}f}" if s["se"] is not None else "")
-
-
 def render(res: dict) -> str:
     st, sources = res["settings"], res["settings"]["sources"]
     names = list(sources)
@@ -134,13 +124,13 @@ def render(res: dict) -> str:
         lines.append(f"ε = {eps}   ({len(cell['seeds'])} seeds)")
         for n in names:
             s = cell["sources"][n]
-            kinds = " / ".join(fmt(s["by_kind"][k], 3) for k in pc.KINDS)
-            lines.append(f"  {n:<12} mean L1 {fmt(s['mean_l1'], 3)}   by kind (with PUMA / with NP / persons only) {kinds}   "
+            kinds = " / ".join(pc.fmt(s["by_kind"][k], 3) for k in pc.KINDS)
+            lines.append(f"  {n:<12} mean L1 {pc.fmt(s['mean_l1'], 3)}   by kind (with PUMA / with NP / persons only) {kinds}   "
                          f"wall {s['wall_s']['mean']:.0f} s" if s["wall_s"]["mean"] is not None else f"  {n:<12} —")
         for n, d in cell["differences"].items():
-            kinds = " / ".join(fmt(d["by_kind"][k], 4, True) for k in pc.KINDS)
+            kinds = " / ".join(pc.fmt(d["by_kind"][k], 4, True) for k in pc.KINDS)
             rel = d["relative"]
-            lines.append(f"  {n} − {names[0]}: {fmt(d['mean_l1'], 4, True)} ({100 * rel['mean']:+.2f} %), lower on {d['lower_on']} of "
+            lines.append(f"  {n} − {names[0]}: {pc.fmt(d['mean_l1'], 4, True)} ({100 * rel['mean']:+.2f} %), lower on {d['lower_on']} of "
                          f"{len(cell['seeds'])} seeds, the same release on {d['identical_releases']}; by kind {kinds}" if rel["mean"] is not None else f"  {n} − {names[0]}: —")
         lines.append("")
     errors = [r for r in res["records"] if "error" in r]
@@ -152,10 +142,7 @@ def render(res: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--private", default="nh", help="private state (two-letter code of the shared 2018 files)")
-    ap.add_argument("--private-file", default=None, help="a person file of the --private state in place of its shared one "
-                    "(a shifted copy: benchmarks/shift_inputs.py)")
-    ap.add_argument("--public", default=None, help="comma-separated public states (default: the other eleven)")
+    pc.add_split_arguments(ap)
     ap.add_argument("--epsilons", default="1")
     ap.add_argument("--seeds", type=int, default=3, help="measuring runs per ε (each one noise draw)")
     ap.add_argument("--source", action="append", default=[], metavar="NAME=PATH", help="checkouts, the first measures (at least two)")
@@ -166,18 +153,14 @@ def main(argv=None) -> int:
     sources = pc.parse_sources(args.source)
     if len(sources) < 2:
         ap.error("give at least two --source NAME=PATH (the first measures, the others rerun)")
-    private = args.private.lower()
+    private, public, private_file = pc.split_of(args, ap)
     epsilons = [float(e) for e in args.epsilons.split(",")]
     out = Path(args.out)
     json_path, txt_path = out / f"paired_rerun_{args.tag}.json", out / f"paired_rerun_{args.tag}.txt"
     first = next(iter(sources.values()))
     base_config = yaml.safe_load((first / "deploy" / "releases" / "acs2018_default.yaml").read_text())
-    private_file = Path(args.private_file).resolve() if args.private_file else None
-    bench = pc.Bench(private, pc.household_max_size(base_config), private_file)
-    if bench.st != pc.FIPS[private]:
-        ap.error(f"--private-file {private_file} holds state {bench.st}, not {private.upper()}: set --private")
+    bench = pc.private_bench(private, pc.household_max_size(base_config), private_file, ap)
     delta = 1.0 / bench.n**2
-    public = [s.strip().lower() for s in args.public.split(",")] if args.public else [s for s in pc.STATES if s != private]
     records: list[dict] = []
     if args.resume and json_path.exists():
         old = json.loads(json_path.read_text())

@@ -450,6 +450,14 @@ def pipeline_source_hash(root: Path = ROOT) -> str:
     return h.hexdigest()[:16]
 
 
+def pipeline_env(root: Path, prefect_home: Path) -> dict[str, str]:
+    """The environment of a ``dprelease run`` of the checkout ``root``: its packages first on the path,
+    the shared data, and Prefect offline in ``prefect_home``."""
+    return dict(os.environ, PYTHONPATH=str(root), DPRELEASE_DATA=str(DATA), PREFECT_HOME=str(prefect_home), DO_NOT_TRACK="1",
+                PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
+                PREFECT_LOGGING_LEVEL="WARNING")
+
+
 def run_pipeline(base: dict, method: str, bench: Bench, public: list[str], epsilon: float, delta: float, tmp: Path, tag: str,
                  root: Path = ROOT) -> tuple[dict, dict]:
     """One ``dprelease run`` of the checkout ``root`` (its own packages first on the path, this
@@ -457,9 +465,7 @@ def run_pipeline(base: dict, method: str, bench: Bench, public: list[str], epsil
     run_tmp = Path(tempfile.mkdtemp(prefix=f"{method.replace('@', '-')}-", dir=tmp))
     cfg_path = pipeline_config(base, bench, public, method, epsilon, delta, run_tmp, root)
     source = pipeline_source_hash(root)
-    env = dict(os.environ, PYTHONPATH=str(root), DPRELEASE_DATA=str(DATA), PREFECT_HOME=str(tmp / "prefect"), DO_NOT_TRACK="1",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="90",
-               PREFECT_LOGGING_LEVEL="WARNING")
+    env = pipeline_env(root, tmp / "prefect")
     cmd = [sys.executable, "-m", "flows.cli", "run", str(cfg_path), "--name", tag]
     pinned = len(os.sched_getaffinity(0)) < (os.cpu_count() or 1)
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
@@ -510,10 +516,10 @@ def better_ratio(num: dict, *peers: dict) -> float:
     return num["mean_l1"]["mean"] / min(p["mean_l1"]["mean"] for p in peers)
 
 
-def fmt(s: dict, digits: int = 3) -> str:
+def fmt(s: dict, digits: int = 3, signed: bool = False) -> str:
     if not s or s["mean"] is None:
         return "—"
-    return f"{s['mean']:.{digits}f}" + (f" ± {s['se']:.{digits}f}" if s["se"] is not None else "")
+    return f"{s['mean']:{'+' if signed else ''}.{digits}f}" + (f" ± {s['se']:.{digits}f}" if s["se"] is not None else "")
 
 
 def breakdown(records: list[dict], methods: list[str], epsilon: str, key: str, labels: tuple[str, ...]) -> list[str]:
@@ -655,12 +661,37 @@ def source_configs(roots: dict[str, Path], old: dict | None) -> dict[str, dict]:
 
 
 # -- main ------------------------------------------------------------------------------------------
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_split_arguments(ap: argparse.ArgumentParser) -> None:
+    """The private/public split's options (shared with ``paired_rerun.py``)."""
     ap.add_argument("--private", default="nh", help="private state (two-letter code of the shared 2018 files)")
     ap.add_argument("--private-file", default=None, help="a person file of the --private state in place of its shared "
                     "file (e.g. a shifted copy from benchmarks/shift_inputs.py)")
     ap.add_argument("--public", default=None, help="comma-separated public states (default: the other eleven)")
+
+
+def split_of(args: argparse.Namespace, ap: argparse.ArgumentParser) -> tuple[str, list[str], Path | None]:
+    """(private state, public states, the private file in place of the shared one or None), checked."""
+    private = args.private.lower()
+    state_zip(private)
+    public = [s.strip().lower() for s in args.public.split(",")] if args.public else [s for s in STATES if s != private]
+    for s in public:
+        state_zip(s)
+    if private in public:
+        ap.error("the private state cannot also be public")
+    return private, public, Path(args.private_file).resolve() if args.private_file else None
+
+
+def private_bench(private: str, max_size: int, private_file: Path | None, ap: argparse.ArgumentParser) -> Bench:
+    """The private state's benchmark data; a ``--private-file`` must hold that state."""
+    bench = Bench(private, max_size, private_file)
+    if bench.st != FIPS[private]:
+        ap.error(f"--private-file {private_file} holds state {bench.st}, not {private.upper()} ({FIPS[private]}): set --private")
+    return bench
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_split_arguments(ap)
     ap.add_argument("--epsilons", default="0.1,0.25,0.5,1,2")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--methods", default="aim,mst,dprelease,public", help=f"comma-separated, from {','.join(ALL_METHODS)}")
@@ -694,15 +725,8 @@ def main(argv=None) -> int:
     bad = [m for m in methods if m not in ALL_METHODS and m.removeprefix(SOURCE_METHOD) not in source_roots]
     if bad:
         ap.error(f"unknown methods {bad} (dprelease@NAME needs --source NAME=PATH)")
-    private = args.private.lower()
-    state_zip(private)
-    public = [s.strip().lower() for s in args.public.split(",")] if args.public else [s for s in STATES if s != private]
-    for s in public:
-        state_zip(s)
-    if private in public:
-        ap.error("the private state cannot also be public")
+    private, public, private_file = split_of(args, ap)
     epsilons = [float(e) for e in args.epsilons.split(",")]
-    private_file = Path(args.private_file).resolve() if args.private_file else None
     private_file_name = str(private_file) if private_file else None
     name = private_file.stem.removeprefix("csv_p") if private_file else private
     tag = args.tag or (name + ("_quick" if args.quick else ""))
@@ -727,9 +751,7 @@ def main(argv=None) -> int:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])
 
     log(f"loading {private.upper()} (private) with {SPEC_PATH.name}")
-    bench = Bench(private, args.max_household_size, private_file)
-    if bench.st != FIPS[private]:
-        ap.error(f"--private-file {private_file} holds state {bench.st}, not {private.upper()} ({FIPS[private]}): set --private")
+    bench = private_bench(private, args.max_household_size, private_file, ap)
     n = bench.n
     delta = 1.0 / n**2
     log(f"{n} persons, {bench.truth_hh['n_households']} units, {len(bench.pumas)} PUMAs; δ = 1/n² = {delta:.3g}; "
