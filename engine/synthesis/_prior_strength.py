@@ -84,7 +84,7 @@ def marginal_log_likelihood(support: Support, prior: np.ndarray, measurements: S
     C *= G * G
     C = C + C.T  # symmetrised exactly, the halving in place: one dense copy at a time
     C /= 2
-    lam, U = np.linalg.eigh(C)  # numpy's, which releases the GIL (as engine.synthesis._uncertainty's)
+    lam, U = np.linalg.eigh(C)  # numpy's, which releases the GIL (scipy's holds it): the worker's other thread runs meanwhile
     del C
     lam = np.maximum(lam, 0.0)
     z2 = (U.T @ (inv_sd * (y - G * Ap))[on]) ** 2

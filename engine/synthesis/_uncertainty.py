@@ -60,6 +60,7 @@ from scipy.linalg import cholesky, solve_triangular
 from engine.count_of_counts import Hierarchy
 from engine.queries import Measurement, Support, Workload, centred_gram, outer_in_place
 from engine.synthesis._node import MeasureFn
+from engine.synthesis._symmetric_eigen import eigh_single
 
 __all__ = [
     "EB_BANDS", "Z90", "CountNoise", "FitErrors", "Intervals", "Recording", "SharedPrior", "SizeNoise", "band_scales", "bootstrap_summary",
@@ -281,14 +282,16 @@ def posterior_count_sd(support: Support, q: np.ndarray, fitted: Sequence[tuple[W
         else:  # in the eigenbasis of S^(-1/2) J S^(-1/2)
             r = np.sqrt(s_on)
             outer_in_place(J, r, r, np.divide)  # S^(-1/2) J S^(-1/2), in place
-            # numpy's eigh releases the GIL for the decomposition, scipy's holds it: a Dask worker's
-            # other thread, fitting another state, would wait the whole decomposition out
-            lam, V = np.linalg.eigh(J)
+            # in single precision, with the GIL released (engine.synthesis._symmetric_eigen): an error
+            # estimate needs no more, and a Dask worker's other thread fits another state meanwhile
+            lam32, Vt = eigh_single(J)
             del J
-            lam = np.maximum(lam, 0.0)
-            tau = band_scales(lam, V.T @ (np.asarray(residual, dtype=np.float64)[on] / r))
-            np.square(V, out=V)  # V ∘ V: the eigenvectors are not needed after the scales
-            P_diag[on] = s_on * (V @ ((tau * lam + lam * lam) / (1.0 + lam) ** 2))
+            lam = np.maximum(lam32.astype(np.float64), 0.0)
+            z = Vt @ (np.asarray(residual, dtype=np.float64)[on] / r).astype(np.float32)  # Vᵀ x, row i of Vt the i-th eigenvector
+            tau = band_scales(lam, z.astype(np.float64))
+            np.square(Vt, out=Vt)  # V ∘ V (transposed): the eigenvectors are not needed after the scales
+            g = (tau * lam + lam * lam) / (1.0 + lam) ** 2
+            P_diag[on] = s_on * (g.astype(np.float32) @ Vt).astype(np.float64)  # Σ_i g_i V_ci²
         var = G * G * np.maximum(P_diag, 0.0)
     else:  # IDE matches the noisy answers: the measurement's own noise
         var = G * G * s
