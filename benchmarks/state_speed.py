@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("several --private states need --stages (they share one worker's supports)")
     private_data = args.private_data or args.data
     source = "" if private_data == args.data else f"{private_data.name}_"
+    args.work.mkdir(parents=True, exist_ok=True)
     public = HierarchicalData.concat([load_state(s, args.work, args.data) for s in args.public.split(",")])
     states = {abbr: load_state(abbr, args.work, private_data) for abbr in privates}
     works = {abbr: args.work / f"{source}{abbr}_from_{args.public.replace(',', '_')}_eps{args.epsilon:g}{'_stages' if args.stages else ''}"
