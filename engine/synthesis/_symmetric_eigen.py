@@ -53,30 +53,22 @@ def eigh_single(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = a.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.float32), np.zeros((0, 0), dtype=np.float32)
-    min_work = 1 + 6 * n + 2 * n * n  # ssyevd's documented workspace for eigenvectors, in floats
+    min_work = 1 + 6 * n + 2 * n * n  # ssyevd's workspace for eigenvectors, in floats
     if min_work > np.iinfo(np.int32).max:
         raise ValueError(f"eigh_single: {n} rows need a workspace beyond LAPACK's 32-bit sizes")
     vt = np.array(a, dtype=np.float32, order="C")
     if not np.isfinite(vt).all():
         raise ValueError("eigh_single needs a finite matrix")
     # the C-ordered array is, to Fortran, its transpose: the lower triangle asked for is Fortran's
-    # upper ("U"), and the eigenvectors LAPACK writes as Fortran columns are the C rows
+    # upper ("U"), and the eigenvectors LAPACK writes as Fortran columns are the C rows. The
+    # workspaces are ssyevd's documented sizes for eigenvectors, which are also its optimal ones
     w = np.empty(n, dtype=np.float32)
-    size, lda, info = ctypes.c_int(n), ctypes.c_int(n), ctypes.c_int(0)
-    lwork, liwork = ctypes.c_int(-1), ctypes.c_int(-1)
-    work_query, iwork_query = np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.int32)
-
-    def call(work: np.ndarray, iwork: np.ndarray) -> None:
-        _ssyevd(b"V", b"U", ctypes.byref(size), vt.ctypes.data, ctypes.byref(lda), w.ctypes.data, work.ctypes.data,
-                ctypes.byref(lwork), iwork.ctypes.data, ctypes.byref(liwork), ctypes.byref(info))
-        if info.value < 0:
-            raise ValueError(f"ssyevd: argument {-info.value} is invalid")
-        if info.value > 0:
-            raise np.linalg.LinAlgError(f"ssyevd did not converge ({info.value} eigenvalues)")
-
-    call(work_query, iwork_query)  # the workspace query: sizes in work[0] and iwork[0]
-    # LAPACK returns the float workspace's size as a float32, which may round it down: at least the documented minimum
-    lwork.value = max(int(work_query[0]), min_work)
-    liwork.value = max(int(iwork_query[0]), 3 + 5 * n)
-    call(np.empty(lwork.value, dtype=np.float32), np.empty(liwork.value, dtype=np.int32))
+    work, iwork = np.empty(min_work, dtype=np.float32), np.empty(3 + 5 * n, dtype=np.int32)
+    size, lwork, liwork, info = ctypes.c_int(n), ctypes.c_int(work.size), ctypes.c_int(iwork.size), ctypes.c_int(0)
+    _ssyevd(b"V", b"U", ctypes.byref(size), vt.ctypes.data, ctypes.byref(size), w.ctypes.data, work.ctypes.data,
+            ctypes.byref(lwork), iwork.ctypes.data, ctypes.byref(liwork), ctypes.byref(info))
+    if info.value < 0:
+        raise ValueError(f"ssyevd: argument {-info.value} is invalid")
+    if info.value > 0:
+        raise np.linalg.LinAlgError(f"ssyevd did not converge ({info.value} eigenvalues)")
     return w, vt
