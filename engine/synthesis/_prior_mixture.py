@@ -315,7 +315,9 @@ class WidenedSupport:
                 continue
             moved = moved + l * hit
             runs.append(l * base[rows] * (mass / held))
-        return np.concatenate([(1.0 - moved) * base, *runs])
+        # 1 − moved ≥ 1 − Σ λ ≥ 0 in exact arithmetic; weights rescaled to sum 1 can sum to 1 + 2⁻⁵²
+        # in floating point, and a household several flips change must not get a negative weight
+        return np.concatenate([np.maximum(1.0 - moved, 0.0) * base, *runs])
 
 
 def widen(public: HierarchicalData, flips: Sequence[Flip], public_prior: np.ndarray | None = None,

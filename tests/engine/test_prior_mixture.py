@@ -409,3 +409,23 @@ def test_the_copied_share_follows_the_mixture_weight():
         assert s >= min(1.0, COPY_DENSITY * x / (0.9 - x)) and (s == 1.0 or s - 1 / SHARE_STEP < COPY_DENSITY * x / (0.9 - x))
         assert float(s * SHARE_STEP).is_integer()
     assert copy_share(0.0, [0.0]) == 1.0 and copy_share(0.5, [0.5, 0.5]) == 1.0
+
+
+def test_mixture_weights_that_sum_to_one_in_rounding_leave_no_negative_prior_weight():
+    """The least squares rescales weights whose sum exceeds 1 to sum 1; in floating point that sum
+    can be 1 + 2⁻⁵² and a household two flips both change then got 1 − (λ₁ + λ₂) < 0 times its
+    prior: a negative weight that every fit on the state's posterior carried into its PUMAs, where
+    the rake to the state refused it and the release failed. The public block's weight is
+    1 − Σ λ ≥ 0 exactly; the prior keeps it at 0."""
+    domain = Domain(group=DOMAIN.group, person=(*DOMAIN.person, attr("B", 2)), geography=DOMAIN.geography, max_size=DOMAIN.max_size)
+    base = with_householder_sex(random_data(BASE, 500, seed=42))
+    person = np.concatenate([base.person, np.zeros((base.n_persons, 1), dtype=base.person.dtype)], axis=1)
+    public = HierarchicalData.from_arrays(domain, base.geo, base.group, person, base.person_offsets)
+    w = widen(public, (FLIP, Flip("B")))
+    lam = np.array([0.5772841464584488, 0.42271585354155133])  # sums to 1 + 2⁻⁵²: rescaled by the least squares' rule
+    assert lam.sum() <= 1 + 1e-12 and 1.0 - (0.0 + lam[0] + lam[1]) < 0
+    both = w.changed[0] & w.changed[1]
+    assert both.any()  # households both flips change, whose public weight is 1 − λ₁ − λ₂
+    prior = w.prior(Support.from_data(public).weights, lam)
+    assert np.all(prior >= 0) and np.all(prior[: w.n_public][both] == 0)
+    assert np.isclose(prior.sum(), 1.0)
