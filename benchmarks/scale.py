@@ -13,6 +13,18 @@ household: 1.0 is linear growth).
 
     python benchmarks/scale.py --scales 1,4,16 [--national] [--keep]
 
+Paired (``--source NAME=PATH``, repeatable: checkouts of the repository, e.g. git worktrees at other
+commits): per size, the first source runs the whole pipeline once (the row ``<size> measured by NAME``),
+then every source reruns it from that run's stored measurements, its node files, QA folder and
+release deleted as ``paired_rerun.py`` does and the ledger checked to be left byte for byte
+(rows ``<size> rerun NAME``). Every rerun fits the same noisy answers, so the states weigh in the same
+relabellings and the sources' CPU compares without the spread that fresh noise gives one national run;
+a rerun skips the measurements and the strength floor's simulation, so its wall is a little below a
+full run's.
+
+    python benchmarks/scale.py --scales 1 --source before=/tmp/wt-before --source after=. --out benchmarks/results/scale_pair.txt
+    python benchmarks/scale.py --scales "" --national --source before=/tmp/wt-before --source after=. --out ...
+
 Inputs and runs live in a temporary directory that is deleted afterwards.
 """
 
@@ -87,10 +99,15 @@ def by_process(values: Mapping[int, float], kinds: dict[int, str], scale: float 
     return dict(sorted(out.items()))
 
 
-def run(config: Path, env: dict) -> dict:
+def run(config: Path, env: dict, root: Path | None = None) -> dict:
+    """``dprelease run`` of ``config``, sampled: of this environment's installed package, or with
+    ``root`` of that checkout (its packages first on the path, run from its folder)."""
     start = time.time()
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("dprelease")), "run", str(config)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if root is None:
+        cmd = [str(Path(sys.executable).with_name("dprelease")), "run", str(config)]
+    else:
+        cmd, env = [sys.executable, "-m", "flows.cli", "run", str(config)], dict(env, PYTHONPATH=str(root))
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = {"pss": 0, "rss": 0, "at": start}
     kinds: dict[int, str] = {}
     samples: list[tuple[float, dict[int, int]]] = []  # (time, {pid: PSS}) every half second
@@ -211,7 +228,17 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "acs2018_1yr"))
     ap.add_argument("--out", default=str(OUT / "scale.txt"))
     ap.add_argument("--keep", action="store_true", help="keep the sizes of the existing table that this run does not measure")
+    ap.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
+                    help="paired mode (module docstring): a checkout to rerun on the first one's stored measurements (repeatable)")
     args = ap.parse_args(argv)
+    sources: dict[str, Path] = {}
+    if args.source:
+        from peer_comparison import parse_sources
+
+        try:
+            sources = parse_sources(args.source)
+        except ValueError as ex:
+            ap.error(str(ex))
     sizes = [(f"{k}x", dict(scale=int(k), pumas_per_state=None)) for k in args.scales.split(",") if k.strip()]
     if args.national:
         sizes.append(("national", dict(scale=None, pumas_per_state=46)))
@@ -228,25 +255,79 @@ def main(argv=None) -> int:
             d = Path(tmp) / label
             summary = build(Path(args.data), d, how["pumas_per_state"], how["scale"])
             print(f"[scale] {label}: {summary['households']} households, {summary['pumas']} PUMAs; running ...", flush=True)
-            r = run(d / "national.yaml", env)
-            spans, marks, samples = stage_spans(d / "releases" / "national"), r.pop("marks"), r.pop("samples")
-            peaks, cpu = step_peaks(spans, marks, samples), step_cpu(spans, marks, r.pop("cpu_samples"), r.pop("kinds"))
-            r.update(label=label, code=code_version(), households=summary["households"], pumas=summary["pumas"], states=summary["states"],
-                     stages=step_times(spans, marks), peak_step=step_at(spans, marks, marks["peak"]),
-                     peak_by_process=max(peaks.values(), key=lambda m: m["total"]), step_peaks=peaks, step_cpu=cpu)
-            rows.append(r)
-            print(f"[scale] {label}: {r['wall_s']:.0f} s, peak PSS {r['peak_pss_mib']:.0f} MiB (RSS sum {r['peak_rss_mib']:.0f}) "
-                  f"during {r['peak_step']}, stages {r['stages']}", flush=True)
+            runs = [(label, None, False)] if not sources else \
+                [(f"{label} measured by {next(iter(sources))}", next(iter(sources)), False)] + [(f"{label} rerun {n}", n, True) for n in sources]
+            for row_label, source, rerun in runs:
+                root = sources.get(source)
+                ledger = rerun_from_measurements(d) if rerun else None
+                r = measured(d, run(d / "national.yaml", env, root), summary, row_label, code_version(root or ROOT))
+                if ledger is not None:
+                    check_ledger(d, ledger)
+                    r["paired"] = True
+                rows.append(r)
+                print(f"[scale] {row_label}: {r['wall_s']:.0f} s, peak PSS {r['peak_pss_mib']:.0f} MiB (RSS sum {r['peak_rss_mib']:.0f}) "
+                      f"during {r['peak_step']}, stages {r['stages']}", flush=True)
+                write(rows, Path(args.out))
             shutil.rmtree(d)
-            write(rows, Path(args.out))
     return 0
 
 
-def code_version() -> str:
-    """The commit the curve ran (``+modified`` when the working tree differs from it)."""
+def measured(d: Path, r: dict, summary: dict, label: str, code: str) -> dict:
+    """A row of the table from one :func:`run` of the input in ``d``: its audited stages (those that
+    started in this run: a rerun's release is new, its work directory is not) and the steps around them."""
+    marks, samples = r.pop("marks"), r.pop("samples")
+    spans = {k: v for k, v in stage_spans(d / "releases" / "national").items() if v[0] >= marks["start"]}
+    peaks, cpu = step_peaks(spans, marks, samples), step_cpu(spans, marks, r.pop("cpu_samples"), r.pop("kinds"))
+    r.update(label=label, code=code, households=summary["households"], pumas=summary["pumas"], states=summary["states"],
+             stages=step_times(spans, marks), peak_step=step_at(spans, marks, marks["peak"]),
+             peak_by_process=max(peaks.values(), key=lambda m: m["total"]), step_peaks=peaks, step_cpu=cpu)
+    return r
+
+
+def rerun_from_measurements(d: Path) -> str:
+    """Clear what a rerun of the input in ``d`` rebuilds (``paired_rerun.clear_for_rerun``); the ledger's digest."""
+    from paired_rerun import clear_for_rerun
+
+    return clear_for_rerun(d / "work" / "national", d / "releases" / "national")
+
+
+def check_ledger(d: Path, digest: str) -> None:
+    from paired_rerun import ledger_digest
+
+    if ledger_digest(d / "work" / "national") != digest:
+        raise RuntimeError("a rerun changed the ledger: it measured again, so it is not paired with the first run")
+
+
+def code_version(root: Path = ROOT) -> str:
+    """The commit a checkout ran (``+modified`` when its working tree differs from it)."""
     def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()
     return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def worker_cpu(row: dict, step: str) -> float:
+    return sum(v for k, v in row.get("step_cpu", {}).get(step, {}).items() if k.startswith("dask_worker"))
+
+
+PAIRED_STEPS = ("state_synthesis", "puma_synthesis", "publish")
+
+
+def paired_lines(rows: list[dict]) -> list[str]:
+    """The reruns on one run's stored measurements side by side (``--source``): wall, and per synthesis
+    stage its wall and the workers' CPU seconds, each with its difference from the size's first rerun."""
+    out: list[str] = []
+    for size in dict.fromkeys(r["label"].split(" ")[0] for r in rows if r.get("paired")):
+        reruns = [r for r in rows if r.get("paired") and r["label"].split(" ")[0] == size]
+        base = reruns[0]
+        out += ["", f"paired reruns of {size} on the same stored measurements (difference from {base['label']}):"]
+        for r in reruns:
+            cells = [f"wall {r['wall_s']:.0f} s ({r['wall_s'] - base['wall_s']:+.0f})"]
+            for step in PAIRED_STEPS:
+                wall, cpu = r["stages"].get(step, 0.0), worker_cpu(r, step)
+                cells.append(f"{step} {wall:.0f} s ({wall - base['stages'].get(step, 0.0):+.0f}), worker CPU {cpu:.0f} s "
+                             f"({cpu - worker_cpu(base, step):+.0f})")
+            out.append(f"  {r['label']} [{r['code']}]: " + "; ".join(cells))
+    return out
 
 
 def write(rows: list[dict], out: Path) -> None:
@@ -270,6 +351,7 @@ def write(rows: list[dict], out: Path) -> None:
                      f"{r['wall_s'] / base['wall_s']:>11.2f}{(r['wall_s'] / r['households']) / (base['wall_s'] / base['households']):>9.2f}"
                      f"{r['peak_pss_mib'] / base['peak_pss_mib']:>10.2f}  {dom} ({r['stages'][dom]:.0f} s of {sum(r['stages'].values()):.0f});"
                      f" {r['peak_step']}; {r.get('code', 'not recorded')}")
+    lines += paired_lines(rows)
     lines += ["", "stage seconds per size:"] + [f"  {r['label']}: " + ", ".join(f"{k} {v:.0f}" for k, v in r["stages"].items()) for r in rows]
     lines += ["", "PSS MiB per process at each step's highest sample (the tree's peak marked *):"]
     for r in rows:

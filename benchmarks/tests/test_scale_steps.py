@@ -36,3 +36,26 @@ def test_the_cpu_table_prints_beside_the_stage_wall_times(scale, tmp_path):
     scale.write([row], tmp_path / "scale.txt")
     text = (tmp_path / "scale.txt").read_text()
     assert "  1x state_synthesis             wall 10; total 19, client 1, dask_worker_1 18" in text
+
+
+def test_paired_reruns_print_beside_the_first_rerun(scale, tmp_path):
+    def row(label, wall, state_cpu, paired=True):
+        return {"label": label, "states": 12, "pumas": 106, "households": 100, "wall_s": wall, "peak_pss_mib": 1000.0,
+                "peak_rss_mib": 1100.0, "stages": {"state_synthesis": wall / 2, "puma_synthesis": 10.0, "publish": 5.0},
+                "peak_step": "state_synthesis", "code": label[-1], "paired": paired,
+                "step_cpu": {"state_synthesis": {"total": state_cpu + 1, "client": 1.0, "dask_worker_1": state_cpu},
+                             "puma_synthesis": {"total": 18.0, "dask_worker_1": 18.0}}}
+    rows = [row("1x measured by a", 50.0, 40.0, paired=False), row("1x rerun a", 40.0, 30.0), row("1x rerun b", 34.0, 24.5)]
+    lines = scale.paired_lines(rows)
+    assert lines[1] == "paired reruns of 1x on the same stored measurements (difference from 1x rerun a):"
+    assert len(lines) == 4 and "measured by" not in "".join(lines)  # the measuring run is no rerun
+    assert lines[3].startswith("  1x rerun b [b]: wall 34 s (-6); state_synthesis 17 s (-3), worker CPU 24 s (-6); "
+                               "puma_synthesis 10 s (+0), worker CPU 18 s (+0); publish 5 s (+0), worker CPU 0 s (+0)")
+    scale.write(rows, tmp_path / "scale.txt")
+    assert "paired reruns of 1x" in (tmp_path / "scale.txt").read_text()
+
+
+def test_a_source_that_is_no_checkout_is_refused(scale, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        scale.main(["--scales", "1", "--source", f"x={tmp_path}"])
+    assert "not a checkout of this repository" in capsys.readouterr().err
