@@ -198,6 +198,7 @@ def _unpack(z, prefix: str) -> HierarchicalData:
 
 def run(d: Path, devices: list[str], jobs: int, out: Path, cells: list[int] | None = None) -> None:
     import torch
+    from hgem_speed import _cpu_name as cpu_name
 
     out.mkdir(parents=True, exist_ok=True)
     spec = _spec(d)
@@ -212,7 +213,7 @@ def run(d: Path, devices: list[str], jobs: int, out: Path, cells: list[int] | No
         fit, secs = _public_fit(d, device)
         fit_path = Path(tempfile.gettempdir()) / f"hgem_devices_public_fit_{device}.pt"  # not a result: stays there
         torch.save(fit, fit_path)
-        rec = {"name": torch.cuda.get_device_name(0) if device.startswith("cuda") else _cpu_name(),
+        rec = {"name": torch.cuda.get_device_name(0) if device.startswith("cuda") else cpu_name(),
                "pretrain_seconds": secs, "cells": []}
         print(f"{device}: public pretraining {secs:.1f}s", file=sys.stderr, flush=True)
         if device == "cpu":  # one-thread cells side by side, as a CPU Dask cluster runs the states
@@ -230,16 +231,6 @@ def run(d: Path, devices: list[str], jobs: int, out: Path, cells: list[int] | No
         rec["jobs"] = min(jobs, n) if device == "cpu" else 1
         info["devices"][device] = rec
         (out / "timings.json").write_text(json.dumps(info, indent=1))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
 
 
 # -- score (here: the confidential truth) -----------------------------------------------------------------------------

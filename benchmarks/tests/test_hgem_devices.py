@@ -18,7 +18,7 @@ def hd():
     return load_benchmark("hgem_devices")
 
 
-def test_prepare_run_score_end_to_end(hd, data_root, tmp_path, capsys):
+def test_prepare_run_score_end_to_end(hd, data_root, tmp_path):
     d, runs, results = tmp_path / "prep", tmp_path / "runs", tmp_path / "results"
     assert hd.main(["prepare", "--dir", str(d), "--inputs", "none", "--epsilons", "1,0.25"]) == 0
     spec = json.loads((d / "cells.json").read_text())
@@ -30,8 +30,9 @@ def test_prepare_run_score_end_to_end(hd, data_root, tmp_path, capsys):
     (d / "cells.json").write_text(json.dumps(spec))
     assert hd.main(["run", "--dir", str(d), "--devices", "cuda,cpu", "--jobs", "2", "--out", str(runs)]) == 0
     timings = json.loads((runs / "timings.json").read_text())
-    if "cuda" not in timings["devices"]:
-        assert "no CUDA device visible" in capsys.readouterr().err
+    import torch
+
+    assert ("cuda" in timings["devices"]) == torch.cuda.is_available()  # a device that is not there is skipped
     cpu = timings["devices"]["cpu"]
     assert sorted(c["index"] for c in cpu["cells"]) == [0, 1] and cpu["pretrain_seconds"] > 0
     assert hd.main(["score", "--dir", str(d), "--runs", str(runs), "--out", str(results)]) == 0
