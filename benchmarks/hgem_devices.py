@@ -42,6 +42,7 @@ Three steps, because the GPU machine has neither the pipeline's orchestration no
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import pickle
@@ -98,14 +99,13 @@ def prepare(out: Path, state: str, inputs: list[str], epsilons: list[float], shi
             private.to_npz(out / f"{name}.npz")
         public = HierarchicalData.concat([load_input(config, spec, "public")[0] for spec in config.public])
         public.to_npz(out / "public.npz")
-        settings = config.advanced.hgem.settings()
-        workload = select_workload_task.fn(str(out / "public.npz"), str(Path(tmp) / "workload.json"),
-                                           config.synthesis_settings(public.domain), False, True)
+        settings, synthesis = config.advanced.hgem.settings(), config.synthesis_settings(public.domain)
+        workload = select_workload_task.fn(str(out / "public.npz"), str(Path(tmp) / "workload.json"), synthesis, False, True)
         structure = household_structure(config, public.domain)
     (out / "structure.pkl").write_bytes(pickle.dumps(structure))
     (out / "cells.json").write_text(json.dumps({
         "state": state, "unit": config.privacy_unit, "max_household_size": household_max_size(base), "settings": settings.to_dict(),
-        "prior_strength": config.synthesis_settings(public.domain).prior_strength,
+        "prior_strength": synthesis.prior_strength,
         "initial_workloads": list(workload["state"]), "seed": 0, "cells": cells}, indent=1))
     print(f"prepared {len(cells)} cells in {out}", file=sys.stderr)
 
@@ -177,23 +177,19 @@ def run_cell(d: Path, index: int, device: str, public_fit_path: str) -> dict:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    return {"index": index, "device": device, "seconds": seconds, "rounds": len(fit.result.history), "synth": _arrays(synth)}
+    return {"index": index, "device": device, "seconds": seconds, "rounds": len(fit.result.history), "synth": _npz_bytes(synth)}
 
 
-_PARTS = ("geo", "group", "person", "person_offsets")
+def _npz_bytes(data: HierarchicalData) -> np.ndarray:
+    """``data``'s own ``.npz`` (``HierarchicalData.to_npz``) as bytes, to pack many cells in one file."""
+    buf = io.BytesIO()
+    data.to_npz(buf)
+    return np.frombuffer(buf.getvalue(), dtype=np.uint8)
 
 
-def _arrays(data: HierarchicalData) -> dict:
-    """``data`` as plain arrays (its domain as JSON bytes), to pack many cells in one file."""
-    return {"domain": np.frombuffer(json.dumps(data.domain.to_dict()).encode(), dtype=np.uint8),
-            **{k: np.asarray(getattr(data, k)) for k in _PARTS}}
-
-
-def _unpack(z, prefix: str) -> HierarchicalData:
-    from engine.data import Domain
-
-    domain = Domain.from_dict(json.loads(z[prefix + "domain"].tobytes().decode()))
-    return HierarchicalData.from_arrays(domain, *(z[prefix + k] for k in _PARTS))
+def cell_samples(z, index: int) -> HierarchicalData:
+    """Cell ``index``'s households from a ``samples_<device>.npz`` of :func:`run`."""
+    return HierarchicalData.from_npz(io.BytesIO(z[f"c{index}"].tobytes()))
 
 
 def run(d: Path, devices: list[str], jobs: int, out: Path, cells: list[int] | None = None) -> None:
@@ -224,8 +220,7 @@ def run(d: Path, devices: list[str], jobs: int, out: Path, cells: list[int] | No
         for r in results:
             c = spec["cells"][r["index"]]
             print(f"{device}: {c['input']} ε={c['epsilon']} {r['seconds']:.1f}s ({r['rounds']} rounds)", file=sys.stderr, flush=True)
-        np.savez_compressed(out / f"samples_{device}.npz",
-                            **{f"c{r['index']}_{k}": v for r in results for k, v in r["synth"].items()})
+        np.savez_compressed(out / f"samples_{device}.npz", **{f"c{r['index']}": r["synth"] for r in results})
         rec["cells"] = [{"index": r["index"], "seconds": r["seconds"], "rounds": r["rounds"]} for r in results]
         rec["wall_seconds"] = time.perf_counter() - t_dev
         rec["jobs"] = min(jobs, n) if device == "cpu" else 1
@@ -269,7 +264,7 @@ def score(d: Path, runs: Path, shift_dir: Path, out: Path) -> None:
                     benches[cell["input"]] = private_bench(state, spec["max_household_size"], _input_file(cell["input"], state, shift_dir),
                                                            argparse.ArgumentParser())
                 bench = benches[cell["input"]]
-                synth = _unpack(z, f"c{c['index']}_")
+                synth = cell_samples(z, c["index"])
                 rows.append({"input": cell["input"], "epsilon": cell["epsilon"], "device": device, "seconds": c["seconds"],
                              "pretrain_seconds": rec["pretrain_seconds"], **state_score(bench, synth)})
     for name, bench in benches.items():

@@ -255,10 +255,10 @@ def main(argv=None) -> int:
             d = Path(tmp) / label
             summary = build(Path(args.data), d, how["pumas_per_state"], how["scale"])
             print(f"[scale] {label}: {summary['households']} households, {summary['pumas']} PUMAs; running ...", flush=True)
-            runs = [(label, None, False)] if not sources else \
-                [(f"{label} measured by {next(iter(sources))}", next(iter(sources)), False)] + [(f"{label} rerun {n}", n, True) for n in sources]
+            first = next(iter(sources), None)  # paired: it measures, then every source reruns
+            runs = [(label if first is None else f"{label} measured by {first}", first, False)] + [(f"{label} rerun {n}", n, True) for n in sources]
             for row_label, source, rerun in runs:
-                root = sources.get(source)
+                root = sources.get(source) if source else None
                 ledger = rerun_from_measurements(d) if rerun else None
                 r = measured(d, run(d / "national.yaml", env, root), summary, row_label, code_version(root or ROOT))
                 if ledger is not None:

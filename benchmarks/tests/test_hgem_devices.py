@@ -1,5 +1,5 @@
 """The GPU-against-CPU H-GEM benchmark's three steps at a tiny size on the CPU (no GPU here: a
-``cuda`` device is skipped and said so), and its state-level scorer against the peer benchmark's."""
+``cuda`` device is skipped), and its state-level scorer against the peer benchmark's."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_prepare_run_score_end_to_end(hd, data_root, tmp_path):
     assert "cpu" in (results / "hgem_devices.txt").read_text()
     private = hd.HierarchicalData.from_npz(d / "none.npz")
     with np.load(runs / "samples_cpu.npz") as z:
-        got = hd._unpack(z, "c0_")
+        got = hd.cell_samples(z, 0)
     assert got.domain == private.domain and got.n_households == 2 * private.n_households  # support_per_household × N_G
 
 
