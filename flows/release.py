@@ -406,7 +406,6 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     stored = ctx.store.all()
     measurements = measurements_table(stored, domain)
     coc_released = release_histograms(coc_path, synth) if coc_path else None
-    counts = release_counts(synth)
     state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
     intervals = intervals_table(
         *([] if coc_released is None else [count_of_counts_intervals(
@@ -444,7 +443,6 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
         "measurements": measurements_entry(measurements),
         "intervals": intervals_entry(intervals),
         "stages": stages + ["publish"],
-        "release_counts": counts,
         "validation": RELEASE_VALIDATION,
         "public_inputs_summary": [read_report(r) for r in reports if r["role"] == "public"],
         "seeds_policy": {
@@ -456,18 +454,12 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     gate = release_gate(cfg, paths, counts_path, domain)
     rules = cfg.household_rules
     dictionary = data_dictionary(load_domain_spec(cfg.domain_path()), domain, rules.oversize, rules.group_quarters)
-    manifest = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
-                             intervals=intervals, audit=audit, gate=gate, dictionary=dictionary, weight_totals=weight_totals(cfg))
-    publish_artifacts(cfg.name, summary, release_markdown(manifest))
-    logger.info(f"published {counts['households']} synthetic households to {paths.release_dir} "
+    written = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
+                            intervals=intervals, audit=audit, gate=gate, dictionary=dictionary, weight_totals=weight_totals(cfg))
+    publish_artifacts(cfg.name, summary, release_markdown(written))
+    logger.info(f"published {written['release_counts']['households']} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
     return str(paths.release_dir)
-
-
-def release_counts(release: ReleaseParts) -> dict[str, int]:
-    """The released households and persons (synthetic counts, public), summed over the parts."""
-    counts = [(part.n_households, part.n_persons) for part in release]
-    return {"households": sum(h for h, _ in counts), "persons": sum(p for _, p in counts)}
 
 
 def geography_entry(cfg: ReleaseConfig, geography: Geography | None) -> dict:

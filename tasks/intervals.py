@@ -33,7 +33,7 @@ import pyarrow as pa
 from engine.count_of_counts import fit_histograms, fit_household_counts, geography_hierarchy
 from engine.data import LEVELS, Domain, HierarchicalData, node_households, parse_node_key
 from engine.privacy import MeasurementRecord as Measurement
-from engine.queries import Workload, answer
+from engine.queries import Workload, node_answers
 from engine.synthesis import (
     BOOTSTRAP_REPLICATES,
     CountNoise,
@@ -59,14 +59,18 @@ def uncertainty_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=SPAWN_KEY))
 
 
-def _rows(table: str, level: str, node: str, marginal: str, codes: pa.Array, released, iv: Intervals, method: str) -> pa.Table:
-    n = len(codes)
+def _rows(table: str, level: str, nodes: str | list[str], marginal: str, codes: pa.Array, released, iv: Intervals, method: str) -> pa.Table:
+    """The rows of one marginal at one node (``nodes`` a key, ``released`` its cells) or at
+    several (keys, and one row of cells each)."""
+    keys = [nodes] if isinstance(nodes, str) else nodes
+    cells, n = len(codes), len(codes) * len(keys)
     return pa.table({
         "table": pa.array([table] * n, pa.string()), "level": pa.array([level] * n, pa.string()),
-        "node": pa.array([node] * n, pa.string()), "marginal": pa.array([marginal] * n, pa.string()),
-        "cell": pa.array(np.arange(n, dtype=np.int32)), "cell_codes": codes,
-        "released": pa.array(np.asarray(released, dtype=np.float64)), "se": pa.array(iv.se), "bias": pa.array(iv.bias),
-        "lo90": pa.array(iv.lo90), "hi90": pa.array(iv.hi90), "method": pa.array([method] * n, pa.string()),
+        "node": pa.array(np.repeat(np.array(keys, dtype=object), cells), pa.string()), "marginal": pa.array([marginal] * n, pa.string()),
+        "cell": pa.array(np.tile(np.arange(cells, dtype=np.int32), len(keys))), "cell_codes": pa.concat_arrays([codes] * len(keys)) if keys else codes[:0],
+        "released": pa.array(np.asarray(released, dtype=np.float64).reshape(-1)), "se": pa.array(iv.se.reshape(-1)),
+        "bias": pa.array(iv.bias.reshape(-1)), "lo90": pa.array(iv.lo90.reshape(-1)), "hi90": pa.array(iv.hi90.reshape(-1)),
+        "method": pa.array([method] * n, pa.string()),
     }, schema=INTERVALS_SCHEMA)
 
 
@@ -122,54 +126,84 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
     histograms, i.e. the state's count-of-counts estimate, more than the state fit. The release is
     read one part (whole states, :class:`tasks.release_parts.ReleaseParts`) at a time."""
     records = [json.loads(Path(f).with_suffix(".json").read_text()) for f in node_files]
-    total_var = {parse_node_key(r["node"]): float(r.get("total_var", 0.0)) for r in records}
+    nodes = [parse_node_key(r["node"]) for r in records]
+    total_var = {node: float(r.get("total_var", 0.0)) for node, r in zip(nodes, records)}
     response: dict[tuple[int, str], np.ndarray] = {}  # (state, workload id): Σ over its PUMAs of the response variance
-    for r in records:
-        node = parse_node_key(r["node"])
+    for node, r in zip(nodes, records):
         for wid, sd in (r.get("response_sd") or {}).items():
             response[(node[0], wid)] = response.get((node[0], wid), 0.0) + np.asarray(sd) ** 2
     parts = release if isinstance(release, ReleaseParts) else ReleaseParts.of(release)
     size_id = Workload("group", (parts.domain.size_attribute,), ()).id
+    puma_var: dict[int, float] = {}  # a state's released total sums its PUMAs', fitted independently
+    for n, v in total_var.items():
+        if len(n) == 2:
+            puma_var[n[0]] = puma_var.get(n[0], 0.0) + v
     by_state: dict[int, list[int]] = {}
     for i, r in enumerate(records):
         if r.get("answer_sd"):
-            by_state.setdefault(parse_node_key(r["node"])[0], []).append(i)
-    rows: dict[int, list[pa.Table]] = {}
+            by_state.setdefault(nodes[i][0], []).append(i)
 
-    def answered(i: int, data: HierarchicalData) -> None:
-        record = records[i]
-        node = parse_node_key(record["node"])
-        level = "state" if len(node) == 1 else "puma"
-        var_G = total_var[node] if level == "puma" else sum(v for n, v in total_var.items() if len(n) == 2 and n[0] == node[0])
-        rows[i] = []
-        for wid, sd in sorted(record["answer_sd"].items()):
-            if level == "state" and wid == size_id:
-                continue  # a state's released sizes are its PUMAs' sum, which tracks the count-of-counts estimate
-            w = Workload.from_id(wid)
-            released = np.asarray(answer(data, w), dtype=np.float64).reshape(-1)
-            codes, _ = cell_labels(wid, released.size, parts.domain)
-            fit_sd = np.asarray(sd)
-            if level == "state" and (node[0], wid) in response:
-                fit_sd = np.sqrt(fit_sd**2 + response[(node[0], wid)])
-            se = combine_total(released, data.n_households, fit_sd, var_G)
-            rows[i].append(_rows("marginal", level, record["node"], wid, codes, released, intervals(released, se), method))
+    def answered(ids: list[int], data: HierarchicalData) -> list[pa.Table]:
+        """The rows of the records ``ids`` (nodes of ``data``'s states): per state, each workload
+        answered once on its households, per PUMA; a state's answer is its PUMAs' sum (integer
+        counts: exact). One table per level and workload."""
+        found: dict[tuple[int, str], list[tuple[int, np.ndarray, int]]] = {}  # (depth, wid): (record, released, households)
+        states = node_households(data.geo, 1)  # one sort, not a mask per node
+        for st in sorted({nodes[i][0] for i in ids}):
+            mine = [i for i in ids if nodes[i][0] == st]
+            sub = data.take(states.get((st,), nothing))
+            pumas = node_households(sub.geo, 2)
+            position = {node: j for j, node in enumerate(sorted(pumas))}
+            node_of = np.empty(sub.n_households, dtype=np.int64)
+            for node, j in position.items():
+                node_of[pumas[node]] = j
+            sizes = np.bincount(node_of, minlength=len(position))
+            wids = {wid for i in mine for wid in records[i]["answer_sd"]}
+            for wid in sorted(wids):
+                M = node_answers(sub, Workload.from_id(wid), node_of, len(position))
+                for i in mine:
+                    node = nodes[i]
+                    if wid not in records[i]["answer_sd"] or (len(node) == 1 and wid == size_id):
+                        continue  # a state's released sizes are its PUMAs' sum, which tracks the count-of-counts estimate
+                    if len(node) == 1:
+                        got = (M.sum(axis=0), sub.n_households)
+                    else:
+                        row = position.get(node)
+                        got = (np.zeros(M.shape[1]), 0) if row is None else (M[row], int(sizes[row]))
+                    found.setdefault((len(node), wid), []).append((i, *got))
+        out = []
+        for (depth, wid), rows in sorted(found.items()):
+            released = np.stack([r for _, r, _ in rows])
+            households = np.array([g for _, _, g in rows], dtype=np.float64)
+            fit_sd = np.array([records[i]["answer_sd"][wid] for i, _, _ in rows], dtype=np.float64).reshape(released.shape)
+            at = [nodes[i] for i, _, _ in rows]
+            if depth == 1:
+                for j, node in enumerate(at):
+                    if (node[0], wid) in response:
+                        fit_sd[j] = np.sqrt(fit_sd[j] ** 2 + response[(node[0], wid)])
+                var_G = np.array([puma_var.get(node[0], 0.0) for node in at])
+            else:
+                var_G = np.array([total_var[node] for node in at])
+            se = combine_total(released, households[:, None], fit_sd, var_G[:, None])
+            codes, _ = cell_labels(wid, released.shape[1], parts.domain)
+            out.append(_rows("marginal", "state" if depth == 1 else "puma", [records[i]["node"] for i, _, _ in rows], wid, codes, released,
+                             intervals(released, se), method))
+        return out
 
     nothing = np.zeros(0, dtype=np.int64)
+    tables: list[pa.Table] = []
+    done: set[int] = set()
     empty = None
     for part in parts:
-        index = {depth: node_households(part.geo, depth) for depth in (1, 2)}  # one sort, not a mask per node
-        for st in np.unique(part.geo[:, 0]).tolist():
-            for i in by_state.get(st, []):
-                node = parse_node_key(records[i]["node"])
-                answered(i, part.take(index[len(node)].get(node, nothing)))
+        ids = [i for st in np.unique(part.geo[:, 0]).tolist() for i in by_state.get(st, [])]
+        tables += answered(ids, part)
+        done.update(ids)
         empty = part.take(nothing)
-    missing = sorted(i for ids in by_state.values() for i in ids if i not in rows)  # a state without released households
+    missing = sorted(i for ids in by_state.values() for i in ids if i not in done)  # a state without released households
     if missing:
         if empty is None:
             raise ValueError("marginal intervals need at least one part of the release")
-        for i in missing:
-            answered(i, empty)
-    tables = [t for i in sorted(rows) for t in rows[i]]
+        tables += answered(missing, empty)
     return pa.concat_tables(tables) if tables else INTERVALS_SCHEMA.empty_table()
 
 

@@ -211,15 +211,17 @@ def write_release(
         ivs = None if intervals is None else intervals.cast(INTERVALS_SCHEMA)
         manifest = dict(manifest)
         checking = None if gate is None else gate(coc is not None)
-        counts, keys = [], []
+        counts, keys, n_households, n_persons = [], [], 0, 0
         for part in parts:
             households, persons = to_tables(part)
+            n_households, n_persons = n_households + households.num_rows, n_persons + persons.num_rows
             if checking is not None:
                 checking.check(households, persons)
             validate_release_tables(households, persons, domain)
             counts.append(report_tables(domain.to_dict(), manifest.get("workload") or {}, households, persons))
             if weight_totals is not None:
                 keys.append(weight_keys(households, domain.size_attribute))
+        manifest["release_counts"] = {"households": n_households, "persons": n_persons}  # synthetic counts: public
         gate_result = None if checking is None else checking.finish(coc)
         weights = None
         if weight_totals is None:

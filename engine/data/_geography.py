@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -82,24 +83,34 @@ def node_households(geo: np.ndarray, depth: int) -> dict[Node, np.ndarray]:
 PUMA_CODES = 100_000  # PUMA codes are five digits: (ST, PUMA) packs into ST * PUMA_CODES + PUMA
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Geography:
     """A release's declared geography: its PUMAs as (ST, PUMA) pairs, sorted and distinct; the
-    states are those of the PUMAs, the nation is their union."""
+    states are those of the PUMAs, the nation is their union.
 
-    pumas: tuple[tuple[int, int], ...]
+    Held as one string, the PUMAs' codes ST·PUMA_CODES + PUMA sorted and comma-separated: a run's
+    context carries the geography to every task, and Prefect and Dask walk a task's arguments
+    element by element (to find futures in them, to hash them): a nation's pairs would be thousands
+    of elements to walk for every task, one string is one."""
 
-    def __post_init__(self) -> None:
-        pumas = tuple((int(s), int(p)) for s, p in self.pumas)
-        if not pumas:
+    codes: str
+
+    def __init__(self, pumas: Iterable[tuple[int, int]]) -> None:
+        pairs = [(int(s), int(p)) for s, p in pumas]
+        if not pairs:
             raise ValueError("a geography needs at least one PUMA")
-        if any(not 0 <= p < PUMA_CODES for _, p in pumas):
-            raise ValueError(f"PUMA codes have at most five digits, got {pumas}")
-        object.__setattr__(self, "pumas", tuple(sorted(set(pumas))))
+        if any(not 0 <= p < PUMA_CODES for _, p in pairs):
+            raise ValueError(f"PUMA codes have at most five digits, got {pairs}")
+        object.__setattr__(self, "codes", ",".join(str(c) for c in sorted({s * PUMA_CODES + p for s, p in pairs})))
 
     @classmethod
     def of(cls, pumas: Iterable[tuple[int, int]]) -> Geography:
-        return cls(tuple(pumas))
+        return cls(pumas)
+
+    @cached_property
+    def pumas(self) -> tuple[tuple[int, int], ...]:
+        """The PUMAs as (ST, PUMA) pairs, sorted."""
+        return tuple(divmod(int(c), PUMA_CODES) for c in self.codes.split(","))
 
     @property
     def states(self) -> tuple[int, ...]:

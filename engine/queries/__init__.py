@@ -23,6 +23,7 @@ from engine.queries._queries import (
     counted_person_cells,
     exact_answers,
     household_cell_pairs,
+    node_answers,
     outer_in_place,
 )
 from engine.queries._support import Support
@@ -43,6 +44,7 @@ __all__ = [
     "entropy_projection",
     "exact_answers",
     "household_cell_pairs",
+    "node_answers",
     "k_way_workloads",
     "kl_divergence",
     "least_relative_entropy_update",

@@ -289,6 +289,24 @@ def answer(data: HierarchicalData, w: Workload, weights: np.ndarray | None = Non
     return np.bincount(c, weights=wt, minlength=n_cells)
 
 
+def node_answers(data: HierarchicalData, w: Workload, node_of: np.ndarray, n_nodes: int) -> np.ndarray:
+    """:func:`answer` of every node's households at once, (``n_nodes``, cells): row j is the answer
+    of the households h with ``node_of[h] == j`` (−1: in no node). A household's entries do not
+    depend on the other households, and they are integers, so each row equals :func:`answer` of
+    that node's households alone, exactly."""
+    n_cells = w.n_cells(data.domain)
+    if w.level == "person" and not w.normalised:
+        hh, cells = counted_person_cells(data, w)
+        k = None
+    else:
+        hh, cells, k = household_cell_pairs(data, w)
+    node = np.asarray(node_of, dtype=np.int64)[hh]
+    keep = node >= 0
+    counts = np.bincount(node[keep] * n_cells + cells[keep], weights=None if k is None else k[keep].astype(np.float64),
+                         minlength=int(n_nodes) * n_cells)
+    return counts.astype(np.float64).reshape(int(n_nodes), n_cells)
+
+
 def normalised_answer(data: HierarchicalData, w: Workload, weights: np.ndarray | None = None) -> np.ndarray:
     """Answer normalised as in the H-GEM paper (Table 1): group level by N_G, person level by N_I.
 

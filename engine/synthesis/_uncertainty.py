@@ -451,8 +451,9 @@ def fit_answer_sd(support: Support, q: np.ndarray, total: float, workloads: Sequ
                      {w.id: sd.tolist() for w, sd in zip(queries, response)})
 
 
-def combine_total(released: np.ndarray, households: float, fit_sd: np.ndarray, total_var: float) -> np.ndarray:
+def combine_total(released: np.ndarray, households: ArrayLike, fit_sd: np.ndarray, total_var: ArrayLike) -> np.ndarray:
     """The sd of released counts G·a_c: the fit's sd at a fixed total and the total's variance,
-    G² Var(a_c) + a_c² Var(G), with a_c the released share ``released / households``."""
-    share = np.asarray(released, dtype=np.float64) / max(float(households), 1.0)
-    return np.sqrt(np.asarray(fit_sd, dtype=np.float64) ** 2 + share * share * float(total_var))
+    G² Var(a_c) + a_c² Var(G), with a_c the released share ``released / households``.
+    ``households`` and ``total_var`` broadcast against ``released`` (several nodes' rows at once)."""
+    share = np.asarray(released, dtype=np.float64) / np.maximum(np.asarray(households, dtype=np.float64), 1.0)
+    return np.sqrt(np.asarray(fit_sd, dtype=np.float64) ** 2 + share * share * np.asarray(total_var, dtype=np.float64))

@@ -19,6 +19,7 @@ from engine.queries._queries import (
     group_rows,
     incidence_matrix,
     incidence_patterns,
+    node_answers,
     normalise_columns,
     normalised_answer,
     pattern_index,
@@ -103,6 +104,20 @@ def test_normalised_workloads_match_brute_force(w: Workload):
     P = incidence_patterns(DATA, w)
     assert (P.matrix[P.pattern_of].T != A).nnz == 0
     assert Workload.from_id(w.id) == w and w.id.endswith(";norm")
+
+
+@pytest.mark.parametrize("w", [w for w in WORKLOADS if len(w.attrs) <= 2] + NORMALISED, ids=lambda w: w.id)
+def test_node_answers_are_each_nodes_own_answer(w: Workload):
+    """Every node's row of ``node_answers`` is, bit for bit, ``answer`` of that node's households
+    alone (brute force: the node's households taken out); households in no node (−1) count nowhere,
+    and a node without households answers zeros."""
+    rng = np.random.default_rng(zlib.crc32(w.id.encode()))
+    node_of = rng.integers(-1, 4, DATA.n_households)  # nodes 0..3, −1 in none; node 4 holds no household
+    rows = node_answers(DATA, w, node_of, 5)
+    assert rows.shape == (5, w.n_cells(DOMAIN)) and rows.dtype == np.float64
+    for j in range(5):
+        np.testing.assert_array_equal(rows[j], answer(DATA.take(np.flatnonzero(node_of == j)), w))
+    assert not rows[4].any()
 
 
 def test_normalise_columns_is_exact_at_integer_boundaries():
