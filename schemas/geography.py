@@ -17,6 +17,7 @@ A private record outside the declared geography is bad input (:func:`check_decla
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,18 @@ def puma_list_path(name: str, data_root: Path) -> Path:
 
 
 def load_puma_list(path: Path) -> Geography:
-    """Every PUMA of a list file (``vintage``, then ``states``: {ST: [PUMA, ...]})."""
+    """Every PUMA of a list file (``vintage``, then ``states``: {ST: [PUMA, ...]}), parsed once per
+    process and file version (every ingest task and the run's setup ask for it; a replaced file is
+    read again)."""
+    try:
+        st = Path(path).stat()
+    except OSError as e:
+        raise PumaListError(f"{path}: cannot read the PUMA list ({e.strerror})") from None
+    return _parsed_puma_list(str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=8)
+def _parsed_puma_list(path: str, inode: int, mtime_ns: int, size: int) -> Geography:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as e:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from schemas.geography import shipped_puma_list
+from schemas.geography import PumaListError, load_puma_list, shipped_puma_list
 from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig
 from tests.conftest import ACS2013_DE, ACS2018, DATA_ROOT
@@ -110,3 +110,20 @@ def test_the_release_nodes_are_the_declared_states_published_pumas(tmp_path, ver
     declared = config(cfg.private[0].path, states=[10, 50])
     assert release_geography(declared, str(tmp_path / "private.npz")) == shipped_puma_list().restricted([10, 50])
 
+
+
+def test_a_puma_list_is_parsed_once_per_file_version(tmp_path):
+    """The list is parsed once per process and version of the file: the same object again, a
+    rewritten file read anew, a broken one refused every time it is asked for."""
+    path = tmp_path / "pumas.yaml"
+    path.write_text("vintage: 2010\nstates:\n  50: [100, 200]\n")
+    first = load_puma_list(path)
+    assert load_puma_list(path) is first and first.pumas == ((50, 100), (50, 200))
+    path.write_text("vintage: 2010\nstates:\n  50: [100, 200, 300]\n  33: [100]\n")
+    assert load_puma_list(path).pumas == ((33, 100), (50, 100), (50, 200), (50, 300))
+    path.write_text("vintage: 2010\nstates: [1, 2, 3]\n")
+    for _ in range(2):
+        with pytest.raises(PumaListError, match="a mapping with `states`"):
+            load_puma_list(path)
+    with pytest.raises(PumaListError, match="cannot read"):
+        load_puma_list(tmp_path / "missing.yaml")
