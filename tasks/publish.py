@@ -183,7 +183,8 @@ def write_release(
     grow with the number of states. With ``gate`` (the Great Expectations release gate,
     ``schemas.release_expectations.ReleaseGateRun``), a failing part or count-of-counts table
     raises before anything is written, and the gate's JSON result ships as
-    ``validation/gx_release.json`` (hashed in the manifest like every output). ``measurements``
+    ``validation/gx_release.json`` (hashed in the manifest like every output); the first pass also
+    counts the released households and persons (the manifest's ``release_counts``). ``measurements``
     (every noisy measurement of the run, ``tasks.measurements_table``) ships as
     ``measurements.parquet``, ``intervals`` (the error estimates beside the released answers,
     ``tasks.intervals``) as ``intervals.parquet``. The release report (``report.html``,
