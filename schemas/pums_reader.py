@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from engine.errors import DPReleaseError
@@ -298,14 +299,14 @@ def read_person_file(path: str | Path, spec: DomainSpec, layout: str = "auto", h
     cols: dict[str, np.ndarray] = {}
     for c in present:
         s = spec.source_columns[c]
-        raw = table.column(c).to_pandas()
         if s.type == "id":
+            raw = table.column(c).to_pandas()
             bad = raw.isin(blanks).to_numpy()
             if bad.any():
                 issues.append(InputIssue(name, "empty identifier (expected a SERIALNO)", line=int(line[bad][0]), column=c, count=int(bad.sum()), check="values"))
             cols[c] = raw.to_numpy(dtype=object)
             continue
-        issues += _parse_int_column(name, c, s, raw, blanks, line, cols)
+        issues += _parse_int_column(name, c, s, table.column(c), blanks, line, cols)
     if issues:
         raise InputError(issues)
 
@@ -381,16 +382,22 @@ def householder_counts(hh: np.ndarray, relp: np.ndarray, is_gq: np.ndarray, hous
     return np.bincount(hh[hu], weights=(relp[hu] == householder_code).astype(np.float64), minlength=n_hh).astype(np.int64)
 
 
-def _parse_int_column(name: str, c: str, s: SourceColumn, raw: pd.Series, blanks, line: np.ndarray, cols: dict) -> list[InputIssue]:
+# an integer field: an optional minus and one to nine ASCII digits, the whole field (Arrow's regex
+# engine, which runs without the GIL: the ingest tasks of a run parse their files in parallel)
+_INTEGER = r"^-?[0-9]{1,9}$"
+
+
+def _parse_int_column(name: str, c: str, s: SourceColumn, raw: pa.ChunkedArray, blanks, line: np.ndarray, cols: dict) -> list[InputIssue]:
     issues = []
-    blank = raw.isin(blanks).to_numpy()
-    filled = raw.where(~blank, "0")
-    not_int = ~filled.str.fullmatch(r"-?\d{1,9}").to_numpy(dtype=bool)
+    is_blank = pc.is_in(raw, value_set=pa.array(blanks, pa.string()))
+    blank = is_blank.to_numpy(zero_copy_only=False).astype(bool)
+    filled = pc.if_else(is_blank, pa.scalar("0", pa.string()), raw)
+    not_int = ~pc.match_substring_regex(filled, _INTEGER).to_numpy(zero_copy_only=False).astype(bool)
     if not_int.any():
         i = int(np.flatnonzero(not_int)[0])
         issues.append(InputIssue(name, f"not an integer: expected {s.describe()}", line=int(line[i]), column=c, count=int(not_int.sum()), check="types"))
         return issues
-    vals = filled.astype(np.int64).to_numpy()
+    vals = pc.cast(filled, pa.int64()).to_numpy()
     if blank.any() and not s.blank:
         i = int(np.flatnonzero(blank)[0])
         issues.append(InputIssue(name, f"blank value, expected {s.describe()}", line=int(line[i]), column=c, count=int(blank.sum()), check="values"))

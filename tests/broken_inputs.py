@@ -366,6 +366,13 @@ def build_exponent_notation_age(tmp: Path) -> Broken:
     return _cell(tmp, 57, "AGEP", "5e1", "types", "not an integer: expected an integer 0..99", ("not an integer",), ("5e1",))
 
 
+@builder
+def build_non_ascii_digit_age(tmp: Path) -> Broken:
+    """'٣٧' (Arabic-Indic digits, which Python's int() would read as 37) is not an integer as PUMS
+    writes them: refused, as any field that is not ASCII digits."""
+    return _cell(tmp, 57, "AGEP", "\u0663\u0667", "types", "not an integer: expected an integer 0..99", ("not an integer",), ("\u0663\u0667",))
+
+
 # -- rows ----------------------------------------------------------------------------------
 @builder
 def build_short_row(tmp: Path) -> Broken:
