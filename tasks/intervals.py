@@ -149,8 +149,10 @@ def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalDa
         counts: exact). One table per level and workload."""
         found: dict[tuple[int, str], list[tuple[int, np.ndarray, int]]] = {}  # (depth, wid): (record, released, households)
         states = node_households(data.geo, 1)  # one sort, not a mask per node
-        for st in sorted({nodes[i][0] for i in ids}):
-            mine = [i for i in ids if nodes[i][0] == st]
+        of_state: dict[int, list[int]] = {}
+        for i in ids:
+            of_state.setdefault(nodes[i][0], []).append(i)
+        for st, mine in sorted(of_state.items()):
             sub = data.take(states.get((st,), nothing))
             pumas = node_households(sub.geo, 2)
             position = {node: j for j, node in enumerate(sorted(pumas))}
