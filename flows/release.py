@@ -153,21 +153,40 @@ def dask_scheduler(address: str | None, threads_per_worker: int = 2):
 
 
 def cluster_shape(cpus: int, threads_per_worker: int = 2) -> tuple[int, int]:
-    """(worker processes, threads per worker) of the LocalCluster on ``cpus`` cores (up to 8), two
-    threads per process by default. A worker process holds the public supports with their
-    incidences and balance targets (gigabytes at the default settings), which its threads share;
-    the heavy steps (sparse products, sorting, numpy's array arithmetic) run without the GIL, so a
-    second thread costs little time where a second process would hold all of it again."""
+    """(worker processes, threads per worker) of the LocalCluster on ``cpus`` cores (up to 8):
+    ``threads_per_worker`` threads per process (:func:`worker_threads`), as many processes as that
+    leaves of the cores."""
     cores = max(1, min(cpus, 8))
     threads = max(1, min(threads_per_worker, cores))
     return cores // threads, threads
 
 
-def worker_threads(cfg: ReleaseConfig) -> int:
-    """Threads per worker process of the run's own LocalCluster: one under H-GEM, whose state tasks
-    set torch's process-wide thread count and may replay CUDA graphs (a capture fails while another
-    thread of the process uses the GPU: ``docs/deployment.md``), else two."""
-    return 1 if cfg.synthesizer == "hgem" else 2
+# A worker process holds the public supports with their incidences and balance targets (about a GB
+# at the default settings), which its threads share. Two threads of one process still take turns at
+# the interpreter lock in the fits' and draws' Python steps, a loss that grows with the states and
+# PUMAs synthesized, while a second process's copy of the supports is a fixed cost in memory and in
+# building them. One process per core pays where each process has this many states to synthesize
+# or more (benchmarks/results/HISTORY.md: the cluster's shape measured on the scale inputs).
+STATES_PER_PROCESS = 12
+
+
+def release_states(cfg: ReleaseConfig) -> int:
+    """The number of states a release covers, as its config tells before any file is read: the
+    declared ``geography.states``, else one per private input (the Census publishes PUMS one file
+    per state; a file of several states counts once)."""
+    return len(cfg.geography.states) if cfg.geography.states else len(cfg.private)
+
+
+def worker_threads(cfg: ReleaseConfig, cpus: int | None = None) -> int:
+    """Threads per worker process of the run's own LocalCluster on ``cpus`` cores (default the
+    machine's): one under H-GEM, whose state tasks set torch's process-wide thread count and may
+    replay CUDA graphs (a capture fails while another thread of the process uses the GPU:
+    ``docs/deployment.md``); one where every core's process would have at least
+    :data:`STATES_PER_PROCESS` states (a large release); else two, sharing their process's supports."""
+    if cfg.synthesizer == "hgem":
+        return 1
+    cores = max(1, min(cpus or os.cpu_count() or 1, 8))
+    return 1 if release_states(cfg) >= STATES_PER_PROCESS * cores else 2
 
 
 def drop_worker_caches(address: str) -> None:

@@ -83,6 +83,26 @@ def test_the_local_cluster_shares_each_process_between_two_threads():
     assert [cluster_shape(c, 1) for c in (1, 2, 8, 64)] == [(1, 1), (2, 1), (8, 1), (8, 1)]
 
 
+def test_a_large_release_runs_one_single_threaded_process_per_core():
+    """Two threads share a process's supports in a release of few states; one process per core once
+    every core's process has STATES_PER_PROCESS states or more (the declared states, else one per
+    private input); H-GEM's workers are single-threaded at any size."""
+    from flows.release import STATES_PER_PROCESS, release_states, worker_threads
+    from schemas.release_config import load_config
+    from tests.conftest import PROJECT_ROOT
+
+    cfg = load_config(PROJECT_ROOT / "deploy" / "releases" / "acs2018_default.yaml")
+    inputs = [cfg.private[0].model_copy(update={"path": f"csv_p{i:02d}.zip"}) for i in range(2 * STATES_PER_PROCESS)]
+    large = cfg.model_copy(update={"private": inputs})
+    assert release_states(cfg) == len(cfg.private) < 2 * STATES_PER_PROCESS
+    assert release_states(large) == 2 * STATES_PER_PROCESS
+    assert [worker_threads(cfg, c) for c in (1, 2, 8)] == [2, 2, 2]
+    assert [worker_threads(large, c) for c in (1, 2, 3, 8)] == [1, 1, 2, 2]
+    declared = cfg.model_copy(update={"geography": cfg.geography.model_copy(update={"states": list(range(1, 2 * STATES_PER_PROCESS))})})
+    assert release_states(declared) == 2 * STATES_PER_PROCESS - 1 and worker_threads(declared, 2) == 2
+    assert worker_threads(cfg.model_copy(update={"synthesizer": "hgem"}), 2) == 1
+
+
 @pytest.mark.flow
 def test_the_local_cluster_workers_run_with_the_malloc_setting(_session_dask_cluster):
     """The run's own LocalCluster spawns its workers with ``flows.release.WORKER_ENVIRON`` (the
