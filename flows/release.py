@@ -161,8 +161,8 @@ def cluster_shape(cpus: int, threads_per_worker: int = 2) -> tuple[int, int]:
     return cores // threads, threads
 
 
-# A worker process holds the public supports with their incidences and balance targets (about a GB
-# at the default settings), which its threads share. Two threads of one process still take turns at
+# A worker process holds the public supports with their incidences and balance targets (the largest
+# objects of a run), which its threads share. Two threads of one process still take turns at
 # the interpreter lock in the fits' and draws' Python steps, a loss that grows with the states and
 # PUMAs synthesized, while a second process's copy of the supports is a fixed cost in memory and in
 # building them. One process per core pays where each process has this many states to synthesize
