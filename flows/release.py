@@ -185,8 +185,8 @@ def worker_threads(cfg: ReleaseConfig, cpus: int | None = None) -> int:
     :data:`STATES_PER_PROCESS` states (a large release); else two, sharing their process's supports."""
     if cfg.synthesizer == "hgem":
         return 1
-    cores = max(1, min(cpus or os.cpu_count() or 1, 8))
-    return 1 if release_states(cfg) >= STATES_PER_PROCESS * cores else 2
+    processes, _ = cluster_shape(cpus or os.cpu_count() or 1, 1)
+    return 1 if release_states(cfg) >= STATES_PER_PROCESS * processes else 2
 
 
 def drop_worker_caches(address: str) -> None:

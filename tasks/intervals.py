@@ -59,10 +59,9 @@ def uncertainty_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=SPAWN_KEY))
 
 
-def _rows(table: str, level: str, nodes: str | list[str], marginal: str, codes: pa.Array, released, iv: Intervals, method: str) -> pa.Table:
-    """The rows of one marginal at one node (``nodes`` a key, ``released`` its cells) or at
-    several (keys, and one row of cells each)."""
-    keys = [nodes] if isinstance(nodes, str) else nodes
+def _rows(table: str, level: str, keys: list[str], marginal: str, codes: pa.Array, released, iv: Intervals, method: str) -> pa.Table:
+    """The rows of one marginal at the nodes ``keys`` (``released`` and the intervals: one row of
+    cells per node)."""
     cells, n = len(codes), len(codes) * len(keys)
     return pa.table({
         "table": pa.array([table] * n, pa.string()), "level": pa.array([level] * n, pa.string()),
@@ -107,8 +106,9 @@ def count_of_counts_intervals(keys: list[str], level: np.ndarray, released: np.n
 
     iv = count_of_counts_bootstrap(h, H, sizes, counts, estimator, uncertainty_rng(seed), replicates)
     codes, _ = cell_labels("size_histogram", K, domain)
-    parts = [_rows("count_of_counts", LEVELS[h.level[i]], str(h.keys[i]), "size_histogram", codes, H[i],
-                   Intervals(iv.se[i], iv.bias[i], iv.lo90[i], iv.hi90[i]), "parametric_bootstrap") for i in range(h.n_nodes)]
+    parts = [_rows("count_of_counts", LEVELS[lv], [str(h.keys[i]) for i in ids], "size_histogram", codes, H[ids],
+                   Intervals(iv.se[ids], iv.bias[ids], iv.lo90[ids], iv.hi90[ids]), "parametric_bootstrap")
+             for lv in range(h.n_levels) if (ids := h.level_range(lv)).size]
     return pa.concat_tables(parts)
 
 

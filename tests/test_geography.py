@@ -111,7 +111,6 @@ def test_the_release_nodes_are_the_declared_states_published_pumas(tmp_path, ver
     assert release_geography(declared, str(tmp_path / "private.npz")) == shipped_puma_list().restricted([10, 50])
 
 
-
 def test_a_puma_list_is_parsed_once_per_file_version(tmp_path):
     """The list is parsed once per process and version of the file: the same object again, a
     rewritten file read anew, a broken one refused every time it is asked for."""

@@ -277,16 +277,23 @@ def household_cell_pairs(data: HierarchicalData, w: Workload) -> tuple[np.ndarra
     return h, c, counts
 
 
+def answer_entries(data: HierarchicalData, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(household, cell, count) entries whose per-cell sums are ``w``'s answer; count None: one per
+    entry (an unnormalised person workload, one entry per counted person: no need to pair
+    households with cells), else :func:`household_cell_pairs`."""
+    if w.level == "person" and not w.normalised:
+        hh, cells = counted_person_cells(data, w)
+        return hh, cells, None
+    return household_cell_pairs(data, w)
+
+
 def answer(data: HierarchicalData, w: Workload, weights: np.ndarray | None = None) -> np.ndarray:
     """Exact answer (counts, float64) of workload ``w``; ``weights`` per household (default 1)."""
-    n_cells = w.n_cells(data.domain)
-    if w.level == "person" and not w.normalised:  # one entry per counted person: no need to pair households with cells
-        hh, cells = counted_person_cells(data, w)
-        wt_p = None if weights is None else np.asarray(weights, dtype=np.float64)[hh]
-        return np.bincount(cells, weights=wt_p, minlength=n_cells).astype(np.float64)
-    h, c, k = household_cell_pairs(data, w)
-    wt = k.astype(np.float64) if weights is None else k * np.asarray(weights, dtype=np.float64)[h]
-    return np.bincount(c, weights=wt, minlength=n_cells)
+    hh, cells, k = answer_entries(data, w)
+    wt = None if weights is None else np.asarray(weights, dtype=np.float64)[hh]
+    if k is not None:
+        wt = k.astype(np.float64) if wt is None else k * wt
+    return np.bincount(cells, weights=wt, minlength=w.n_cells(data.domain)).astype(np.float64, copy=False)
 
 
 def node_answers(data: HierarchicalData, w: Workload, node_of: np.ndarray, n_nodes: int) -> np.ndarray:
@@ -295,11 +302,7 @@ def node_answers(data: HierarchicalData, w: Workload, node_of: np.ndarray, n_nod
     depend on the other households, and they are integers, so each row equals :func:`answer` of
     that node's households alone, exactly."""
     n_cells = w.n_cells(data.domain)
-    if w.level == "person" and not w.normalised:
-        hh, cells = counted_person_cells(data, w)
-        k = None
-    else:
-        hh, cells, k = household_cell_pairs(data, w)
+    hh, cells, k = answer_entries(data, w)
     node = np.asarray(node_of, dtype=np.int64)[hh]
     keep = node >= 0
     counts = np.bincount(node[keep] * n_cells + cells[keep], weights=None if k is None else k[keep].astype(np.float64),
