@@ -22,10 +22,13 @@ from fractions import Fraction
 from pathlib import Path
 
 import dask
+import numpy as np
+import pyarrow as pa
 from prefect import flow, get_run_logger, task
+from prefect.context import FlowRunContext
 from prefect_dask import DaskTaskRunner
 
-from engine.data import Geography, HierarchicalData, node_key
+from engine.data import Domain, Geography, HierarchicalData, node_key
 from engine.synthesis import NodeCount, SynthesisSettings, played_states
 from flows.plan import invariants_statement
 from flows.preflight import preflight, uses_strength_floor, weight_totals
@@ -48,16 +51,14 @@ from tasks.count_of_counts import (
 )
 from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, release_geography, validation_record, write_validation
-from tasks.intervals import count_of_counts_intervals, intervals_table, marginal_intervals
-from tasks.intervals import manifest_entry as intervals_entry
-from tasks.measurements_table import manifest_entry as measurements_entry
+from tasks.intervals import count_of_counts_intervals, intervals_table, read_state_intervals
 from tasks.measurements_table import measurements_table
 from tasks.publish import code_version, library_versions, manifest_inputs, sha256_file, write_release
 from tasks.qa import coc_emd_by_level, write_qa_report
 from tasks.release_parts import ReleaseParts
 from tasks.reporting import publish_artifacts, release_markdown, sync_charges
 from tasks.run_binding import check_binding, run_binding, write_binding
-from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, write_json_atomic
+from tasks.run_context import RunLock, RunPaths, prepare, save_npz_atomic, state_of_node_file, write_json_atomic
 from tasks.synthesize import (
     PumaJob,
     choose_puma_attributes_task,
@@ -422,15 +423,11 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     audit = AuditLog(paths.audit_path)
     sync_charges(audit, ctx.ledger)
     summary = ctx.ledger.summary()
-    stored = ctx.store.all()
-    measurements = measurements_table(stored, domain)
     coc_released = release_histograms(coc_path, synth) if coc_path else None
-    state_files = sorted(str(p) for p in (paths.nodes_dir / "state_posterior").glob("*.json"))
-    intervals = intervals_table(
-        *([] if coc_released is None else [count_of_counts_intervals(
-            *coc_released, stored, domain, cfg.advanced.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]),
-        marginal_intervals(state_files + sorted(node_files), synth, "map_eb"),
-    )
+    # the measurements table and the count-of-counts bootstrap read only the store and the released sizes: a worker
+    # (the other runs the internal QA) builds them while the microdata are checked here
+    tables = release_tables.submit(ctx, domain, coc_released, seed)
+    marginal = read_state_intervals(sorted({paths.state_intervals_path(state_of_node_file(f)) for f in node_files}))
     manifest = {
         "release": cfg.name,
         "description": cfg.description,
@@ -459,8 +456,6 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
             "method": "Hc (isotonic L1), consistent top-down; its state and PUMA size histograms are fitted by the synthesis as noisy measurements",
             **cfg.advanced.count_of_counts.model_dump(), "table": "count_of_counts.parquet",
             "table_semantics": "household-size histograms of the released microdata per node (equal to it exactly; children sum to parents)"},
-        "measurements": measurements_entry(measurements),
-        "intervals": intervals_entry(intervals),
         "stages": stages + ["publish"],
         "validation": RELEASE_VALIDATION,
         "public_inputs_summary": [read_report(r) for r in reports if r["role"] == "public"],
@@ -473,8 +468,12 @@ def publish_stage(ctx: RunContext, reports: list[dict], node_files: list[str], s
     gate = release_gate(cfg, paths, counts_path, domain)
     rules = cfg.household_rules
     dictionary = data_dictionary(load_domain_spec(cfg.domain_path()), domain, rules.oversize, rules.group_quarters)
-    written = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=measurements,
-                            intervals=intervals, audit=audit, gate=gate, dictionary=dictionary, weight_totals=weight_totals(cfg))
+    try:
+        written = write_release(paths.release_dir, synth, manifest, count_of_counts=coc_table, measurements=lambda: tables.result()[0],
+                                intervals=lambda: intervals_table(*tables.result()[1:], marginal), audit=audit, gate=gate,
+                                dictionary=dictionary, weight_totals=weight_totals(cfg))
+    finally:
+        tables.wait()  # a refused publish leaves no task behind
     publish_artifacts(cfg.name, summary, release_markdown(written))
     logger.info(f"published {written['release_counts']['households']} synthetic households to {paths.release_dir} "
                 f"({'DP household counts' if not cfg.invariants else 'invariants: ' + ', '.join(cfg.invariants)})")
@@ -647,14 +646,31 @@ def release_flow(config_path: str, dask_address: str | None = None, name: str | 
 def publish_and_qa(ctx: RunContext, reports: list[dict], node_files: list[str], stages: list[str], workload: dict | None,
                    coc_path: str | None, counts_path: str, seed: int) -> tuple[str, str]:
     """Publish on the client while the internal QA report runs on a Dask worker: both only read
-    the finished node files (the workers are otherwise idle during publish). A failed publish
-    still waits for the QA task, then raises."""
+    the finished node files (the workers are otherwise idle during publish). Publish runs on this
+    flow's Dask task runner too, so that its own task (the release tables) goes to a worker. A
+    failed publish still waits for the QA task, then raises."""
     qa = internal_qa.submit(ctx, node_files, seed, coc_path)
+    run = FlowRunContext.get()
+    assert run is not None  # inside this flow's run
+    runner = run.task_runner.duplicate()  # unstarted: a flow that holds a started runner's client cannot be sent to a worker
     try:
-        release_dir = publish_stage(ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
+        release_dir = publish_stage.with_options(task_runner=runner)(ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
     finally:
         qa.wait()
     return release_dir, qa.result()
+
+
+@task(name="release-tables")
+def release_tables(ctx: RunContext, domain: Domain, coc_released: tuple[list[str], np.ndarray, np.ndarray] | None,
+                   seed: int) -> tuple[pa.Table, ...]:
+    """The release's ``measurements.parquet`` table (every stored noisy measurement) and, when the
+    count-of-counts stage ran, its rows of ``intervals.parquet`` (the parametric bootstrap from the
+    released sizes ``coc_released``, ``tasks.count_of_counts.release_histograms``, and the stored noise)."""
+    cfg = ctx.cfg
+    stored = ctx.store.all()
+    return (measurements_table(stored, domain),
+            *([] if coc_released is None else [count_of_counts_intervals(
+                *coc_released, stored, domain, cfg.advanced.count_of_counts.consistency, "puma_household_counts" in cfg.invariants, seed)]))
 
 
 @task(name="internal-qa-report")

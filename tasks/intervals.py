@@ -16,7 +16,9 @@ and the sampling seed — never of the confidential data. The mathematics is
   its node, answered by the released microdata; sd of the MAP update's error (a Laplace
   approximation whose prior error is estimated by empirical Bayes from the noisy answers'
   residuals against the prior), computed by the synthesis task after its fit (``answer_sd`` in
-  the node's diagnostics, :func:`engine.synthesis.fit_answer_sd`).
+  the node's diagnostics, :func:`engine.synthesis.fit_answer_sd`); each state's rows are written
+  by its PUMA task (:func:`write_state_intervals`), where its households were drawn, and publish
+  reads them back (:func:`read_state_intervals`).
 
 Rows are sorted by table, node, marginal and cell: a replay writes the same bytes.
 """
@@ -29,10 +31,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from engine.count_of_counts import fit_histograms, fit_household_counts, geography_hierarchy
 from engine.data import LEVELS, Domain, HierarchicalData, node_households, parse_node_key
 from engine.privacy import MeasurementRecord as Measurement
+from engine.privacy import write_atomic
 from engine.queries import Workload, node_answers
 from engine.synthesis import (
     BOOTSTRAP_REPLICATES,
@@ -46,9 +50,9 @@ from engine.synthesis import (
 from schemas.release_schema import INTERVALS_SCHEMA
 from tasks.count_of_counts import COUNTS_STAGE, STAGE
 from tasks.measurements_table import cell_labels
-from tasks.release_parts import ReleaseParts
 
-__all__ = ["TABLE", "count_of_counts_intervals", "intervals_table", "manifest_entry", "marginal_intervals", "uncertainty_rng"]
+__all__ = ["TABLE", "count_of_counts_intervals", "intervals_table", "manifest_entry", "read_state_intervals", "state_marginal_intervals",
+           "uncertainty_rng", "write_state_intervals"]
 
 TABLE = "intervals.parquet"
 SPAWN_KEY = (0x75, 0x6E, 0x63)  # "unc": a stream of the sampling seed no node's (1 or 2 entries) can share
@@ -112,101 +116,89 @@ def count_of_counts_intervals(keys: list[str], level: np.ndarray, released: np.n
     return pa.concat_tables(parts)
 
 
-def marginal_intervals(node_files: Iterable[str | Path], release: HierarchicalData | ReleaseParts, method: str = "map_eb") -> pa.Table:
-    """Rows for the measured marginals: per synthesis node result (its ``.json`` with
-    ``answer_sd`` and ``total_var``; results of older runs without them are skipped), every
-    measured workload's cells answered by the released microdata of that node, ± Z90 sd. The sd
-    combines the fit's at a fixed total with the released total's variance
-    (:func:`engine.synthesis.combine_total`): a PUMA's own fitted total; for a state, whose
-    released answer is the sum of its PUMAs', the sum of its PUMAs' total variances (they were
-    fitted independently), not the state fit's, and the state fit's sd is widened by the sum of
-    its PUMA fits' responses to their own noise on the state's workloads (``response_sd``,
-    :func:`engine.synthesis._uncertainty.response_count_sd`). A state's size histogram is left to the
-    count-of-counts rows: the sum of its PUMAs' fitted sizes follows the PUMAs' count-of-counts
-    histograms, i.e. the state's count-of-counts estimate, more than the state fit. The release is
-    read one part (whole states, :class:`tasks.release_parts.ReleaseParts`) at a time."""
-    records = [json.loads(Path(f).with_suffix(".json").read_text()) for f in node_files]
+def state_marginal_intervals(records: list[dict], data: HierarchicalData, method: str = "map_eb") -> pa.Table:
+    """Rows for the measured marginals of one state: ``records`` its synthesis results (the state
+    fit's ``.json``, when it has one, then its PUMAs', in node order; each with ``answer_sd`` and
+    ``total_var``, results of older runs without them skipped), ``data`` the state's released
+    households. Every measured workload's cells answered by the released microdata of that node,
+    ± Z90 sd, each workload once on the state's households, per PUMA (a state's answer is its
+    PUMAs' sum: integer counts, exact). The sd combines the fit's at a fixed total with the
+    released total's variance (:func:`engine.synthesis.combine_total`): a PUMA's own fitted total;
+    for the state, whose released answer is the sum of its PUMAs', the sum of its PUMAs' total
+    variances (they were fitted independently), not the state fit's, and the state fit's sd is
+    widened by the sum of its PUMA fits' responses to their own noise on the state's workloads
+    (``response_sd``, :func:`engine.synthesis._uncertainty.response_count_sd`). The state's size
+    histogram is left to the count-of-counts rows: the sum of its PUMAs' fitted sizes follows the
+    PUMAs' count-of-counts histograms, i.e. the state's count-of-counts estimate, more than the
+    state fit. One table per level and workload."""
     nodes = [parse_node_key(r["node"]) for r in records]
-    total_var = {node: float(r.get("total_var", 0.0)) for node, r in zip(nodes, records)}
-    response: dict[tuple[int, str], np.ndarray] = {}  # (state, workload id): Σ over its PUMAs of the response variance
-    for node, r in zip(nodes, records):
+    if len({n[0] for n in nodes}) > 1:
+        raise ValueError("state_marginal_intervals takes the records of one state")
+    response: dict[str, np.ndarray] = {}  # workload id: Σ over the PUMAs of the response variance
+    for r in records:
         for wid, sd in (r.get("response_sd") or {}).items():
-            response[(node[0], wid)] = response.get((node[0], wid), 0.0) + np.asarray(sd) ** 2
-    parts = release if isinstance(release, ReleaseParts) else ReleaseParts.of(release)
-    size_id = Workload("group", (parts.domain.size_attribute,), ()).id
-    puma_var: dict[int, float] = {}  # a state's released total sums its PUMAs', fitted independently
-    for n, v in total_var.items():
-        if len(n) == 2:
-            puma_var[n[0]] = puma_var.get(n[0], 0.0) + v
-    by_state: dict[int, list[int]] = {}
-    for i, r in enumerate(records):
-        if r.get("answer_sd"):
-            by_state.setdefault(nodes[i][0], []).append(i)
-
-    def answered(ids: list[int], data: HierarchicalData) -> list[pa.Table]:
-        """The rows of the records ``ids`` (nodes of ``data``'s states): per state, each workload
-        answered once on its households, per PUMA; a state's answer is its PUMAs' sum (integer
-        counts: exact). One table per level and workload."""
-        found: dict[tuple[int, str], list[tuple[int, np.ndarray, int]]] = {}  # (depth, wid): (record, released, households)
-        states = node_households(data.geo, 1)  # one sort, not a mask per node
-        of_state: dict[int, list[int]] = {}
-        for i in ids:
-            of_state.setdefault(nodes[i][0], []).append(i)
-        for st, mine in sorted(of_state.items()):
-            sub = data.take(states.get((st,), nothing))
-            pumas = node_households(sub.geo, 2)
-            position = {node: j for j, node in enumerate(sorted(pumas))}
-            node_of = np.empty(sub.n_households, dtype=np.int64)
-            for node, j in position.items():
-                node_of[pumas[node]] = j
-            sizes = np.bincount(node_of, minlength=len(position))
-            wids = {wid for i in mine for wid in records[i]["answer_sd"]}
-            for wid in sorted(wids):
-                M = node_answers(sub, Workload.from_id(wid), node_of, len(position))
-                for i in mine:
-                    node = nodes[i]
-                    if wid not in records[i]["answer_sd"] or (len(node) == 1 and wid == size_id):
-                        continue  # a state's released sizes are its PUMAs' sum, which tracks the count-of-counts estimate
-                    if len(node) == 1:
-                        got = (M.sum(axis=0), sub.n_households)
-                    else:
-                        row = position.get(node)
-                        got = (np.zeros(M.shape[1]), 0) if row is None else (M[row], int(sizes[row]))
-                    found.setdefault((len(node), wid), []).append((i, *got))
-        out = []
-        for (depth, wid), rows in sorted(found.items()):
-            released = np.stack([r for _, r, _ in rows])
-            households = np.array([g for _, _, g in rows], dtype=np.float64)
-            fit_sd = np.array([records[i]["answer_sd"][wid] for i, _, _ in rows], dtype=np.float64).reshape(released.shape)
-            at = [nodes[i] for i, _, _ in rows]
-            if depth == 1:
-                for j, node in enumerate(at):
-                    if (node[0], wid) in response:
-                        fit_sd[j] = np.sqrt(fit_sd[j] ** 2 + response[(node[0], wid)])
-                var_G = np.array([puma_var.get(node[0], 0.0) for node in at])
+            response[wid] = response.get(wid, 0.0) + np.asarray(sd) ** 2
+    puma_var = sum(float(r.get("total_var", 0.0)) for n, r in zip(nodes, records) if len(n) == 2)
+    size_id = Workload("group", (data.domain.size_attribute,), ()).id
+    pumas = node_households(data.geo, 2)
+    position = {node: j for j, node in enumerate(sorted(pumas))}
+    node_of = np.empty(data.n_households, dtype=np.int64)
+    for node, j in position.items():
+        node_of[pumas[node]] = j
+    sizes = np.bincount(node_of, minlength=len(position))
+    mine = [i for i, r in enumerate(records) if r.get("answer_sd")]
+    found: dict[tuple[int, str], list[tuple[int, np.ndarray, int]]] = {}  # (depth, wid): (record, released, households)
+    for wid in sorted({wid for i in mine for wid in records[i]["answer_sd"]}):
+        M = node_answers(data, Workload.from_id(wid), node_of, len(position))
+        for i in mine:
+            node = nodes[i]
+            if wid not in records[i]["answer_sd"] or (len(node) == 1 and wid == size_id):
+                continue  # a state's released sizes are its PUMAs' sum, which tracks the count-of-counts estimate
+            if len(node) == 1:
+                got = (M.sum(axis=0), data.n_households)
             else:
-                var_G = np.array([total_var[node] for node in at])
-            se = combine_total(released, households[:, None], fit_sd, var_G[:, None])
-            codes, _ = cell_labels(wid, released.shape[1], parts.domain)
-            out.append(_rows("marginal", "state" if depth == 1 else "puma", [records[i]["node"] for i, _, _ in rows], wid, codes, released,
-                             intervals(released, se), method))
-        return out
+                row = position.get(node)
+                got = (np.zeros(M.shape[1]), 0) if row is None else (M[row], int(sizes[row]))
+            found.setdefault((len(node), wid), []).append((i, *got))
+    out = []
+    for (depth, wid), rows in sorted(found.items()):
+        released = np.stack([r for _, r, _ in rows])
+        households = np.array([g for _, _, g in rows], dtype=np.float64)
+        fit_sd = np.array([records[i]["answer_sd"][wid] for i, _, _ in rows], dtype=np.float64).reshape(released.shape)
+        if depth == 1:
+            if wid in response:
+                fit_sd = np.sqrt(fit_sd**2 + response[wid])
+            var_G = np.full(len(rows), puma_var)
+        else:
+            var_G = np.array([float(records[i].get("total_var", 0.0)) for i, _, _ in rows])
+        se = combine_total(released, households[:, None], fit_sd, var_G[:, None])
+        codes, _ = cell_labels(wid, released.shape[1], data.domain)
+        out.append(_rows("marginal", "state" if depth == 1 else "puma", [records[i]["node"] for i, _, _ in rows], wid, codes, released,
+                         intervals(released, se), method))
+    return pa.concat_tables(out) if out else INTERVALS_SCHEMA.empty_table()
 
-    nothing = np.zeros(0, dtype=np.int64)
-    tables: list[pa.Table] = []
-    done: set[int] = set()
-    empty = None
-    for part in parts:
-        ids = [i for st in np.unique(part.geo[:, 0]).tolist() for i in by_state.get(st, [])]
-        tables += answered(ids, part)
-        done.update(ids)
-        empty = part.take(nothing)
-    missing = sorted(i for ids in by_state.values() for i in ids if i not in done)  # a state without released households
-    if missing:
-        if empty is None:
-            raise ValueError("marginal intervals need at least one part of the release")
-        tables += answered(missing, empty)
-    return pa.concat_tables(tables) if tables else INTERVALS_SCHEMA.empty_table()
+
+def write_state_intervals(path: Path, state_record: Path | None, node_files: Iterable[str | Path], method: str = "map_eb") -> None:
+    """:func:`state_marginal_intervals` of one state's persisted results, written (atomically) as
+    a Parquet part at ``path``: its PUMAs' ``node_files`` (their households and, beside each, its
+    ``.json``) and its state fit's ``.json`` ``state_record`` (None, or a file that does not exist:
+    no state fit, as under H-GEM)."""
+    files = sorted(str(f) for f in node_files)
+    records = [json.loads(Path(f).with_suffix(".json").read_text()) for f in files]
+    if state_record is not None and state_record.exists():
+        records.insert(0, json.loads(state_record.read_text()))
+    table = state_marginal_intervals(records, HierarchicalData.concat([HierarchicalData.from_npz(f) for f in files]), method)
+    write_atomic(path, lambda f: pq.write_table(table, f))
+
+
+def read_state_intervals(paths: Iterable[Path]) -> pa.Table:
+    """The measured marginals' rows of the release: the states' parts (:func:`write_state_intervals`) in one table."""
+    parts = []
+    for p in paths:
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: the state's interval rows are missing (its PUMA task writes them with its households)")
+        parts.append(pq.read_table(p).cast(INTERVALS_SCHEMA))
+    return pa.concat_tables(parts) if parts else INTERVALS_SCHEMA.empty_table()
 
 
 def intervals_table(*parts: pa.Table) -> pa.Table:

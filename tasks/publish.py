@@ -30,6 +30,10 @@ from schemas.release_expectations import ReleaseGateRun
 from schemas.release_schema import COUNT_OF_COUNTS_SCHEMA, INTERVALS_SCHEMA, MEASUREMENTS_SCHEMA, PARTITION_SCHEMA, to_tables
 from schemas.weight_totals import WeightTotals
 from tasks.audit import AuditLog
+from tasks.intervals import TABLE as INTERVALS
+from tasks.intervals import manifest_entry as intervals_entry
+from tasks.measurements_table import TABLE as MEASUREMENTS
+from tasks.measurements_table import manifest_entry as measurements_entry
 from tasks.release_parts import ReleaseParts
 from tasks.release_report import REPORT, combined_tables, render_report, report_tables
 from tasks.weights import calibrate, weight_keys, with_weights
@@ -40,8 +44,6 @@ LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "pydantic", "opendp", "great
 # and finishes with the JSON result to ship (schemas.release_expectations); raises to refuse publishing
 ReleaseGate = Callable[[bool], ReleaseGateRun]
 GATE_RESULT = "validation/gx_release.json"
-MEASUREMENTS = "measurements.parquet"
-INTERVALS = "intervals.parquet"
 
 
 def hash_tree(root: Path, exclude: tuple[str, ...] = ()) -> dict[str, str]:
@@ -165,8 +167,8 @@ def write_release(
     data: HierarchicalData | ReleaseParts,
     manifest: dict,
     count_of_counts: pa.Table | None = None,
-    measurements: pa.Table | None = None,
-    intervals: pa.Table | None = None,
+    measurements: pa.Table | Callable[[], pa.Table] | None = None,
+    intervals: pa.Table | Callable[[], pa.Table] | None = None,
     extra_files: dict[str, bytes] | None = None,
     audit: AuditLog | None = None,
     gate: ReleaseGate | None = None,
@@ -187,7 +189,9 @@ def write_release(
     counts the released households and persons (the manifest's ``release_counts``). ``measurements``
     (every noisy measurement of the run, ``tasks.measurements_table``) ships as
     ``measurements.parquet``, ``intervals`` (the error estimates beside the released answers,
-    ``tasks.intervals``) as ``intervals.parquet``. The release report (``report.html``,
+    ``tasks.intervals``) as ``intervals.parquet``, each described in the manifest (its ``measurements`` and
+    ``intervals`` entries); either may be given as a callable that returns it, called once the
+    microdata have passed their checks (a table computed elsewhere meanwhile). The release report (``report.html``,
     ``tasks.release_report``) is rendered from the microdata's counts, these tables, the domain, the
     gate's result and the manifest's public fields, before the hashes. With ``audit``, the publish
     event (carrying the manifest's SHA-256) is appended and the chained log is shipped as ``audit.jsonl``. The caller
@@ -208,8 +212,6 @@ def write_release(
     tmp.mkdir()
     try:
         coc = None if count_of_counts is None else count_of_counts.cast(COUNT_OF_COUNTS_SCHEMA)
-        meas = None if measurements is None else measurements.cast(MEASUREMENTS_SCHEMA)
-        ivs = None if intervals is None else intervals.cast(INTERVALS_SCHEMA)
         manifest = dict(manifest)
         checking = None if gate is None else gate(coc is not None)
         counts, keys, n_households, n_persons = [], [], 0, 0
@@ -224,6 +226,12 @@ def write_release(
                 keys.append(weight_keys(households, domain.size_attribute))
         manifest["release_counts"] = {"households": n_households, "persons": n_persons}  # synthetic counts: public
         gate_result = None if checking is None else checking.finish(coc)
+        meas, ivs = (None if t is None else (t() if callable(t) else t).cast(schema)
+                     for t, schema in ((measurements, MEASUREMENTS_SCHEMA), (intervals, INTERVALS_SCHEMA)))
+        if meas is not None:
+            manifest["measurements"] = measurements_entry(meas)
+        if ivs is not None:
+            manifest["intervals"] = intervals_entry(ivs)
         weights = None
         if weight_totals is None:
             manifest["weights"] = {"weighted": False, "statement": UNWEIGHTED}

@@ -88,6 +88,12 @@ class RunPaths:
     def node_path(self, stage: str, node: str) -> Path:
         return self.nodes_dir / stage / f"{node.replace('/', '_').replace('=', '')}.npz"
 
+    def state_intervals_path(self, state: str) -> Path:
+        """A state's rows of the release's ``intervals.parquet`` for its measured marginals
+        (``tasks.intervals.write_state_intervals``), written by its PUMA task; ``state``: its
+        node key (``ST=01``) or the state part of a node file's name (``ST01``)."""
+        return self.node_path("intervals", state).with_suffix(".parquet")
+
 
 def state_of_node_file(path: str | Path) -> str:
     """The state part of a node file's name (:meth:`RunPaths.node_path`: ``ST01_PUMA00100.npz`` -> ``ST01``)."""

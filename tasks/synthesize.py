@@ -56,6 +56,7 @@ from engine.synthesis import (
 )
 from engine.synthesis import strength_floor as floor_of
 from tasks.context import FileKey, RunContext, built_once, file_key
+from tasks.intervals import write_state_intervals
 from tasks.run_context import save_npz_atomic, write_json_atomic
 
 __all__ = ["PumaJob", "node_key", "node_rng", "public_only_baseline", "puma_batch_task", "select_workload_task",
@@ -327,7 +328,7 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     ``support_npz``: the state's own support (H-GEM's), instead of the public one."""
     outs: dict[tuple[int, ...], Path] = {job.node: ctx.paths.node_path("synthesis", node_key(job.node)) for job in jobs}
     if all(o.exists() for o in outs.values()):
-        return [str(outs[job.node]) for job in jobs]
+        return state_intervals(ctx, jobs, state_posterior, outs)
     s = ctx.settings
     prior: np.ndarray | None = None
     flips: tuple[Flip, ...] = ()
@@ -354,7 +355,18 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
                                                      **answer_sd(support, fit.result, fit.prior, workloads, fit.record, s.prior_strength,
                                                                  count[fit.node], queries, shared=shared)})
         save_npz_atomic(out, draw.to_npz)
-    return [str(outs[job.node]) for job in jobs]
+    return state_intervals(ctx, jobs, state_posterior, outs)
+
+
+def state_intervals(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, outs: dict[tuple[int, ...], Path]) -> list[str]:
+    """The state's rows of the release's intervals for its measured marginals, from its persisted
+    results (``tasks.intervals.write_state_intervals``: here, on the worker that drew them and
+    beside the other states', rather than in publish); the PUMAs' files, in the jobs' order."""
+    files = [str(outs[job.node]) for job in jobs]
+    out = ctx.paths.state_intervals_path(node_key((jobs[0].node[0],))) if jobs else None
+    if out is not None and not out.exists():
+        write_state_intervals(out, None if state_posterior is None else Path(state_posterior).with_suffix(".json"), files)
+    return files
 
 
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:

@@ -16,7 +16,7 @@ from engine.privacy._measurements import MeasurementRecord as Measurement
 from engine.queries._queries import Workload, answer
 from engine.synthesis._uncertainty import Z90
 from schemas.release_schema import INTERVALS_SCHEMA
-from tasks.intervals import count_of_counts_intervals, intervals_table, marginal_intervals
+from tasks.intervals import count_of_counts_intervals, intervals_table, read_state_intervals, state_marginal_intervals, write_state_intervals
 from tests.engine._support_testdata import random_data, small_domain
 
 DOMAIN = small_domain()
@@ -69,12 +69,8 @@ def test_marginal_rows_answer_the_released_microdata(data, tmp_path):
     puma2 = {"node": "ST=50/PUMA=00200", "answer_sd": {"group:TEN|": [1.0, 1.0, 1.0]}, "total_var": 5.0,
              "response_sd": {"group:R18,TEN|": [1.0] * 6}}
     state = {"node": "ST=50", "answer_sd": {"group:NP|": [2.0] * 4, "group:R18,TEN|": [2.0] * 6}, "total_var": 1.0}
-    old = {"node": "ST=33/PUMA=00100", "diagnostics": {}}  # a result without sds (an older run)
-    files = []
-    for i, rec in enumerate([puma, puma2, state, old]):
-        (tmp_path / f"n{i}.json").write_text(json.dumps(rec))
-        files.append(str(tmp_path / f"n{i}.npz"))
-    df = marginal_intervals(files, data).to_pandas()
+    st_data = data.select(data.geo[:, 0] == 50)
+    df = state_marginal_intervals([state, puma, puma2], st_data).to_pandas()
     assert set(zip(df.node, df.marginal)) == {("ST=50/PUMA=00100", "group:TEN|"), ("ST=50/PUMA=00100", "group:NP|"),
                                               ("ST=50/PUMA=00200", "group:TEN|"), ("ST=50", "group:R18,TEN|")}  # no state sizes
     node = data.select((data.geo[:, 0] == 50) & (data.geo[:, 1] == 100))
@@ -85,17 +81,39 @@ def test_marginal_rows_answer_the_released_microdata(data, tmp_path):
     assert ten.se.to_numpy() == pytest.approx(np.sqrt(np.array([1.0, 4.0, 9.0]) + share**2 * 4.0))
     assert ten.hi90.to_numpy() == pytest.approx(ten.released + Z90 * ten.se) and (ten.bias == 0).all()
     st = df[df.node == "ST=50"]
-    st_data = data.select(data.geo[:, 0] == 50)
     released = answer(st_data, Workload.from_id("group:R18,TEN|")).reshape(-1)
     assert st.released.tolist() == released.tolist() and (st.level == "state").all()
     # a state's released answer sums its PUMAs': their total variances, not the state fit's
     # and its fit's sd widened by its PUMAs' responses to their own noise
     assert st.se.to_numpy() == pytest.approx(np.sqrt(4.0 + 1.0 + (released / st_data.n_households) ** 2 * (4.0 + 5.0)))
-    # read one state at a time, the same rows
-    from tasks.release_parts import ReleaseParts
+    # a PUMA without released households answers zeros; results without sds (an older run) give no rows
+    empty = state_marginal_intervals([puma, {"node": "ST=50/PUMA=00300", "diagnostics": {}}], st_data.take(np.zeros(0, dtype=np.int64)))
+    assert set(empty.column("node").to_pylist()) == {"ST=50/PUMA=00100"} and not any(empty.column("released").to_pylist())
+    with pytest.raises(ValueError, match="one state"):
+        state_marginal_intervals([puma, {"node": "ST=33/PUMA=00100", "answer_sd": {}}], data)
 
-    by_state = ReleaseParts.of(data, limit=1)
-    assert len(by_state.loaders) == len(np.unique(data.geo[:, 0])) >= 2
-    assert marginal_intervals(files, by_state).equals(marginal_intervals(files, data))
-    table = intervals_table(df.pipe(lambda d: marginal_intervals(files, data)))
+
+def test_state_interval_parts_are_written_from_the_persisted_results_and_read_back(data, tmp_path):
+    records = {"ST=50/PUMA=00100": {"node": "ST=50/PUMA=00100", "answer_sd": {"group:TEN|": [1.0, 2.0, 3.0]}, "total_var": 4.0},
+               "ST=50/PUMA=00200": {"node": "ST=50/PUMA=00200", "answer_sd": {"group:TEN|": [1.0] * 3}, "total_var": 5.0,
+                                    "response_sd": {"group:R18,TEN|": [1.0] * 6}},
+               "ST=33/PUMA=00100": {"node": "ST=33/PUMA=00100", "answer_sd": {"group:TEN|": [2.0] * 3}, "total_var": 1.0}}
+    files = {}
+    for key, rec in records.items():
+        st, puma = (int(x.split("=")[1]) for x in key.split("/"))
+        f = tmp_path / f"ST{st}_PUMA{puma:05d}.npz"
+        data.select((data.geo[:, 0] == st) & (data.geo[:, 1] == puma)).to_npz(f)
+        f.with_suffix(".json").write_text(json.dumps(rec))
+        files.setdefault(st, []).append(f)
+    state = tmp_path / "ST50.json"
+    state.write_text(json.dumps({"node": "ST=50", "answer_sd": {"group:R18,TEN|": [2.0] * 6}, "total_var": 1.0}))
+    write_state_intervals(tmp_path / "i50.parquet", state, reversed(files[50]))  # the node files in any order
+    write_state_intervals(tmp_path / "i33.parquet", tmp_path / "ST33.json", files[33])  # no state fit (H-GEM)
+    part = read_state_intervals([tmp_path / "i50.parquet"])
+    assert part.equals(state_marginal_intervals([json.loads(state.read_text()), records["ST=50/PUMA=00100"], records["ST=50/PUMA=00200"]],
+                                                data.select(data.geo[:, 0] == 50)))
+    table = intervals_table(read_state_intervals([tmp_path / "i33.parquet", tmp_path / "i50.parquet"]))
     assert table.schema == INTERVALS_SCHEMA and table.column("node").to_pylist() == sorted(table.column("node").to_pylist())
+    assert set(table.column("node").to_pylist()) == {"ST=33/PUMA=00100", "ST=50/PUMA=00100", "ST=50/PUMA=00200", "ST=50"}
+    with pytest.raises(FileNotFoundError, match="interval rows are missing"):
+        read_state_intervals([tmp_path / "i99.parquet"])
