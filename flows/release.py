@@ -651,7 +651,8 @@ def publish_and_qa(ctx: RunContext, reports: list[dict], node_files: list[str], 
     failed publish still waits for the QA task, then raises."""
     qa = internal_qa.submit(ctx, node_files, seed, coc_path)
     run = FlowRunContext.get()
-    assert run is not None  # inside this flow's run
+    if run is None:
+        raise RuntimeError("publish_and_qa's task runner is its flow run's: call it as a flow")
     runner = run.task_runner.duplicate()  # unstarted: a flow that holds a started runner's client cannot be sent to a worker
     try:
         release_dir = publish_stage.with_options(task_runner=runner)(ctx, reports, node_files, stages, workload, coc_path, counts_path, seed)
