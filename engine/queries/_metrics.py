@@ -72,6 +72,12 @@ def _by_node(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.nd
 def _node_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray | None], node: np.ndarray,
                  n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`counts_by_node` from the workload's ``pairs`` and every household's ``node`` index."""
+    return _tally(data, w, pairs, node, n_nodes), _denominators(data, w.level, node, n_nodes)
+
+
+def _tally(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray | None], node: np.ndarray,
+           n_nodes: int) -> np.ndarray:
+    """(n_nodes, n_cells) counts of ``w`` within every node, from its ``pairs``."""
     n_cells = w.n_cells(data.domain)
     h, c, k = pairs
     at = node[h]
@@ -79,10 +85,16 @@ def _node_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, n
     if not ok.all():  # households outside every node of the level
         at, c, k = at[ok], c[ok], None if k is None else k[ok]
     tally = np.bincount(at * n_cells + c, weights=None if k is None else k.astype(np.float64), minlength=n_nodes * n_cells)
-    counts = tally.astype(np.float64, copy=False).reshape(n_nodes, n_cells)
+    counts: np.ndarray = tally.astype(np.float64, copy=False).reshape(n_nodes, n_cells)
+    return counts
+
+
+def _denominators(data: HierarchicalData, level: Level, node: np.ndarray, n_nodes: int) -> np.ndarray:
+    """Every node's denominator of a workload of ``level``: its households (group level) or persons."""
     valid = node >= 0
-    unit = np.ones(data.n_households) if w.level == "group" else data.sizes.astype(np.float64)
-    return counts, np.bincount(node[valid], weights=unit[valid], minlength=n_nodes)
+    unit = np.ones(data.n_households) if level == "group" else data.sizes.astype(np.float64)
+    denominators: np.ndarray = np.bincount(node[valid], weights=unit[valid], minlength=n_nodes)
+    return denominators
 
 
 def query_errors(true: HierarchicalData, synth: HierarchicalData, workloads: list[Workload], level: str) -> dict[str, Any]:
@@ -102,11 +114,21 @@ def query_errors_by_level(true: HierarchicalData, candidates: dict[str, Hierarch
     synth_node = {name: {lv: node_index(synth, lv, nodes[lv]) for lv in levels} for name, synth in candidates.items()}
     max_err = {name: {lv: np.zeros(len(nodes[lv])) for lv in levels} for name in candidates}
     sum_err = {name: {lv: np.zeros(len(nodes[lv])) for lv in levels} for name in candidates}
+    # a node's denominator depends on the workload's level only: counted once per dataset and level, not per workload
+    denominators: dict[tuple[str | None, Level], dict[str, np.ndarray]] = {}
+
+    def denominator(name: str | None, data: HierarchicalData, node: dict[str, np.ndarray], level: Level) -> dict[str, np.ndarray]:
+        if (name, level) not in denominators:
+            denominators[(name, level)] = {lv: _denominators(data, level, node[lv], len(nodes[lv])) for lv in levels}
+        return denominators[(name, level)]
+
     n_cells = 0
     for w in workloads:
-        truth = _answers(_nested_counts(true, w, _cell_pairs(true, w), true_node, nodes, levels_fine_last))
+        truth = _answers(_nested_counts(true, w, _cell_pairs(true, w), true_node, nodes, levels_fine_last),
+                         denominator(None, true, true_node, w.level))
         for name, synth in candidates.items():
-            synth_answers = _answers(_nested_counts(synth, w, _cell_pairs(synth, w), synth_node[name], nodes, levels_fine_last))
+            synth_answers = _answers(_nested_counts(synth, w, _cell_pairs(synth, w), synth_node[name], nodes, levels_fine_last),
+                                     denominator(name, synth, synth_node[name], w.level))
             for lv in levels:
                 diff = np.abs(truth[lv] - synth_answers[lv])
                 max_err[name][lv] = np.maximum(max_err[name][lv], diff.max(axis=1))
@@ -118,27 +140,26 @@ def query_errors_by_level(true: HierarchicalData, candidates: dict[str, Hierarch
             for name in candidates}
 
 
-def _answers(counts: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {lv: c / np.maximum(d, 1.0)[:, None] for lv, (c, d) in counts.items()}
+def _answers(counts: dict[str, np.ndarray], denominators: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {lv: c / np.maximum(denominators[lv], 1.0)[:, None] for lv, c in counts.items()}
 
 
 def _nested_counts(data: HierarchicalData, w: Workload, pairs: tuple[np.ndarray, np.ndarray, np.ndarray | None],
-                   node: dict[str, np.ndarray], nodes: dict[str, np.ndarray], levels: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """:func:`_node_counts` at every level (``levels`` coarse to fine): counted from the pairs at the
+                   node: dict[str, np.ndarray], nodes: dict[str, np.ndarray], levels: list[str]) -> dict[str, np.ndarray]:
+    """:func:`_tally` at every level (``levels`` coarse to fine): counted from the pairs at the
     finest level only, a coarser level summing its nodes' rows (the finest nodes are sorted, so each
     coarser node's are contiguous). A level is counted from the pairs where that would differ: when
     some household has a node at it but none at the finest level."""
     fine = levels[-1]
-    out = {fine: _node_counts(data, w, pairs, node[fine], len(nodes[fine]))}
+    out = {fine: _tally(data, w, pairs, node[fine], len(nodes[fine]))}
     for lv in levels[:-1]:
         k = nodes[lv].shape[1]
         prefixes, parent = unique_rows(nodes[fine][:, :k], return_inverse=True)
         if not np.array_equal(prefixes, nodes[lv]) or np.any((node[fine] < 0) & (node[lv] >= 0)):
-            out[lv] = _node_counts(data, w, pairs, node[lv], len(nodes[lv]))
+            out[lv] = _tally(data, w, pairs, node[lv], len(nodes[lv]))
             continue
         starts = np.searchsorted(parent.reshape(-1), np.arange(len(nodes[lv])))
-        c, d = out[fine]
-        out[lv] = (np.add.reduceat(c, starts, axis=0), np.add.reduceat(d, starts))
+        out[lv] = np.add.reduceat(out[fine], starts, axis=0)
     return out
 
 
