@@ -132,8 +132,9 @@ def state_marginal_intervals(records: list[dict], data: HierarchicalData, method
     PUMAs' count-of-counts histograms, i.e. the state's count-of-counts estimate, more than the
     state fit. One table per level and workload."""
     nodes = [parse_node_key(r["node"]) for r in records]
-    if len({n[0] for n in nodes}) > 1:
-        raise ValueError("state_marginal_intervals takes the records of one state")
+    states = {n[0] for n in nodes} | set(np.unique(data.geo[:, 0]).tolist())
+    if len(states) > 1:
+        raise ValueError(f"state_marginal_intervals takes the records and households of one state, not of states {sorted(states)}")
     response: dict[str, np.ndarray] = {}  # workload id: Σ over the PUMAs of the response variance
     for r in records:
         for wid, sd in (r.get("response_sd") or {}).items():

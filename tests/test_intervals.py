@@ -90,7 +90,9 @@ def test_marginal_rows_answer_the_released_microdata(data, tmp_path):
     empty = state_marginal_intervals([puma, {"node": "ST=50/PUMA=00300", "diagnostics": {}}], st_data.take(np.zeros(0, dtype=np.int64)))
     assert set(empty.column("node").to_pylist()) == {"ST=50/PUMA=00100"} and not any(empty.column("released").to_pylist())
     with pytest.raises(ValueError, match="one state"):
-        state_marginal_intervals([puma, {"node": "ST=33/PUMA=00100", "answer_sd": {}}], data)
+        state_marginal_intervals([puma, {"node": "ST=33/PUMA=00100", "answer_sd": {}}], st_data)
+    with pytest.raises(ValueError, match="one state"):  # another state's households would be counted as this one's
+        state_marginal_intervals([state, puma, puma2], data)
 
 
 def test_state_interval_parts_are_written_from_the_persisted_results_and_read_back(data, tmp_path):
