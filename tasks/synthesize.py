@@ -327,8 +327,10 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
     task off the per-PUMA path. ``state_posterior`` None: the public-only baseline;
     ``support_npz``: the state's own support (H-GEM's), instead of the public one."""
     outs: dict[tuple[int, ...], Path] = {job.node: ctx.paths.node_path("synthesis", node_key(job.node)) for job in jobs}
+    files = [str(outs[job.node]) for job in jobs]
     if all(o.exists() for o in outs.values()):
-        return state_intervals(ctx, jobs, state_posterior, outs)
+        write_intervals(ctx, jobs, state_posterior, files)
+        return files
     s = ctx.settings
     prior: np.ndarray | None = None
     flips: tuple[Flip, ...] = ()
@@ -355,18 +357,17 @@ def puma_batch_task(ctx: RunContext, jobs: list[PumaJob], state_posterior: str |
                                                      **answer_sd(support, fit.result, fit.prior, workloads, fit.record, s.prior_strength,
                                                                  count[fit.node], queries, shared=shared)})
         save_npz_atomic(out, draw.to_npz)
-    return state_intervals(ctx, jobs, state_posterior, outs)
+    write_intervals(ctx, jobs, state_posterior, files)
+    return files
 
 
-def state_intervals(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, outs: dict[tuple[int, ...], Path]) -> list[str]:
+def write_intervals(ctx: RunContext, jobs: list[PumaJob], state_posterior: str | None, files: list[str]) -> None:
     """The state's rows of the release's intervals for its measured marginals, from its persisted
-    results (``tasks.intervals.write_state_intervals``: here, on the worker that drew them and
-    beside the other states', rather than in publish); the PUMAs' files, in the jobs' order."""
-    files = [str(outs[job.node]) for job in jobs]
+    PUMA ``files`` and state fit (``tasks.intervals.write_state_intervals``: on the worker that drew
+    them, beside the other states', rather than in publish); kept when written already."""
     out = ctx.paths.state_intervals_path(node_key((jobs[0].node[0],))) if jobs else None
     if out is not None and not out.exists():
         write_state_intervals(out, None if state_posterior is None else Path(state_posterior).with_suffix(".json"), files)
-    return files
 
 
 def public_only_baseline(public: HierarchicalData, private: HierarchicalData, seed: int) -> HierarchicalData:
