@@ -21,9 +21,10 @@ chosen by the domain alone, never by a benchmark's workload. The draw (:func:`ba
 3. an exchange search on the pool (the combinatorial-optimisation integerisation of population
    synthesis): swap chosen and unchosen pool households while the squared distance
    ``‖A c − n·A q‖²`` between the sample's balance counts and their expected values falls —
-   batches of the best single swaps while a batch helps, then one exact best swap (cross term
-   included) among the ``exact_candidates`` best removals and additions at a time, until none helps
-   or ``max_rounds`` is reached.
+   batches of the best single swaps while a batch helps, then exact best swaps (cross term
+   included) among the ``exact_candidates`` best removals and additions, as many a round as still
+   help among them (their gains kept exact through their own gram), until none helps or
+   ``max_rounds`` rounds (products of the pool's rows with the residual) are reached.
 
 A state's PUMAs are drawn one after the other (:func:`balanced_draws`), each search aiming at its
 expected counts less the residual the earlier PUMAs left (error diffusion): the state's marginals,
@@ -402,7 +403,7 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
         return pool, r - shift
     sq = np.add.reduceat(R.data**2, R.indptr[:-1]) if R.nnz else np.zeros(R.shape[0])  # ‖a_u‖²
     loss = float(r @ r)
-    scratch = np.zeros((R.shape[1], exact_candidates))  # the exact swaps' candidate additions, spread (_cross)
+    scratch = np.zeros((R.shape[1], 2 * exact_candidates))  # the exact swaps' candidates, spread (_cross)
     batch_max = max(1, n // 10)
     batch = batch_max
     changed = True
@@ -429,20 +430,37 @@ def _draw(balance: BalanceTargets, p: np.ndarray, n: int, rng: np.random.Generat
                     continue
             batch //= 2
             continue
-        # one exact swap: Δ = −gain_remove_i − gain_add_j − 2 a_i·a_j over the best candidates
+        # exact swaps among the best candidates: Δ = −gain_remove_i − gain_add_j − 2 a_i·a_j, the
+        # candidates' gains kept exact after each swap through their own gram (s_u moves by
+        # a_u·a_j − a_u·a_i), so that one product of R serves every swap that still helps among them
         out, into = _top(gain_remove, exact_candidates), _top(gain_add, exact_candidates)
         if out.size == 0 or into.size == 0:
             break
-        cross = _cross(R, out, into, scratch)
-        delta = -gain_remove[out][:, None] - gain_add[into][None, :] - 2 * cross
-        i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
-        if delta[i, j] >= -1e-9:
+        cand = np.concatenate([out, into])
+        gram = _cross(R, cand, cand, scratch)  # a_u·a_v of every two candidates (integers, exact)
+        k = out.size
+        g_out, g_in = gain_remove[out].copy(), gain_add[into].copy()
+        free_out, free_in = np.ones(k, dtype=bool), np.ones(into.size, dtype=bool)
+        swapped = False
+        while free_out.any() and free_in.any():
+            delta = -g_out[:, None] - g_in[None, :] - 2 * gram[:k, k:]
+            delta[~free_out, :] = np.inf
+            delta[:, ~free_in] = np.inf
+            i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
+            if delta[i, j] >= -1e-9:
+                break
+            chosen[out[i]], chosen[into[j]] = False, True
+            free_out[i], free_in[j] = False, False
+            # r − a_i + a_j on the two rows' own cells (a row holds each cell once); the other cells
+            # are unchanged, as the dense sums' zeros leave them
+            gone, came = slice(R.indptr[out[i]], R.indptr[out[i] + 1]), slice(R.indptr[into[j]], R.indptr[into[j] + 1])
+            r[R.indices[gone]] -= R.data[gone]
+            r[R.indices[came]] += R.data[came]
+            moved = gram[:, k + j] - gram[:, i]  # each candidate's s moves by a_u·a_j − a_u·a_i
+            g_out += 2 * moved[:k]
+            g_in -= 2 * moved[k:]
+            swapped = True
+        if not swapped:
             break
-        chosen[out[i]], chosen[into[j]] = False, True
-        # r − a_i + a_j on the two rows' own cells (a row holds each cell once); the other cells
-        # are unchanged, as the dense sums' zeros leave them
-        gone, came = slice(R.indptr[out[i]], R.indptr[out[i] + 1]), slice(R.indptr[into[j]], R.indptr[into[j] + 1])
-        r[R.indices[gone]] -= R.data[gone]
-        r[R.indices[came]] += R.data[came]
         loss, changed = float(r @ r), True
     return pool[chosen], r - shift

@@ -24,18 +24,20 @@ The node's household total. Every measured workload is a noisy count vector whos
 information about the node's household count G as well: a partition sums to G, a person-level
 workload to G times the persons per household it counts, and so on. When the given total is
 itself noisy (``total_sd`` > 0: a DP count from the count-of-counts or household-counts stage),
-G is estimated jointly with the posterior q — the MAP of both under the same Gaussian likelihood,
-the given total entering as one more measurement of G: starting from a posterior-free estimate
-(:func:`start_total`), alternately q given G (the update above)
-and G given q in closed form (:func:`fit_total`), the fixed point G = F(G) accelerated by Aitken's
-extrapolation (F is close to linear), each later q started from the line through the last two
-fits' duals (:func:`warm_dual`), until G moves by less than half a household; G stays
-within three of the count's standard deviations of it (where only "contains" and person counts
-are measured, other household sizes can meet them and G is pinned only weakly).
-At small budgets the synthesis workloads hold several times the count's information, so the
-node's totals (normalisers and sample sizes) are far less noisy than the count alone. The fit
-leans upward, though, so a parent's children are drawn at their fitted totals scaled to the
-parent's count (:func:`engine.synthesis._level_consistency.totals_to_parent`).
+the posterior is fitted at a posterior-free estimate of G — the given total and the sums of the
+measured partitions merged by inverse variance (:func:`start_total`), unbiased — and the node's
+total is then G given that posterior in closed form (:func:`fit_total`: the weighted least
+squares of the noisy answers on the posterior's, the given total one more measurement of G),
+kept within three of the count's standard deviations of it (where only "contains" and person
+counts are measured, other household sizes can meet them and G is pinned only weakly). At small
+budgets the synthesis workloads hold several times the count's information, so the node's totals
+(the sample sizes) are far less noisy than the count alone. That estimate leans upward, though
+(the answers are regressed on those of a posterior drawn toward its prior), so a parent's children
+are drawn at their totals scaled to the parent's count
+(:func:`engine.synthesis._level_consistency.totals_to_parent`), and no posterior is refitted at it:
+iterating the two steps to their joint fixed point carried the lean into the posteriors' shape and
+cost a state's fit two more solves, for no better released marginals
+(``benchmarks/results/HISTORY.md``).
 """
 
 from __future__ import annotations
@@ -71,16 +73,14 @@ UpdateRule = Literal["map", "ide"]
 
 @dataclass
 class NodeResult:
-    """``total``: the node's household total the posterior was fitted with (the given total, or
-    the joint estimate when its noise was given)."""
+    """``total``: the node's household total — the given one, or where its noise was given its
+    estimate from the posterior (module docstring); the posterior is fitted at the posterior-free
+    estimate (``diagnostics["total"]["normaliser"]``)."""
 
     weights: np.ndarray
     diagnostics: dict[str, Any]
     total: float = 0.0
     dual: np.ndarray | None = None  # the MAP rule's dual solution (a warm start at a nearby total)
-
-
-TOTAL_ROUNDS = 4  # alternations of q | G and G | q (with the extrapolation G settles in two or three)
 
 
 def measure_node(workloads: Sequence[Workload], rho: Fraction, measure: MeasureFn) -> list[Measurement]:
@@ -121,29 +121,21 @@ def fit_total(support: Support, q: np.ndarray, measured: Sequence[Measurement], 
     return max(num / den, 0.0)
 
 
-def warm_dual(fitted: Sequence[tuple[float, np.ndarray | None]], total: float) -> np.ndarray | None:
-    """A starting dual for the fit at household total ``total`` from the fits before it
-    (``fitted``: their totals and duals, in order): the line through the last two duals at
-    ``total``, or with one fit (or two at one total) its dual scaled by the ratio of totals, as the
-    dual scales with G (:func:`engine.synthesis._map_update.map_fit`). The optimum moves smoothly
-    with G and the alternation's totals are close together, so the line starts the solver next to
-    the optimum, where the scaled dual alone still leaves the solver tens of iterations; the
-    problem is strictly convex, so the start changes only the iterations. ``None`` without a dual."""
-    G1, d1 = fitted[-1] if fitted else (0.0, None)
-    if d1 is None:
+def scaled_dual(dual: np.ndarray | None, fitted_at: float, total: float) -> np.ndarray | None:
+    """A starting dual for the fit at household total ``total`` from a fit at ``fitted_at``: its
+    dual scaled by the ratio of totals, as the dual scales with G
+    (:func:`engine.synthesis._map_update.map_fit`); the problem is strictly convex, so the start
+    changes only the iterations. ``None`` without a dual."""
+    if dual is None:
         return None
-    G0, d0 = fitted[-2] if len(fitted) > 1 else (G1, None)
-    if d0 is not None and G0 != G1:
-        line: np.ndarray = d1 + (d1 - d0) * ((float(total) - G1) / (G1 - G0))
-        return line
-    scaled: np.ndarray = d1 * (max(float(total), 1.0) / max(G1, 1.0))
+    scaled: np.ndarray = dual * (max(float(total), 1.0) / max(float(fitted_at), 1.0))
     return scaled
 
 
 def start_total(measured: Sequence[Measurement], total: float, total_sd: float) -> float:
     """A posterior-free first estimate of G: the given total and the sum of every measured
     partition workload (each an unbiased count of G with variance cells·σ²), merged by inverse
-    variance. The alternation of :func:`synthesize_node` starts there."""
+    variance: the total :func:`synthesize_node` fits the posterior at."""
     num, den = float(total) / total_sd**2, 1.0 / total_sd**2
     for m in measured:
         if m.workload.is_partition():
@@ -299,8 +291,8 @@ def synthesize_node(
     """PRIOR_UPDATE of one node: measure, normalise, update. ``extra``: measurements made
     elsewhere (the count-of-counts size marginal, :func:`size_measurement`) fitted jointly with
     the node's own, each by its precision. ``total_sd`` > 0: ``total`` is a noisy count of that
-    standard deviation, and the node's total is estimated jointly with the posterior (module
-    docstring); 0: ``total`` is taken as given. ``adaptive`` (with ``select``; ``unit`` the
+    standard deviation: the posterior is fitted at its posterior-free estimate and the node's
+    total estimated from the posterior (module docstring); 0: ``total`` is taken as given. ``adaptive`` (with ``select``; ``unit`` the
     privacy unit of the selection's sensitivity): part of ρ goes to adaptive rounds after the
     given workloads (:func:`adaptive_measure`). ``strengths`` (two or more, MAP rule): the prior
     strength is chosen among them from the given workloads' measurements by empirical Bayes
@@ -323,7 +315,7 @@ def synthesize_node(
     measured = initial_measurements(workloads, Fraction(rho), measure, adaptive)
     joint = total_sd > 0 and bool(measured)
     # a trust region of three of the count's sd: where the workloads pin G only weakly ("contains"
-    # and person counts can be met by other household sizes) the alternation may not run off
+    # and person counts can be met by other household sizes) the estimate may not run off
     bounds = (max(float(total) - 3 * total_sd, 0.0), float(total) + 3 * total_sd)
     chosen: list[str] = []
     last: NodeResult | None = None  # the adaptive rounds' last fit, at G0
@@ -338,30 +330,13 @@ def synthesize_node(
         measured += more
     if not measured and not extra:
         return NodeResult(p / p.sum(), {"measured": 0}, float(total))
-    G, trace, previous = (float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)), [], None
-    # the rounds' last fit at G0 (the completion's cells at 0) starts the first fit, scaled to G
-    res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, warm_dual([] if last is None else [(G0, last.dual)], G))
-    fitted: list[tuple[float, np.ndarray | None]] = []  # (total, dual) of every round's fit
-    for r in range(TOTAL_ROUNDS if joint else 1):
-        if r > 0:
-            res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, warm_dual(fitted, G))
-        res.total = G
-        fitted.append((G, res.dual))
-        if not joint:
-            break
-        F = fit_total(support, res.weights, measured, total, total_sd)
-        trace.append([G, F])
-        if abs(F - G) < 0.5 or r == TOTAL_ROUNDS - 1:
-            break  # keep the G the posterior was fitted with
-        G_next = F
-        if previous is not None:  # Aitken: F is close to linear, F(G) ≈ G* + c (G − G*) with 0 ≤ c < 1
-            c = (F - previous[1]) / (G - previous[0]) if G != previous[0] else -1.0
-            if 0.0 <= c <= 2.0 / 3.0:  # a step at most three times F's own
-                G_next = max((F - c * G) / (1.0 - c), 0.0)
-        previous, G = (G, F), float(np.clip(G_next, *bounds))
-    res.diagnostics["total"] = {"given": float(total), "given_sd": float(total_sd), "fitted": G, "trace": trace}
+    G = float(np.clip(start_total(measured, total, total_sd), *bounds)) if joint else float(total)
+    # the rounds' last fit at G0 (the completion's cells at 0) starts the fit, scaled to G
+    res = update_node(support, p, [*extra, *measured], G, rule, prior_strength, sweeps, scaled_dual(None if last is None else last.dual, G0, G))
+    res.total = float(np.clip(fit_total(support, res.weights, measured, total, total_sd), *bounds)) if joint else G
+    res.diagnostics["total"] = {"given": float(total), "given_sd": float(total_sd), "normaliser": G, "fitted": res.total}
     if chosen:
         res.diagnostics["adaptive"] = chosen
     if strength_choice is not None:
         res.diagnostics["prior_strength_choice"] = strength_choice.to_dict()
-    return NodeResult(res.weights, res.diagnostics, G)
+    return NodeResult(res.weights, res.diagnostics, res.total)

@@ -117,7 +117,7 @@ SizeEstimate = tuple[Sequence[float], float]  # (noisy households of size 1..K, 
 class NodeCount:
     """A node's household count as synthesis takes it: ``households`` (DP and consistent across
     levels; exact only under the declared invariant), the count's noise sd ``sd`` (> 0: the node's
-    total is estimated jointly with its posterior; 0: taken as given) and, when the count-of-counts
+    total is estimated from its posterior; 0: taken as given) and, when the count-of-counts
     stage ran, its size histogram ``sizes`` (an extra noisy measurement of the size marginal)."""
 
     households: int

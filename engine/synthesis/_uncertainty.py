@@ -211,7 +211,7 @@ def recording_measure(measure: MeasureFn) -> tuple[MeasureFn, Recording]:
 
 
 def total_variance(support: Support, q: np.ndarray, measured: Sequence[tuple[Workload, float]], total_sd: float) -> float:
-    """Variance of the jointly fitted household total (``engine.synthesis._node.fit_total``, weighted
+    """Variance of the household total estimated from the posterior (``engine.synthesis._node.fit_total``, weighted
     least squares in one unknown with the answers A_w q held fixed): 1 / (Σ_w ‖a_w‖²/σ_w² +
     1/total_sd²); 0 when the total was taken as given (``total_sd`` = 0)."""
     if total_sd <= 0 or not measured:

@@ -356,7 +356,9 @@ def test_cross_products_of_pool_rows_equal_the_sparse_product():
 
 def _reference_draw(bt: BalanceTargets, q: np.ndarray, n: int, rng: np.random.Generator, order: np.ndarray, max_rounds: int) -> tuple[np.ndarray, int]:
     """The exchange search written plainly: ``R @ r`` and the gains taken afresh every round, r moved
-    by the swapped rows' dense sums. Returns (the draw, how many batch rounds found no better batch)."""
+    by the swapped rows' dense sums; a round's exact swaps among its candidates each with the
+    candidates' products with r taken afresh (``R[u] @ r``). Returns (the draw, how many batch rounds
+    found no better batch)."""
     from engine.synthesis._balanced_sampling import _cross, _rows_sum, _top
 
     k, cands = 2, 16
@@ -387,12 +389,20 @@ def _reference_draw(bt: BalanceTargets, q: np.ndarray, n: int, rng: np.random.Ge
             failed += 1
             continue
         out, into = _top(gain_remove, cands), _top(gain_add, cands)
-        delta = -gain_remove[out][:, None] - gain_add[into][None, :] - 2 * _cross(R, out, into, np.zeros((R.shape[1], cands)))
-        i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
-        if delta[i, j] >= -1e-9:
+        cross = _cross(R, out, into, np.zeros((R.shape[1], cands)))
+        free_out, free_in, swapped = np.ones(out.size, dtype=bool), np.ones(into.size, dtype=bool), False
+        while free_out.any() and free_in.any():
+            s_out, s_in = R[out] @ r, R[into] @ r
+            delta = -(2 * s_out - sq[out])[:, None] + (2 * s_in + sq[into])[None, :] - 2 * cross
+            delta[~free_out, :], delta[:, ~free_in] = np.inf, np.inf
+            i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
+            if delta[i, j] >= -1e-9:
+                break
+            chosen[out[i]], chosen[into[j]] = False, True
+            free_out[i], free_in[j], swapped = False, False, True
+            r = r - _rows_sum(R, out[i : i + 1]) + _rows_sum(R, into[j : j + 1])
+        if not swapped:
             break
-        chosen[out[i]], chosen[into[j]] = False, True
-        r = r - _rows_sum(R, out[i : i + 1]) + _rows_sum(R, into[j : j + 1])
         loss = float(r @ r)
     return pool[chosen], failed
 

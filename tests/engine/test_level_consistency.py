@@ -14,7 +14,7 @@ import pytest
 from engine.queries._measurement import Measurement
 from engine.queries._queries import Workload, answer
 from engine.queries._support import Support
-from engine.synthesis._level_consistency import children_sum, rake_to_parent, totals_to_parent
+from engine.synthesis._level_consistency import RAKE_TOL, children_sum, rake_to_parent, totals_to_parent
 from engine.synthesis._map_update import map_fit
 from engine.synthesis._node import synthesize_node
 from tests.engine._support_testdata import random_data, small_domain
@@ -58,7 +58,8 @@ def test_a_single_child_is_the_map_fit_of_it_to_the_parent_and_a_consistent_fami
     s, parent, children, totals = _setup(3)
     out, _ = rake_to_parent(s, children[:1], totals[:1], parent, [(w, 2.0) for w in PARENT_WORKLOADS])
     G = float(totals[0])
-    ref = map_fit(s, children[0], [Measurement(w, G * s.answer(w, parent), 2.0) for w in PARENT_WORKLOADS], G, prior_strength=0.1 * G)
+    ref = map_fit(s, children[0], [Measurement(w, G * s.answer(w, parent), 2.0) for w in PARENT_WORKLOADS], G, prior_strength=0.1 * G,
+                  tol=RAKE_TOL)
     np.testing.assert_allclose(out[0], ref.weights / ref.weights.sum(), rtol=1e-9, atol=1e-15)
     same, diag = rake_to_parent(s, [parent, parent], [10.0, 30.0], parent, [(w, 2.0) for w in PARENT_WORKLOADS])
     for c in same:
