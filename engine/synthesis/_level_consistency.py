@@ -72,7 +72,7 @@ def children_sum(children: Sequence[Sequence[Measurement]]) -> list[Measurement]
 
 # The rake's targets are the state posterior's counts held with the state measurements' σ (tens of
 # households a cell): at this solver tolerance the raked counts stay within a small fraction of that
-# of the tighter fit's, for a sixth fewer iterations of the state's largest single fit
+# of a tighter fit's, and the rake, one of a state's largest fits, stops sooner
 # (benchmarks/results/HISTORY.md)
 RAKE_TOL = 1e-7
 

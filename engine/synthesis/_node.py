@@ -36,7 +36,7 @@ budgets the synthesis workloads hold several times the count's information, so t
 are drawn at their totals scaled to the parent's count
 (:func:`engine.synthesis._level_consistency.totals_to_parent`), and no posterior is refitted at it:
 iterating the two steps to their joint fixed point carried the lean into the posteriors' shape and
-cost a state's fit two more solves, for no better released marginals
+cost further solves, for no better released marginals
 (``benchmarks/results/HISTORY.md``).
 """
 
