@@ -39,16 +39,22 @@ from schemas.pums_reader import InputError
 from schemas.release_config import ReleaseConfig, load_config
 from tasks.audit import AuditLog
 from tasks.context import RunContext
-from tasks.count_of_counts import as_table as coc_as_table
 from tasks.count_of_counts import (
+    COUNTS_STAGE,
+    NodeCounts,
     count_of_counts_task,
     has_histograms,
+    hierarchy_of,
     household_counts_task,
+    measure_nodes_task,
     node_household_sd,
     node_households,
+    node_parts,
     release_histograms,
     size_measurements,
 )
+from tasks.count_of_counts import STAGE as COC_STAGE
+from tasks.count_of_counts import as_table as coc_as_table
 from tasks.gx_gates import input_gate, release_gate
 from tasks.ingest import ingest_input, read_report, release_geography, validation_record, write_validation
 from tasks.intervals import count_of_counts_intervals, intervals_table, read_state_intervals
@@ -318,14 +324,34 @@ def choose_puma_attributes_stage(ctx: RunContext, workload: dict, counts_path: s
     return out
 
 
+# The count stages measure every node of every level, one measurement after another (a nation's
+# thousands of nodes): in this many groups of whole states, one task each, the workers of a
+# LocalCluster (up to 8 cores) share them; a group's task costs one task's overhead.
+COUNT_PARTS = 8
+
+
+def measured_counts(ctx: RunContext, sizes: bool) -> list[NodeCounts]:
+    """Every node's count measurements (with ``sizes``, the count-of-counts stage's too), one task
+    per group of :func:`tasks.count_of_counts.node_parts`."""
+    assert ctx.geography is not None  # set by the ingest stage (RunContext.with_inputs)
+    parts = node_parts(hierarchy_of(ctx.geography), COUNT_PARTS)
+    return wait_all([measure_nodes_task.submit(ctx, ids, sizes) for ids in parts], get_run_logger(), "count measurements")
+
+
 @flow(name="count-of-counts")
 def count_of_counts_stage(ctx: RunContext) -> str:
-    return count_of_counts_task.submit(ctx).result()
+    out = ctx.paths.node_path(COC_STAGE, "hierarchy")
+    if out.exists():  # a resumed run: fitted before
+        return str(out)
+    return count_of_counts_task.submit(ctx, measured_counts(ctx, sizes=True)).result()
 
 
 @flow(name="household-counts")
 def household_counts_stage(ctx: RunContext) -> str:
-    return household_counts_task.submit(ctx).result()
+    out = ctx.paths.node_path(COUNTS_STAGE, "hierarchy")
+    if out.exists():
+        return str(out)
+    return household_counts_task.submit(ctx, measured_counts(ctx, sizes=False)).result()
 
 
 def nodes_at(counts_path: str, level: str) -> dict[tuple[int, ...], int]:

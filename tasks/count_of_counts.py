@@ -30,6 +30,7 @@ Synthesis reads its node totals and size measurements from there.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ import pyarrow as pa
 from prefect import task
 
 from engine.count_of_counts import Hierarchy, fit_histograms, fit_household_counts, geography_hierarchy, size_histograms
-from engine.data import LEVELS, HierarchicalData, npz_names, parse_node_key, read_npz
+from engine.data import LEVELS, Geography, HierarchicalData, npz_names, parse_node_key, read_npz
 from engine.errors import PrivacyInvariantError
 from engine.privacy import PrivateSession
 from tasks.context import RunContext
@@ -47,26 +48,97 @@ STAGE = "count_of_counts"
 COUNTS_STAGE = "group_counts"
 
 
-def hierarchy_of(session: PrivateSession) -> Hierarchy:
+def hierarchy_of(geography: Geography) -> Hierarchy:
     """nation → states → PUMAs of the declared geography (public; PUMAs without private households included)."""
-    return geography_hierarchy(np.array(session.nodes("puma"), dtype=np.int64).reshape(-1, 2))
+    return geography_hierarchy(np.array(geography.nodes("puma"), dtype=np.int64).reshape(-1, 2))
 
 
-def _group_count_measurements(ctx: RunContext, session: PrivateSession, h: Hierarchy) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The ``group_counts`` stage: a discrete Gaussian household count per node of every level
-    with a positive share. One (values, variances) pair per level, NaN off that level."""
-    out = []
+@dataclass(frozen=True)
+class NodeCounts:
+    """What one part's task measured (:func:`measure_nodes_task`) for its nodes ``ids`` (hierarchy
+    indices): per level of the ``group_counts`` stage with a share, the noisy household count and
+    its noise variance of each node of that level (NaN elsewhere); with the size counts, each
+    node's noisy households of size at least k and of size k, the noise variance of the former's
+    first entry and the sd of one of the latter's. Noisy measurements only."""
+
+    ids: np.ndarray
+    group: dict[int, tuple[np.ndarray, np.ndarray]]
+    at_least: np.ndarray | None = None
+    histogram: np.ndarray | None = None
+    count_variance: np.ndarray | None = None
+    histogram_sd: np.ndarray | None = None
+
+
+def node_parts(h: Hierarchy, parts: int) -> list[np.ndarray]:
+    """The hierarchy's nodes in up to ``parts`` groups of whole states (a state with its PUMAs; the
+    nation with the first group), balanced by their node counts (longest first onto the smallest
+    group): the count stages' measurements, one task per group, spread over the workers."""
+    states = h.level_range(1)
+    members = [np.concatenate([[s], np.flatnonzero(h.parent == s)]) for s in states]
+    groups: list[list[np.ndarray]] = [[] for _ in range(max(1, min(parts, len(members))))]
+    sizes = np.zeros(len(groups), dtype=np.int64)
+    for i in sorted(range(len(members)), key=lambda i: -members[i].size):
+        g = int(np.argmin(sizes))
+        groups[g].append(members[i])
+        sizes[g] += members[i].size
+    groups[0].insert(0, h.level_range(0))
+    return [np.sort(np.concatenate(g)).astype(np.int64) for g in groups if g]
+
+
+@task(name="measure-node-counts")
+def measure_nodes_task(ctx: RunContext, ids: np.ndarray, sizes: bool) -> NodeCounts:
+    """The household counts of the ``group_counts`` stage (each level with a share) and, with
+    ``sizes``, the count-of-counts stage's household sizes 1..K (:meth:`PrivateSession.measure_sizes`)
+    of the nodes ``ids``, each measured once (a rerun reads them back)."""
+    session = ctx.session()
+    h = hierarchy_of(session.geography)
+    ids = np.asarray(ids, dtype=np.int64)
     shares = ctx.cfg.allocation.levels.get(COUNTS_STAGE, {}) if ctx.cfg.allocation.stages.get(COUNTS_STAGE, 0) > 0 else {}
+    group = {}
     for lv, name in enumerate(LEVELS):
         if shares.get(name, 0) <= 0:
             continue
-        vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
+        vals, var = np.full(ids.size, np.nan), np.full(ids.size, np.nan)
         rho = ctx.allocation(COUNTS_STAGE, name)
-        for i in h.level_range(lv):
-            m = session.measure_household_count(COUNTS_STAGE, name, parse_node_key(h.keys[i]), rho)
-            vals[i], var[i] = float(m.noisy_answer[0]), m.variance
+        for j in np.flatnonzero(h.level[ids] == lv):
+            m = session.measure_household_count(COUNTS_STAGE, name, parse_node_key(h.keys[ids[j]]), rho)
+            vals[j], var[j] = float(m.noisy_answer[0]), m.variance
+        group[lv] = (vals, var)
+    if not sizes:
+        return NodeCounts(ids, group)
+    K, mech = session.domain.max_size, ctx.cfg.advanced.count_of_counts.mechanism
+    ms = [session.measure_sizes(STAGE, LEVELS[h.level[i]], parse_node_key(h.keys[i]), K, ctx.allocation(STAGE, LEVELS[h.level[i]]), mech)
+          for i in ids]
+    return NodeCounts(ids, group, np.stack([m.at_least for m in ms]).reshape(ids.size, K),
+                      np.stack([m.histogram for m in ms]).reshape(ids.size, K),
+                      np.array([m.count_variance for m in ms]), np.array([m.histogram_sd for m in ms]))
+
+
+def _level_constant(values: np.ndarray, what: str, lv: int) -> float:
+    """The one value every node of a level shares (its noise scale: one allocation per level)."""
+    if values.size == 0 or not np.all(values == values[0]):
+        raise PrivacyInvariantError(f"the {what} of the {LEVELS[lv]} nodes' measurements is not one value: {np.unique(values)}")
+    return float(values[0])
+
+
+def _group_count_measurements(h: Hierarchy, parts: list[NodeCounts]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The ``group_counts`` stage's measurements of every node: one (values, variances) pair per
+    level with a share, NaN off that level."""
+    out = []
+    for lv in sorted(parts[0].group):
+        vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
+        for p in parts:
+            v, s = p.group[lv]
+            on = h.level[p.ids] == lv
+            vals[p.ids[on]], var[p.ids[on]] = v[on], s[on]
         out.append((vals, var))
     return out
+
+
+def _covers(h: Hierarchy, parts: list[NodeCounts]) -> None:
+    ids = np.concatenate([p.ids for p in parts])
+    if ids.size != h.n_nodes or not np.array_equal(np.sort(ids), np.arange(h.n_nodes)):
+        raise PrivacyInvariantError("the count measurements' parts do not cover every node of the hierarchy once")
 
 
 def household_counts(session: PrivateSession, h: Hierarchy, measured: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -101,42 +173,43 @@ def _save(ctx: RunContext, name: str, h: Hierarchy, G: tuple[np.ndarray, np.ndar
 
 
 @task(name="count-of-counts")
-def count_of_counts_task(ctx: RunContext) -> str:
-    """Measure every node's size counts, fit G, estimate Hc and make it consistent top-down."""
-    out = ctx.paths.node_path(STAGE, "hierarchy")
-    if out.exists():
-        return str(out)
+def count_of_counts_task(ctx: RunContext, parts: list[NodeCounts]) -> str:
+    """Fit G from every node's noisy counts (``parts``: :func:`measure_nodes_task` over
+    :func:`node_parts`), estimate Hc and make it consistent top-down."""
     session = ctx.session()
+    h = hierarchy_of(session.geography)
+    _covers(h, parts)
     K = session.domain.max_size
-    h = hierarchy_of(session)
-    mech = ctx.cfg.advanced.count_of_counts.mechanism
-    at_least, variances, measured = {}, [], _group_count_measurements(ctx, session, h)
+    at_least, variances, measured = {}, [], _group_count_measurements(h, parts)
     sd, raw = np.zeros(h.n_nodes), np.zeros((h.n_nodes, K))
-    for lv, name in enumerate(LEVELS):
-        ids = h.level_range(lv)
-        ms = [session.measure_sizes(STAGE, name, parse_node_key(h.keys[i]), K, ctx.allocation(STAGE, name), mech) for i in ids]
-        at_least[lv] = np.stack([m.at_least for m in ms])
-        raw[ids] = np.stack([m.histogram for m in ms])
+    ids = np.concatenate([p.ids for p in parts])
+    count_variance = np.concatenate([p.count_variance for p in parts])
+    histogram_sd = np.concatenate([p.histogram_sd for p in parts])
+    first = np.concatenate([p.at_least for p in parts])
+    raw[ids] = np.concatenate([p.histogram for p in parts])
+    for lv in range(len(LEVELS)):
+        on = h.level[ids] == lv
+        order = np.argsort(ids[on])  # the level's nodes in hierarchy order
+        at_least[lv] = first[on][order]
+        cv = _level_constant(count_variance[on], "noise variance", lv)
+        sd[ids[on]] = _level_constant(histogram_sd[on], "noise sd", lv)
         vals, var = np.full(h.n_nodes, np.nan), np.full(h.n_nodes, np.nan)
-        vals[ids], var[ids] = at_least[lv][:, 0], ms[0].count_variance
+        vals[h.level_range(lv)], var[h.level_range(lv)] = at_least[lv][:, 0], cv
         measured.append((vals, var))
-        sd[ids] = ms[0].histogram_sd
-        variances.append(ms[0].count_variance)  # every at-least entry's noise variance is at most G's
+        variances.append(cv)  # every at-least entry's noise variance is at most G's
     G = household_counts(session, h, measured)
     H = fit_histograms(h, at_least, G[0], variances, K, ctx.cfg.advanced.count_of_counts.consistency)
     return _save(ctx, STAGE, h, G, (H, raw, sd))
 
 
 @task(name="household-counts")
-def household_counts_task(ctx: RunContext) -> str:
+def household_counts_task(ctx: RunContext, parts: list[NodeCounts]) -> str:
     """G per node without the count-of-counts stage: the ``group_counts`` stage's measurements
-    made consistent, or exact under the invariant."""
-    out = ctx.paths.node_path(COUNTS_STAGE, "hierarchy")
-    if out.exists():
-        return str(out)
+    (``parts``: :func:`measure_nodes_task` without sizes) made consistent, or exact under the invariant."""
     session = ctx.session()
-    h = hierarchy_of(session)
-    return _save(ctx, COUNTS_STAGE, h, household_counts(session, h, _group_count_measurements(ctx, session, h)))
+    h = hierarchy_of(session.geography)
+    _covers(h, parts)
+    return _save(ctx, COUNTS_STAGE, h, household_counts(session, h, _group_count_measurements(h, parts)))
 
 
 def load_result(path: str) -> tuple[list[str], np.ndarray, np.ndarray]:
