@@ -3,7 +3,8 @@ copies of the 12 shared states (``benchmarks/national_input.py``), every copy pr
 originals public, end to end with ``dprelease run`` (count-of-counts and synthesis included).
 
 Per size: households, PUMAs, wall time, peak memory of the whole process tree (client, Prefect
-server and Dask workers, sampled every 0.5 s with psutil) as the sum of the processes' proportional
+server and Dask workers, sampled every 0.5 s with psutil; the PSS walk, which costs the machine CPU, only where
+the RSS sum could hold a new peak and every 2 s) as the sum of the processes' proportional
 set sizes (PSS: a shared page counted once, split between its sharers, so the sum is the memory the
 tree really holds) and, for comparison, the sum of their resident set sizes (RSS: shared pages counted
 in every process, an upper bound), the stage running at the memory peak, each stage's time from the
@@ -66,23 +67,36 @@ def process_kind(p: psutil.Process, root: int) -> str:
     return "dask_worker" if "spawn_main" in cmd else "other"
 
 
-def tree_memory(proc: psutil.Process, kinds: dict[int, str], cpu: dict[int, float] | None = None) -> tuple[dict[int, int], int]:
+def tree_memory(proc: psutil.Process, kinds: dict[int, str], cpu: dict[int, float] | None = None,
+                pss_above: float = -1.0) -> tuple[dict[int, int] | None, int]:
     """({pid: PSS}, sum of RSS) over the process and its descendants, in bytes; ``kinds`` gains
     the :func:`process_kind` of every process seen for the first time (in order of appearance);
-    ``cpu``, when given, each process's CPU seconds so far (user + system)."""
-    pss, rss = {}, 0
+    ``cpu``, when given, each process's CPU seconds so far (user + system). PSS is read only where
+    the RSS sum exceeds ``pss_above`` (else ``None``): each process's PSS is at most its RSS, so a
+    tree whose RSS sum is at most a PSS sum seen before cannot hold more than it, and the PSS walk
+    (the kernel visits every mapped page: tens of ms a sample for a national run's workers, CPU
+    taken from the run measured) is skipped."""
+    procs, rss = [], 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
             if p.pid not in kinds:
                 kinds[p.pid] = process_kind(p, proc.pid)
-            info = p.memory_full_info()
+            rss += p.memory_info().rss
             if cpu is not None:
                 t = p.cpu_times()
                 cpu[p.pid] = t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+        procs.append(p)
+    if rss <= pss_above:
+        return None, rss
+    pss = {}
+    for p in procs:
+        try:
+            info = p.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
         pss[p.pid] = getattr(info, "pss", info.rss)  # PSS is Linux-only; elsewhere RSS stands in
-        rss += info.rss
     return pss, rss
 
 
@@ -99,6 +113,10 @@ def by_process(values: Mapping[int, float], kinds: dict[int, str], scale: float 
     return dict(sorted(out.items()))
 
 
+# every this many half-second samples read the PSS of every process whatever the RSS (the steps' table)
+PSS_EVERY = 4
+
+
 def run(config: Path, env: dict, root: Path | None = None) -> dict:
     """``dprelease run`` of ``config``, sampled: of this environment's installed package, or with
     ``root`` of that checkout (its packages first on the path, run from its folder)."""
@@ -110,23 +128,27 @@ def run(config: Path, env: dict, root: Path | None = None) -> dict:
     proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = {"pss": 0, "rss": 0, "at": start}
     kinds: dict[int, str] = {}
-    samples: list[tuple[float, dict[int, int]]] = []  # (time, {pid: PSS}) every half second
-    cpu_samples: list[tuple[float, dict[int, float]]] = []  # (time, {pid: CPU seconds so far})
+    samples: list[tuple[float, dict[int, int]]] = []  # (time, {pid: PSS}) every PSS_EVERY samples, and where a peak may be
+    cpu_samples: list[tuple[float, dict[int, float]]] = []  # (time, {pid: CPU seconds so far}) every half second
     done = threading.Event()
 
     def sample():
         ps = psutil.Process(proc.pid)
+        n = 0
         while not done.is_set():
             try:
                 cpu: dict[int, float] = {}
-                pss, rss = tree_memory(ps, kinds, cpu)
+                # the peak is the one a PSS read every half second would find (tree_memory); the steps' table's
+                # PSS per process comes from the samples that read it
+                pss, rss = tree_memory(ps, kinds, cpu, pss_above=-1.0 if n % PSS_EVERY == 0 else peak["pss"])
             except psutil.NoSuchProcess:
                 return
-            now = time.time()
-            samples.append((now, pss))
+            now, n = time.time(), n + 1
             cpu_samples.append((now, cpu))
-            if sum(pss.values()) > peak["pss"]:
-                peak.update(pss=sum(pss.values()), at=now)
+            if pss is not None:
+                samples.append((now, pss))
+                if sum(pss.values()) > peak["pss"]:
+                    peak.update(pss=sum(pss.values()), at=now)
             peak["rss"] = max(peak["rss"], rss)
             done.wait(0.5)
 

@@ -325,16 +325,19 @@ def choose_puma_attributes_stage(ctx: RunContext, workload: dict, counts_path: s
 
 
 # The count stages measure every node of every level, one measurement after another (a nation's
-# thousands of nodes): in this many groups of whole states, one task each, the workers of a
-# LocalCluster (up to 8 cores) share them; a group's task costs one task's overhead.
+# thousands of nodes): in up to this many groups of whole states, one task each, the workers of a
+# LocalCluster (up to 8 cores) share them; a group holds at least COUNT_PART_NODES nodes, whose
+# measurements take far longer than a task's overhead.
 COUNT_PARTS = 8
+COUNT_PART_NODES = 256
 
 
 def measured_counts(ctx: RunContext, sizes: bool) -> list[NodeCounts]:
     """Every node's count measurements (with ``sizes``, the count-of-counts stage's too), one task
     per group of :func:`tasks.count_of_counts.node_parts`."""
     assert ctx.geography is not None  # set by the ingest stage (RunContext.with_inputs)
-    parts = node_parts(hierarchy_of(ctx.geography), COUNT_PARTS)
+    h = hierarchy_of(ctx.geography)
+    parts = node_parts(h, min(COUNT_PARTS, h.n_nodes // COUNT_PART_NODES))
     return wait_all([measure_nodes_task.submit(ctx, ids, sizes) for ids in parts], get_run_logger(), "count measurements")
 
 

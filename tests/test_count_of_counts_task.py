@@ -68,9 +68,9 @@ def test_node_parts_hold_whole_states_cover_every_node_once_and_balance():
     # states with 1, 2, ..., 9 PUMAs
     pumas = np.array([(s, p) for s in range(1, 10) for p in range(100, 100 + s)], dtype=np.int64)
     h = geography_hierarchy(pumas)
-    for parts in (1, 2, 3, 8, 20):
+    for parts in (0, 1, 2, 3, 8, 20):
         groups = node_parts(h, parts)
-        assert len(groups) == min(parts, 9)
+        assert len(groups) == max(1, min(parts, 9))
         ids = np.concatenate(groups)
         assert np.array_equal(np.sort(ids), np.arange(h.n_nodes))  # every node, once
         assert 0 in groups[0]  # the nation

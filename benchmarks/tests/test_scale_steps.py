@@ -59,3 +59,19 @@ def test_a_source_that_is_no_checkout_is_refused(scale, tmp_path, capsys):
     with pytest.raises(SystemExit):
         scale.main(["--scales", "1", "--source", f"x={tmp_path}"])
     assert "not a checkout of this repository" in capsys.readouterr().err
+
+
+def test_the_pss_walk_is_skipped_only_where_no_new_peak_can_be(scale):
+    import os
+
+    import psutil
+
+    me = psutil.Process(os.getpid())
+    kinds: dict[int, str] = {}
+    pss, rss = scale.tree_memory(me, kinds, {}, pss_above=-1.0)
+    assert pss is not None and os.getpid() in pss and 0 < sum(pss.values()) <= rss * 1.05  # each PSS ≤ its RSS (read apart)
+    assert kinds[os.getpid()] == "client"
+    skipped, rss2 = scale.tree_memory(me, kinds, {}, pss_above=10 * rss)  # an RSS sum below a seen PSS sum: no new peak
+    assert skipped is None and rss2 > 0
+    again, _ = scale.tree_memory(me, kinds, {}, pss_above=rss2 / 10)  # above it: read
+    assert again is not None
