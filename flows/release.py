@@ -335,7 +335,8 @@ COUNT_PART_NODES = 256
 def measured_counts(ctx: RunContext, sizes: bool) -> list[NodeCounts]:
     """Every node's count measurements (with ``sizes``, the count-of-counts stage's too), one task
     per group of :func:`tasks.count_of_counts.node_parts`."""
-    assert ctx.geography is not None  # set by the ingest stage (RunContext.with_inputs)
+    if ctx.geography is None:
+        raise RuntimeError("the count stages need the release's geography (set after ingest: RunContext.with_inputs)")
     h = hierarchy_of(ctx.geography)
     parts = node_parts(h, min(COUNT_PARTS, h.n_nodes // COUNT_PART_NODES))
     return wait_all([measure_nodes_task.submit(ctx, ids, sizes) for ids in parts], get_run_logger(), "count measurements")

@@ -251,21 +251,21 @@ def test_negative_control_an_invariant_breaks_closure(first_run, inputs):
 
 
 def test_negative_control_nodes_read_off_the_private_rows_break_closure(first_run, inputs, monkeypatch):
-    """With the geography read off the private rows again (what the session did before it was
-    declared), the replay on the neighbour loses the PUMA whose only household it removed: the
-    test above would catch the node set leaking."""
+    """With the release's nodes read off the private rows again (what the run did before its
+    geography was declared), the replay on the neighbour loses the PUMA whose only household it
+    removed: the test above would catch the node set leaking."""
     import dask
     from distributed import LocalCluster
 
-    from engine.privacy._session import PrivateSession
+    from engine.data import Geography, HierarchicalData
 
-    def nodes_of_the_rows(self, level):
-        k = {"state": 1, "puma": 2}[level]
-        return [tuple(int(x) for x in row) for row in np.unique(self._PrivateSession__data.geo[:, :k], axis=0)]
+    def nodes_of_the_rows(cfg, private_npz):
+        geo = HierarchicalData.from_npz(private_npz).geo[:, :2]
+        return Geography(tuple(int(x) for x in row) for row in np.unique(geo, axis=0))
 
-    monkeypatch.setattr(PrivateSession, "nodes", nodes_of_the_rows)
+    monkeypatch.setattr("flows.release.release_geography", nodes_of_the_rows)  # the flow's, in this process
     tmp = first_run
-    # the tasks run on a cluster of threads in this process, so that they see the patch
+    # a cluster of threads in this process (quicker to start than the run's own)
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
             dask.config.set({"scheduler-address": cluster.scheduler_address}):
         replay = _replay(tmp, "a", "leak-removed", inputs["removed"], inputs["public"])
