@@ -342,20 +342,23 @@ def measured_counts(ctx: RunContext, sizes: bool) -> list[NodeCounts]:
     return wait_all([measure_nodes_task.submit(ctx, ids, sizes) for ids in parts], get_run_logger(), "count measurements")
 
 
+def fitted_counts(ctx: RunContext, stage: str, fit, sizes: bool) -> str:
+    """The count stage's result file: the one a resumed run fitted before, else ``fit`` (a task)
+    over every node's measurements (:func:`measured_counts`)."""
+    out = ctx.paths.node_path(stage, "hierarchy")
+    if out.exists():
+        return str(out)
+    return fit.submit(ctx, measured_counts(ctx, sizes)).result()
+
+
 @flow(name="count-of-counts")
 def count_of_counts_stage(ctx: RunContext) -> str:
-    out = ctx.paths.node_path(COC_STAGE, "hierarchy")
-    if out.exists():  # a resumed run: fitted before
-        return str(out)
-    return count_of_counts_task.submit(ctx, measured_counts(ctx, sizes=True)).result()
+    return fitted_counts(ctx, COC_STAGE, count_of_counts_task, sizes=True)
 
 
 @flow(name="household-counts")
 def household_counts_stage(ctx: RunContext) -> str:
-    out = ctx.paths.node_path(COUNTS_STAGE, "hierarchy")
-    if out.exists():
-        return str(out)
-    return household_counts_task.submit(ctx, measured_counts(ctx, sizes=False)).result()
+    return fitted_counts(ctx, COUNTS_STAGE, household_counts_task, sizes=False)
 
 
 def nodes_at(counts_path: str, level: str) -> dict[tuple[int, ...], int]:
