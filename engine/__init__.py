@@ -20,6 +20,7 @@ docs/library.md shows it):
 H-GEM (``engine.hgem``) needs torch and is imported on its own.
 """
 
+from engine import _thread_safe_ast
 from engine.count_of_counts import Hierarchy, run_hierarchy
 from engine.data import Attribute, Domain, Geography, HierarchicalData
 from engine.privacy import BudgetExceededError, BudgetPlan, MeasurementStore, PrivacyLedger, PrivateSession, eps_delta_to_rho, rho_to_eps
@@ -35,6 +36,8 @@ from engine.synthesis import (
     synthesize_node,
     synthesize_state,
 )
+
+_thread_safe_ast.install()  # every process that runs the pipeline imports engine: its threads parse one at a time
 
 __all__ = [
     "AdaptiveRounds",

@@ -11,7 +11,7 @@ from engine.data import npz_names, read_npz
 
 
 def test_threads_reading_at_once_each_get_their_files_arrays_whole(tmp_path):
-    """Eight threads reading 64 files at once (the headers parsed under one lock) each get every
+    """Eight threads reading 64 files at once (on an interpreter that needs it, the headers parsed one at a time: ``engine._thread_safe_ast``) each get every
     array of their file, equal to what was written and usable after the file is gone."""
     rng = np.random.default_rng(0)
     files = []
