@@ -35,7 +35,7 @@ def interpreter_needs_it(version: tuple[int, ...] | None = None) -> bool:
 
 def installed() -> bool:
     """Whether this process's ``ast.parse`` takes the lock."""
-    return getattr(ast.parse, "__wrapped__", None) is not None and getattr(ast.parse, "_one_at_a_time", False)
+    return bool(getattr(ast.parse, "_one_at_a_time", False))
 
 
 def _locked(parse: Callable[..., Any]) -> Callable[..., Any]:
